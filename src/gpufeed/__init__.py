@@ -1,0 +1,56 @@
+"""gpufeed: keep the training GPU busy.
+
+Public names are imported lazily, so that worker processes, which import
+``gpufeed.workers`` only, start without loading PyTorch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "ImageLoader": "gpufeed.loader",
+    "Prefetcher": "gpufeed.transfer",
+    "prefetch": "gpufeed.transfer",
+    "Normalize": "gpufeed.augment.normalize",
+    "IMAGENET_MEAN": "gpufeed.augment.normalize",
+    "IMAGENET_STD": "gpufeed.augment.normalize",
+    "AugmentSpec": "gpufeed.augment.params",
+    "ShardedSampler": "gpufeed.sampling",
+    "Source": "gpufeed.sources",
+    "FileSource": "gpufeed.sources",
+    "folder_source": "gpufeed.sources",
+    "filelist_source": "gpufeed.sources",
+    "DecodeError": "gpufeed.decode",
+    "WorkerError": "gpufeed.workers",
+    "create_synthetic_dataset": "gpufeed.synth",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+if TYPE_CHECKING:
+    from .augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+    from .augment.params import AugmentSpec
+    from .decode import DecodeError
+    from .loader import ImageLoader
+    from .transfer import Prefetcher, prefetch
+    from .sampling import ShardedSampler
+    from .sources import FileSource, Source, filelist_source, folder_source
+    from .synth import create_synthetic_dataset
+    from .workers import WorkerError
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpufeed' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

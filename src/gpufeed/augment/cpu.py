@@ -1,0 +1,52 @@
+"""CPU augmentation: one sample's crop, resize and flip, written in place.
+
+Why OpenCV for the resize: on the development machine, 300 crops of about
+340x290 to 224x224, one thread: Pillow's antialiased bilinear 0.45 ms, OpenCV
+INTER_AREA 0.40 ms, OpenCV INTER_LINEAR 0.10 ms. Plain bilinear aliases once
+the downscale passes about 1.3x (PSNR against torchvision's antialiased resize
+fell under 28 dB on fine texture), so the cheap filter is used only below
+that and area averaging above it; larger factors are first taken out in the
+DCT domain by the decoder (``reduction_for``).
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from .params import CropBox
+
+cv2.setNumThreads(1)  # parallelism comes from worker processes, not from OpenCV's pool
+
+_LINEAR_MAX_FACTOR = 1.3
+
+
+def reduction_for(box: CropBox, out_size: int) -> int:
+    """The largest DCT reduction in {1, 2, 4, 8} that keeps the crop at least ``out_size``."""
+    shorter = min(box.width, box.height)
+    for k in (8, 4, 2):
+        if shorter >= k * out_size:
+            return k
+    return 1
+
+
+def crop_resize_into(image: np.ndarray, box: CropBox, full_size: tuple[int, int], out: np.ndarray) -> None:
+    """Crop ``box`` (full-resolution coordinates) from ``image``, resize to ``out``'s size, flip.
+
+    image: (h, w, 3) uint8, possibly a DCT-reduced decode of a ``full_size``
+    (width, height) image. out: (S, S, 3) uint8, C-contiguous, written whole.
+    """
+    fw, fh = full_size
+    h, w = image.shape[:2]
+    sx, sy = w / fw, h / fh
+    x0, y0 = int(box.x * sx), int(box.y * sy)
+    x1 = max(x0 + 1, min(w, int(round((box.x + box.width) * sx))))
+    y1 = max(y0 + 1, min(h, int(round((box.y + box.height) * sy))))
+    crop = image[y0:y1, x0:x1]
+    size = (out.shape[1], out.shape[0])
+    factor = max((x1 - x0) / size[0], (y1 - y0) / size[1])
+    interp = cv2.INTER_LINEAR if factor <= _LINEAR_MAX_FACTOR else cv2.INTER_AREA
+    if box.flip:
+        cv2.flip(cv2.resize(crop, size, interpolation=interp), 1, dst=out)
+    else:
+        cv2.resize(crop, size, dst=out, interpolation=interp)

@@ -1,0 +1,56 @@
+"""Once per batch, on the target device: uint8 NHWC to normalised float NCHW."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """(B, S, S, 3) uint8 -> (B, 3, S, S) ``dtype``, ``(x / 255 - mean) / std``, on the input's device.
+
+    ``channels_last=True`` returns the channels_last memory format, which is the
+    NHWC input's own layout, so no transpose is paid; False returns contiguous NCHW.
+    Labels and anything else in the batch pass through.
+    """
+
+    mean: Sequence[float] = IMAGENET_MEAN
+    std: Sequence[float] = IMAGENET_STD
+    dtype: torch.dtype = torch.float32
+    channels_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype}")
+        if len(self.mean) != 3 or len(self.std) != 3:
+            raise ValueError(f"mean and std need 3 values (RGB), got {list(self.mean)} and {list(self.std)}")
+        if any(s <= 0 for s in self.std):
+            raise ValueError(f"std must be > 0, got {list(self.std)}")
+
+    def images(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[-1] != 3:
+            raise ValueError(f"expected (B, H, W, 3) uint8, got {tuple(x.shape)} {x.dtype}")
+        scale = torch.tensor([1.0 / (255.0 * s) for s in self.std], device=x.device)
+        shift = torch.tensor([-m / s for m, s in zip(self.mean, self.std)], device=x.device)
+        # Arithmetic in float32, then one cast: bf16/fp16 round once, not at every step.
+        if self.channels_last:
+            # NHWC bytes are the channels_last layout already: convert in place, no transpose.
+            out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+            out.copy_(x).mul_(scale).add_(shift)
+            out = out.permute(0, 3, 1, 2)
+        else:
+            out = torch.empty((x.shape[0], 3, x.shape[1], x.shape[2]), dtype=torch.float32, device=x.device)
+            out.copy_(x.permute(0, 3, 1, 2)).mul_(scale.view(1, 3, 1, 1)).add_(shift.view(1, 3, 1, 1))
+        return out if self.dtype == torch.float32 else out.to(self.dtype)  # .to keeps the memory format
+
+    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = batch
+        return self.images(images), labels

@@ -1,0 +1,126 @@
+"""Per-sample augmentation parameters: one generator for every backend.
+
+Each sample's parameters are a pure function of (seed, epoch, sample index,
+image size), drawn from a counter-based generator (SplitMix64). Whichever
+worker, process or device handles a sample, it crops the same box and makes
+the same flip decision, so CPU and GPU runs of one seed agree and a resumed
+epoch repeats exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+_MASK = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+class SampleRandom:
+    """A stream of uniform floats in [0, 1) keyed by (seed, epoch, index)."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, seed: int, epoch: int, index: int) -> None:
+        self._state = _splitmix64(_splitmix64(_splitmix64(seed & _MASK) ^ (epoch & _MASK)) ^ (index & _MASK))
+
+    def uniform(self, low: float = 0.0, high: float = 1.0) -> float:
+        self._state = (self._state + 0x9E3779B97F4A7C15) & _MASK
+        return low + (high - low) * (_splitmix64(self._state) >> 11) * (1.0 / (1 << 53))
+
+    def randint(self, low: int, high: int) -> int:
+        """An integer in [low, high] inclusive."""
+        return low + min(int(self.uniform() * (high - low + 1)), high - low)
+
+
+@dataclass(frozen=True)
+class CropBox:
+    """A crop of the source image in its own pixel coordinates, and a flip flag."""
+
+    x: int
+    y: int
+    width: int
+    height: int
+    flip: bool = False
+
+
+@dataclass(frozen=True)
+class AugmentSpec:
+    """How training and validation samples become ``image_size`` squares.
+
+    Train: RandomResizedCrop with torchvision's parameter distribution
+    (area ``scale``, log-uniform aspect ``ratio``, 10 tries, then the central
+    fallback) and a horizontal flip with probability ``hflip``.
+    Validation: resize the shorter side to ``resize_size``, centre-crop
+    ``image_size``, expressed as one box in source coordinates (one resampling
+    instead of two).
+    """
+
+    train: bool = True
+    image_size: int = 224
+    resize_size: int = 256
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.image_size < 1:
+            raise ValueError(f"image_size must be >= 1, got {self.image_size}")
+        if self.resize_size < self.image_size:
+            raise ValueError(f"resize_size must be >= image_size ({self.image_size}), got {self.resize_size}")
+        if not 0 < self.scale[0] <= self.scale[1] <= 1:
+            raise ValueError(f"scale must satisfy 0 < low <= high <= 1, got {self.scale}")
+        if not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ValueError(f"ratio must satisfy 0 < low <= high, got {self.ratio}")
+        if not 0 <= self.hflip <= 1:
+            raise ValueError(f"hflip must be in [0, 1], got {self.hflip}")
+
+    def draw(self, width: int, height: int, *, seed: int, epoch: int, index: int) -> CropBox:
+        """The crop box for sample ``index`` of ``epoch`` in an image of ``width`` x ``height``."""
+        if not self.train:
+            return self._centre(width, height)
+        rnd = SampleRandom(seed, epoch, index)
+        x, y, w, h = random_resized_crop(width, height, self.scale, self.ratio, rnd)
+        return CropBox(x, y, w, h, flip=rnd.uniform() < self.hflip)
+
+    def _centre(self, width: int, height: int) -> CropBox:
+        # torchvision Resize(resize_size) then CenterCrop(image_size), mapped back to source pixels.
+        short, long = min(width, height), max(width, height)
+        new_short, new_long = self.resize_size, int(self.resize_size * long / short)
+        new_w, new_h = (new_short, new_long) if width <= height else (new_long, new_short)
+        sx, sy = width / new_w, height / new_h
+        top = int(round((new_h - self.image_size) / 2.0))
+        left = int(round((new_w - self.image_size) / 2.0))
+        x, y = int(round(left * sx)), int(round(top * sy))
+        w = max(1, min(width - x, int(round(self.image_size * sx))))
+        h = max(1, min(height - y, int(round(self.image_size * sy))))
+        return CropBox(x, y, w, h, flip=False)
+
+
+def random_resized_crop(
+    width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float], rnd: SampleRandom
+) -> tuple[int, int, int, int]:
+    """torchvision's ``RandomResizedCrop.get_params``, drawing from ``rnd``: (x, y, w, h)."""
+    area = width * height
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target_area = area * rnd.uniform(scale[0], scale[1])
+        aspect = math.exp(rnd.uniform(log_lo, log_hi))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return rnd.randint(0, width - w), rnd.randint(0, height - h), w, h
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, int(round(width / ratio[0]))
+    elif in_ratio > ratio[1]:
+        w, h = int(round(height * ratio[1])), height
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h

@@ -1,0 +1,1 @@
+"""`gpufeed bench`: the usual DataLoader against gpufeed, side by side, in one run."""

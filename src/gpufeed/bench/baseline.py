@@ -1,0 +1,28 @@
+"""The usual baseline, exactly as users write it (torchvision's ImageNet example)."""
+
+from __future__ import annotations
+
+import torch
+import torchvision.transforms as T
+from torch.utils.data import DataLoader
+from torchvision.datasets import ImageFolder
+
+from ..augment.normalize import IMAGENET_MEAN, IMAGENET_STD
+
+
+def create_baseline_loader(root: str, *, batch_size: int, num_workers: int, image_size: int = 224) -> DataLoader:
+    """ImageFolder + RandomResizedCrop + flip + ToTensor + Normalize in a DataLoader(pin_memory=True)."""
+    transform = T.Compose([
+        T.RandomResizedCrop(image_size),
+        T.RandomHorizontalFlip(),
+        T.ToTensor(),
+        T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+    ])
+    return DataLoader(
+        ImageFolder(root, transform),
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=num_workers,
+        pin_memory=torch.cuda.is_available(),
+        drop_last=True,
+    )

@@ -1,0 +1,76 @@
+"""Sampled during a run: GPU utilisation (NVML, every 50 ms) and host RSS of the process tree."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+
+class Monitor:
+    """Background sampler; ``start()``/``stop()`` around one measured phase.
+
+    gpu_busy: mean NVML utilisation (%) of ``gpu_index``, None without NVML.
+    peak_rss: largest sum of RSS over this process and all its descendants
+    (shared pages counted once per process, as ``ps`` reports them).
+    """
+
+    def __init__(self, gpu_index: int | None, interval: float = 0.05) -> None:
+        self.interval = interval
+        self._nvml = None
+        self._handle = None
+        self.nvml_error: str | None = None
+        if gpu_index is not None:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self._handle = pynvml.nvmlDeviceGetHandleByIndex(gpu_index)
+                self._nvml = pynvml
+            except Exception as e:  # NVML missing or no driver: report, don't fail
+                self.nvml_error = f"{type(e).__name__}: {e}"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.util: list[int] = []
+        self.gpu_mem_used: int | None = None
+        self.peak_rss = 0
+
+    def start(self) -> None:
+        self.util, self.peak_rss, self._stop = [], 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    @property
+    def gpu_busy(self) -> float | None:
+        return sum(self.util) / len(self.util) if self.util else None
+
+    def _run(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            psutil = None
+        me = psutil.Process(os.getpid()) if psutil else None
+        tick = 0
+        while not self._stop.is_set():
+            if self._nvml is not None:
+                self.util.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+                self.gpu_mem_used = self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used
+            if me is not None and tick % 4 == 0:
+                self.peak_rss = max(self.peak_rss, _tree_rss(me, psutil))
+            tick += 1
+            time.sleep(self.interval)
+
+
+def _tree_rss(proc, psutil) -> int:
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total

@@ -1,0 +1,67 @@
+"""The table printed at the end of `gpufeed bench`, its JSON and its PNG chart."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def _fmt(value: Any, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def format_table(result: dict[str, Any]) -> str:
+    m, c = result["machine"], result["config"]
+    head = (f"gpufeed bench: {m['cpu_cores']} CPU cores, GPU {m['gpu'] or 'none'}, torch {m['torch']}; "
+            f"batch {c['batch_size']}, {c['workers']} workers, {c['epochs']} epochs, "
+            f"model {c['model'] or 'none (loader only)'}; NVML: {result['nvml']}\n"
+            f"data: {result['dataset']}\n")
+    cols = ["pipeline", "epoch 1 s", "steady s", "images/s", "vs baseline", "of ceiling", "GPU busy", "host RSS GB"]
+    rows = []
+    for r in result["rows"]:
+        rows.append([
+            r["pipeline"],
+            _fmt(r.get("first_epoch_s"), ".2f"),
+            _fmt(r.get("steady_epoch_s"), ".2f"),
+            _fmt(r["images_per_s"], ",.0f"),
+            _fmt(r.get("vs_baseline"), ".2f", "x"),
+            _fmt(None if r.get("of_ceiling") is None else 100 * r["of_ceiling"], ".1f", "%"),
+            _fmt(r.get("gpu_busy"), ".0f", "%"),
+            _fmt(None if not r.get("peak_rss_bytes") else r["peak_rss_bytes"] / 1e9, ".2f"),
+        ])
+    widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
+    line = lambda cells: "| " + " | ".join(str(x).ljust(w) for x, w in zip(cells, widths)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return head + "\n".join([line(cols), sep, *map(line, rows)])
+
+
+def write_json(result: dict[str, Any], path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+
+
+def write_chart(result: dict[str, Any], path: str) -> None:
+    """A bar chart of steady-state images/s (and GPU busy where measured)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    names = [r["pipeline"] for r in rows]
+    rates = [r["images_per_s"] for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.5))
+    bars = ax.barh(names, rates, color=["#888" if "ceiling" in n or n.startswith("baseline") else "#2a7" for n in names])
+    for bar, r in zip(bars, rows):
+        label = f"{r['images_per_s']:,.0f}/s"
+        if r.get("gpu_busy") is not None:
+            label += f"  ({r['gpu_busy']:.0f}% busy)"
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + label, va="center")
+    ax.invert_yaxis()
+    ax.set_xlabel("images/s (steady state)")
+    m = result["machine"]
+    ax.set_title(f"{m['cpu_cores']} cores, GPU {m['gpu'] or 'none'}, model {result['config']['model'] or 'none'}")
+    ax.set_xlim(0, max(rates) * 1.35)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

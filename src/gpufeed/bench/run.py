@@ -1,0 +1,188 @@
+"""Run the pipelines side by side, in one process, and collect what users judge by.
+
+For each pipeline and epoch: wall time, images/s, and, while it runs, GPU
+utilisation (NVML) and peak host RSS of the process tree. With a model, each
+batch also takes one training step (bf16 autocast, channels_last, SGD), and the
+model's own rate on tensors already on the GPU is measured in the same run as
+the ceiling.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+from ..loader import ImageLoader
+from ..transfer import prefetch
+from ..synth import create_synthetic_dataset
+from .baseline import create_baseline_loader
+from .monitor import Monitor
+
+PIPELINES = ("baseline", "baseline+prefetch", "gpufeed")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to run; see ``gpufeed bench --help``."""
+
+    data: str | None = None
+    n: int = 2000
+    batch_size: int = 64
+    workers: int = 2
+    epochs: int = 3
+    model: str | None = None
+    device: str = "cpu"
+    pipelines: tuple[str, ...] = ("baseline", "gpufeed")
+    cache_dir: str = field(default_factory=lambda: os.path.expanduser("~/.cache/gpufeed"))
+
+    def __post_init__(self) -> None:
+        for name, value in (("n", self.n), ("batch_size", self.batch_size), ("workers", self.workers)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.epochs < 2:
+            raise ValueError(f"epochs must be >= 2 (the first epoch includes start-up), got {self.epochs}")
+        unknown = [p for p in self.pipelines if p not in PIPELINES]
+        if unknown:
+            raise ValueError(f"unknown pipeline(s) {unknown}; choose from {PIPELINES}")
+        if self.model is not None and self.device == "cpu":
+            raise ValueError("--model needs a CUDA device (training on the CPU measures the CPU, not the loader)")
+
+
+def dataset_root(cfg: BenchConfig) -> str:
+    if cfg.data:
+        return cfg.data
+    return str(create_synthetic_dataset(Path(cfg.cache_dir) / f"synth-{cfg.n}-seed0", n=cfg.n, seed=0))
+
+
+def make_train_step(name: str, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """One SGD step of torchvision model ``name`` under bf16 autocast, channels_last."""
+    import torchvision
+
+    model = torchvision.models.get_model(name, num_classes=1000).to(device).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(images: torch.Tensor, labels: torch.Tensor) -> None:
+        images = images.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
+        labels = labels.to(device, non_blocking=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(images), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def measure_ceiling(step: Callable, batch_size: int, device: torch.device, monitor: Monitor) -> dict[str, Any]:
+    """The model's own images/s on one batch already on the GPU (the end-to-end ceiling)."""
+    images = torch.randn(batch_size, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (batch_size,), device=device)
+    for _ in range(10):
+        step(images, labels)
+    torch.cuda.synchronize(device)
+    monitor.start()
+    steps, t0 = 0, time.perf_counter()
+    while steps < 30 or time.perf_counter() - t0 < 5.0:
+        step(images, labels)
+        steps += 1
+    torch.cuda.synchronize(device)
+    dt = time.perf_counter() - t0
+    monitor.stop()
+    return {"pipeline": "GPU-resident tensors (ceiling)", "images_per_s": steps * batch_size / dt,
+            "gpu_busy": monitor.gpu_busy, "epochs": []}
+
+
+def _make_loader(name: str, root: str, cfg: BenchConfig, device: torch.device) -> Iterable:
+    if name == "baseline":
+        return create_baseline_loader(root, batch_size=cfg.batch_size, num_workers=cfg.workers)
+    if name == "baseline+prefetch":
+        return prefetch(create_baseline_loader(root, batch_size=cfg.batch_size, num_workers=cfg.workers), device)
+    return ImageLoader(root, batch_size=cfg.batch_size, num_workers=cfg.workers, device=device,
+                       channels_last=cfg.model is not None)
+
+
+def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, step: Callable | None,
+                 monitor: Monitor, progress: Callable[[str], Any]) -> dict[str, Any]:
+    loader = _make_loader(name, root, cfg, device)
+    epochs = []
+    for epoch in range(cfg.epochs):
+        bar = progress(f"{name} epoch {epoch + 1}/{cfg.epochs}", len(loader))
+        monitor.start()
+        n, t0 = 0, time.perf_counter()
+        for images, labels in loader:
+            if step is not None:
+                step(images, labels)
+            else:
+                images.sum()  # touch the batch as a consumer would (first use of the data)
+            n += images.shape[0]
+            bar.update(1)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        monitor.stop()
+        bar.close()
+        epochs.append({"seconds": dt, "images": n, "images_per_s": n / dt, "gpu_busy": monitor.gpu_busy,
+                       "peak_rss_bytes": monitor.peak_rss, "gpu_mem_used_bytes": monitor.gpu_mem_used})
+    close = getattr(loader, "close", None)
+    if close:
+        close()
+    del loader
+    steady = epochs[1:]
+    busy = [e["gpu_busy"] for e in steady if e["gpu_busy"] is not None]
+    return {
+        "pipeline": name,
+        "epochs": epochs,
+        "first_epoch_s": epochs[0]["seconds"],
+        "steady_epoch_s": statistics.median(e["seconds"] for e in steady),
+        "images_per_s": statistics.median(e["images_per_s"] for e in steady),
+        "gpu_busy": statistics.median(busy) if busy else None,
+        "peak_rss_bytes": max(e["peak_rss_bytes"] for e in epochs),
+    }
+
+
+def machine_description() -> dict[str, Any]:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    desc = {"host": platform.node(), "cpu_cores": cores, "python": sys.version.split()[0],
+            "torch": torch.__version__, "gpu": None}
+    if torch.cuda.is_available():
+        desc["gpu"] = torch.cuda.get_device_name()
+    return desc
+
+
+def run_bench(cfg: BenchConfig, progress: Callable[[str, int], Any]) -> dict[str, Any]:
+    """Run every pipeline in ``cfg``; returns the results as plain data (what --json writes)."""
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    root = dataset_root(cfg)
+    monitor = Monitor(device.index if device.type == "cuda" else None)
+    step = make_train_step(cfg.model, device) if cfg.model else None
+    rows = []
+    ceiling = None
+    if step is not None:
+        ceiling = measure_ceiling(step, cfg.batch_size, device, monitor)
+        rows.append(ceiling)
+    for name in cfg.pipelines:
+        rows.append(run_pipeline(name, root, cfg, device, step, monitor, progress))
+    base = next((r["images_per_s"] for r in rows if r["pipeline"] == "baseline"), None)
+    for r in rows:
+        r["vs_baseline"] = r["images_per_s"] / base if base else None
+        r["of_ceiling"] = r["images_per_s"] / ceiling["images_per_s"] if ceiling else None
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": " ".join(["gpufeed", *sys.argv[1:]]) if Path(sys.argv[0]).name == "gpufeed" else " ".join(sys.argv),
+        "machine": machine_description(),
+        "config": asdict(cfg),
+        "dataset": root,
+        "nvml": "ok" if monitor._nvml is not None else (monitor.nvml_error or "not used (no GPU)"),
+        "rows": rows,
+    }

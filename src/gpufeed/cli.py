@@ -1,0 +1,111 @@
+"""The `gpufeed` command: synth, bench, info."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _progress(desc: str, total: int):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit="batch", leave=False, file=sys.stderr, disable=None)  # off when not a TTY
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from .synth import create_synthetic_dataset
+
+    root = create_synthetic_dataset(args.dir, n=args.n, num_classes=args.classes, seed=args.seed)
+    print(f"{args.n} JPEGs in {args.classes} classes under {root}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from .bench.report import format_table, write_chart, write_json
+    from .bench.run import BenchConfig, run_bench
+
+    cuda = torch.cuda.is_available()
+    device = args.device or ("cuda" if cuda else "cpu")
+    model = args.model if args.model != "none" else None
+    if args.model is None:
+        model = "resnet50" if device.startswith("cuda") else None
+    cfg = BenchConfig(
+        data=args.data, n=args.n or (10_000 if cuda else 2_000), batch_size=args.batch_size or (256 if cuda else 64),
+        workers=args.workers or _default_workers(), epochs=args.epochs, model=model, device=device,
+        pipelines=tuple(args.pipelines.split(",")),
+    )
+    result = run_bench(cfg, _progress)
+    table = format_table(result)
+    if args.json:
+        write_json(result, args.json)
+    if args.chart:
+        write_chart(result, args.chart)
+    print(table)
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from .info import collect_info, format_info
+
+    print(format_info(collect_info()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpufeed", description="Keep the training GPU busy.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("synth", help="write a synthetic ImageNet-like JPEG folder")
+    s.add_argument("dir")
+    s.add_argument("--n", type=int, default=10_000)
+    s.add_argument("--classes", type=int, default=100)
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(fn=_cmd_synth)
+
+    b = sub.add_parser("bench", help="the usual DataLoader against gpufeed, in one run and one table")
+    b.add_argument("--data", help="an ImageFolder-layout folder (default: a cached synthetic dataset)")
+    b.add_argument("--n", type=int, help="synthetic images when --data is not given (default 10,000 with a GPU, else 2,000)")
+    b.add_argument("--batch-size", type=int, help="default 256 with a GPU, else 64")
+    b.add_argument("--workers", type=int, help="worker processes for every pipeline (default: the usable cores)")
+    b.add_argument("--epochs", type=int, default=3, help="epochs per pipeline; the first counts as warm-up")
+    b.add_argument("--model", help="torchvision model to train per batch, or 'none' (default resnet50 on a GPU)")
+    b.add_argument("--device", help="'cuda' or 'cpu' (default: cuda when available)")
+    b.add_argument("--pipelines", default="baseline,gpufeed",
+                   help="comma-separated, from: baseline, baseline+prefetch, gpufeed")
+    b.add_argument("--json", help="write all numbers to this JSON file")
+    b.add_argument("--chart", help="write a PNG bar chart to this file")
+    b.set_defaults(fn=_cmd_bench)
+
+    i = sub.add_parser("info", help="versions, hardware, and which decode backends work here")
+    i.set_defaults(fn=_cmd_info)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"gpufeed {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""ImageLoader: wires source, sampling, decode/augment workers and transfer.
+
+    Source ──► ShardedSampler ──► WorkerPool (decode + crop/resize/flip, uint8)
+                                      │ shared-memory ring, (B, S, S, 3) uint8
+                                      ▼
+                                  Prefetcher ──► Normalize on `device` ──► (images, labels)
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from .augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from .augment.params import AugmentSpec
+from .decode.base import DEFAULT_MAX_PIXELS
+from .transfer import Prefetcher
+from .sampling import ShardedSampler, resolve_rank
+from .sources import Source, create_source
+from .workers import PipelineSpec, WorkerPool, default_num_workers
+
+__all__ = ["ImageLoader", "resolve_device"]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """"auto" -> the current CUDA device if there is one, else CPU; validates anything else."""
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but CUDA is not available here (use 'cpu' or 'auto')")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        elif dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return dev
+
+
+def _local_world_size(world_size: int) -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size if world_size > 1 else 1))
+
+
+class ImageLoader:
+    """Batches of augmented images on ``device``, from a folder, a file list or a Source.
+
+    Yields ``(images, labels)``: images (B, 3, S, S) ``dtype`` on ``device``,
+    normalised with ``mean``/``std`` (channels_last when asked); labels (B,)
+    int64 on ``device``. ``train=True``: RandomResizedCrop(``image_size``) and
+    horizontal flip, a new order each epoch; ``train=False``: resize the
+    shorter side to ``resize_size``, centre-crop, fixed order.
+
+    Epoch order is a function of (seed, epoch); sharding follows
+    ``DistributedSampler`` (rank/world_size from ``torch.distributed`` when
+    initialised). ``drop_last`` drops the ragged tail both across ranks and in
+    the last batch. ``state_dict()`` records how many samples of the epoch were
+    delivered; ``load_state_dict`` resumes with exactly the rest.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike | Source,
+        *,
+        batch_size: int = 256,
+        train: bool = True,
+        image_size: int = 224,
+        resize_size: int | None = None,
+        device: str | torch.device = "auto",
+        num_workers: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = True,
+        prefetch_depth: int = 2,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ) -> None:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if num_workers is not None and num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1 or None, got {num_workers}")
+        self.device = resolve_device(device)
+        self.normalize = Normalize(mean=tuple(mean), std=tuple(std), dtype=dtype, channels_last=channels_last)
+        augment = AugmentSpec(
+            train=train, image_size=image_size, resize_size=resize_size or round(image_size * 256 / 224)
+        )
+        self.source = create_source(source)
+        rank, world_size = resolve_rank(rank, world_size)
+        self.sampler = ShardedSampler(
+            len(self.source), shuffle=train, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last
+        )
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_workers = num_workers or default_num_workers(_local_world_size(world_size))
+        self.spec = PipelineSpec(source=self.source, augment=augment, max_pixels=max_pixels)
+        self._prefetcher = Prefetcher(self._host_batches(), self.device, depth=prefetch_depth,
+                                      transform=self.normalize)
+        self._pool: WorkerPool | None = None
+        self._num_slots = max(4, prefetch_depth + 2)
+
+    # -- public API ---------------------------------------------------------
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict(), "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._prefetcher.iterable = self._host_batches()
+        for images, labels in self._prefetcher:
+            self.sampler.advance(images.shape[0])
+            yield images, labels
+        # An epoch run to its end moves on to the next (a fresh order, as DataLoader's shuffle
+        # gives); `set_epoch` still sets it explicitly. A `break` leaves the position as it is.
+        self.sampler.set_epoch(self.sampler.epoch + 1)
+
+    def close(self) -> None:
+        """Stop the worker processes now (they also stop when the loader is garbage-collected)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> "ImageLoader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return self._pool.pids if self._pool is not None else []
+
+    # -- internals ----------------------------------------------------------
+    def _host_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(B, S, S, 3) uint8 and (B,) int64 CPU tensors viewing ring slots.
+
+        A slot is reused only after the next batch is requested; by then the
+        Prefetcher has copied the previous one (to pinned memory or the device).
+        """
+        if self._pool is None:
+            self._pool = WorkerPool(self.spec, num_workers=self.num_workers, num_slots=self._num_slots,
+                                    batch_size=self.batch_size)
+        pool = self._pool
+        pool.cancel()  # an earlier, abandoned iteration may have batches in flight
+        indices = self.sampler.remaining()
+        n_batches = len(self) - self.sampler.position // self.batch_size
+        batches = [indices[i * self.batch_size : (i + 1) * self.batch_size] for i in range(max(0, n_batches))]
+        batches = [b for b in batches if b]
+        epoch = self.sampler.epoch
+        free = collections.deque(range(self._num_slots))
+        slot_of: dict[int, int] = {}
+        submitted = 0
+        try:
+            for b in range(len(batches)):
+                while submitted < len(batches) and len(free) > 1:  # keep one slot for the consumer
+                    slot_of[submitted] = free.popleft()
+                    pool.submit(submitted, slot_of[submitted], self.sampler.seed, epoch, batches[submitted])
+                    submitted += 1
+                images, labels = pool.collect(b)
+                # labels are tiny: copied, so a batch's labels never alias a slot that gets reused
+                yield torch.from_numpy(images), torch.from_numpy(labels.copy())
+                free.append(slot_of.pop(b))
+        finally:
+            if submitted and self._pool is not None:
+                self._pool.cancel()

@@ -1,0 +1,56 @@
+"""The source protocol: where a sample's bytes and label come from, by index."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence, runtime_checkable
+
+# The extensions torchvision's ImageFolder accepts (torchvision.datasets.folder.IMG_EXTENSIONS).
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+@runtime_checkable
+class Source(Protocol):
+    """A random-access dataset of encoded images.
+
+    Implementations are plain picklable objects: worker processes receive a
+    copy and call ``read`` themselves, so no bytes cross process boundaries.
+    """
+
+    def __len__(self) -> int: ...
+
+    def path(self, index: int) -> str:
+        """A name for sample ``index`` used in error messages (a file path)."""
+        ...
+
+    def label(self, index: int) -> int: ...
+
+    def read(self, index: int) -> bytes:
+        """The encoded bytes of sample ``index``; OSError names the file."""
+        ...
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """Samples that are files on a filesystem: ``paths[i]`` with ``labels[i]``."""
+
+    paths: Sequence[str]
+    labels: Sequence[int]
+    classes: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.paths) != len(self.labels):
+            raise ValueError(f"{len(self.paths)} paths but {len(self.labels)} labels")
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def path(self, index: int) -> str:
+        return self.paths[index]
+
+    def label(self, index: int) -> int:
+        return int(self.labels[index])
+
+    def read(self, index: int) -> bytes:
+        return Path(self.paths[index]).read_bytes()

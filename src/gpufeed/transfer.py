@@ -1,0 +1,150 @@
+"""Transfer: move batches to the device on a side stream, one or more batches ahead.
+
+    host iterable ──pin──► side stream: H2D copy, transform ──event──► consumer stream
+                                 (batch k+1 ... k+depth)            (batch k, training)
+
+Stream contract (CUDA):
+- One side stream per ``Prefetcher``, created once and reused across epochs.
+- The consumer's current stream waits on the batch's event before it gets the
+  batch, so kernels it launches see the finished copy and transform.
+- Every device tensor handed over was allocated on the side stream; it is
+  marked with ``record_stream(consumer)`` so the caching allocator does not
+  give its memory to the side stream's next copy while consumer work that
+  reads it is still queued.
+- Host memory: tensors that are not pinned are first copied into pinned
+  memory from PyTorch's caching host allocator, which itself keeps each block
+  until the copy that reads it has finished. The source tensor may therefore
+  be reused by its producer as soon as the next item is requested.
+
+Without CUDA (or for ``device="cpu"``) the same object applies ``transform``
+and passes batches through: one API everywhere.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+__all__ = ["Prefetcher", "prefetch"]
+
+
+def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Apply ``fn`` to every tensor in nested tuples, lists, dicts, namedtuples and dataclasses."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_map_tensors(v, fn) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(v, fn) for v in obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, _map_tensors(v, fn)) for k, v in obj.items())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _map_tensors(getattr(obj, f.name), fn)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
+
+
+class Prefetcher:
+    """Iterate ``iterable`` with batches already on ``device`` (see the module docstring).
+
+    ``transform(batch) -> batch`` runs on the device, on the side stream, after
+    the copy (e.g. normalise, cast, channels_last). ``depth``: batches in
+    flight ahead of the consumer.
+    """
+
+    def __init__(
+        self,
+        iterable: Iterable[Any],
+        device: str | torch.device = "cuda",
+        *,
+        depth: int = 2,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self.iterable = iterable
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.depth = depth
+        self.transform = transform
+        self._stream: torch.cuda.Stream | None = None
+
+    def __len__(self) -> int:
+        return len(self.iterable)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.device.type != "cuda":
+            return self._iter_host()
+        return self._iter_cuda()
+
+    def _iter_host(self) -> Iterator[Any]:
+        for batch in self.iterable:
+            batch = _map_tensors(batch, lambda t: t.to(self.device))
+            yield self.transform(batch) if self.transform else batch
+
+    def _iter_cuda(self) -> Iterator[Any]:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        stream = self._stream
+        in_flight: collections.deque = collections.deque()
+        it = iter(self.iterable)
+        exhausted = False
+        while True:
+            while not exhausted and len(in_flight) < self.depth:
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    exhausted = True
+                    break
+                in_flight.append(self._issue(batch, stream))
+            if not in_flight:
+                return
+            event, batch = in_flight.popleft()
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_event(event)
+            _map_tensors(batch, lambda t: _record(t, consumer))
+            yield batch
+
+    def _issue(self, batch: Any, stream: torch.cuda.Stream) -> tuple[torch.cuda.Event, Any]:
+        # Tensors already on the GPU were produced on the consumer stream: wait for them.
+        on_gpu: list[bool] = []
+        _map_tensors(batch, lambda t: on_gpu.append(t.is_cuda) or t)
+        if any(on_gpu):
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            batch = _map_tensors(batch, self._to_device)
+            if self.transform is not None:
+                batch = self.transform(batch)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return event, batch
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device.type == "cpu" and not t.is_pinned():
+            t = t.pin_memory()
+        return t.to(self.device, non_blocking=True)
+
+
+def _record(t: torch.Tensor, stream: torch.cuda.Stream) -> torch.Tensor:
+    if t.is_cuda:
+        t.record_stream(stream)
+    return t
+
+
+def prefetch(
+    iterable: Iterable[Any],
+    device: str | torch.device = "cuda",
+    *,
+    depth: int = 2,
+    transform: Callable[[Any], Any] | None = None,
+) -> Prefetcher:
+    """Wrap any iterable of (nested) tensors so batches arrive on ``device`` ahead of time.
+
+    >>> for images, labels in gpufeed.prefetch(DataLoader(ds, batch_size=256, num_workers=8)):
+    ...     loss = model(images).sum()
+    """
+    return Prefetcher(iterable, device, depth=depth, transform=transform)

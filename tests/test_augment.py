@@ -1,0 +1,126 @@
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.v2.functional as F
+from PIL import Image
+
+from gpufeed.augment.cpu import crop_resize_into, reduction_for
+from gpufeed.augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from gpufeed.augment.params import AugmentSpec, CropBox, SampleRandom
+from gpufeed.decode.cpu import CpuDecoder
+from gpufeed.synth import synthetic_jpeg
+
+
+def test_sample_random_is_deterministic_and_uniform():
+    a = [SampleRandom(1, 2, i).uniform() for i in range(2000)]
+    assert a == [SampleRandom(1, 2, i).uniform() for i in range(2000)]
+    assert a != [SampleRandom(1, 3, i).uniform() for i in range(2000)]
+    assert 0 <= min(a) and max(a) < 1 and abs(np.mean(a) - 0.5) < 0.03
+
+
+def test_random_resized_crop_distribution_matches_torchvision():
+    spec = AugmentSpec()
+    ours = [spec.draw(500, 375, seed=0, epoch=0, index=i) for i in range(4000)]
+    torch.manual_seed(0)
+    ref = [T.RandomResizedCrop.get_params(torch.empty(3, 375, 500), [0.08, 1.0], [3 / 4, 4 / 3])
+           for _ in range(4000)]
+    area_ours = np.array([b.width * b.height for b in ours]) / (500 * 375)
+    area_ref = np.array([w * h for _, _, h, w in ref]) / (500 * 375)
+    aspect_ours = np.log([b.width / b.height for b in ours])
+    aspect_ref = np.log([w / h for _, _, h, w in ref])
+    for q in (0.1, 0.5, 0.9):
+        assert abs(np.quantile(area_ours, q) - np.quantile(area_ref, q)) < 0.04
+        assert abs(np.quantile(aspect_ours, q) - np.quantile(aspect_ref, q)) < 0.05
+    assert all(0 <= b.x and b.x + b.width <= 500 and 0 <= b.y and b.y + b.height <= 375 for b in ours)
+    flips = np.mean([b.flip for b in ours])
+    assert 0.46 < flips < 0.54
+
+
+def test_fallback_is_central_crop_for_extreme_aspect():
+    # a 1000x10 strip: no random try fits the ratio range, so torchvision's central fallback applies
+    box = AugmentSpec(scale=(0.9, 1.0)).draw(1000, 10, seed=0, epoch=0, index=0)
+    assert (box.width, box.height) == (13, 10) and box.x == (1000 - 13) // 2 and box.y == 0
+
+
+def test_validation_box_matches_resize_then_center_crop():
+    box = AugmentSpec(train=False).draw(500, 375, seed=0, epoch=0, index=0)
+    # Resize(256): 341x256, scale 375/256; CenterCrop(224): left 58, top 16
+    s = 375 / 256
+    assert box == CropBox(round(58 * 500 / 341), round(16 * s), round(224 * 500 / 341), round(224 * s), False)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(image_size=0), "image_size must be >= 1, got 0"),
+    (dict(scale=(0.5, 0.2)), "scale must satisfy"),
+    (dict(hflip=2.0), "hflip must be in"),
+])
+def test_spec_rejects_bad_values(bad, message):
+    with pytest.raises(ValueError, match=message):
+        AugmentSpec(**bad)
+
+
+def test_reduction_for():
+    assert reduction_for(CropBox(0, 0, 300, 300), 224) == 1
+    assert reduction_for(CropBox(0, 0, 900, 500), 224) == 2
+    assert reduction_for(CropBox(0, 0, 1800, 1800), 224) == 8
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return 10 * math.log10(255**2 / max(mse, 1e-12))
+
+
+def test_pixel_fidelity_against_pillow_and_torchvision():
+    """For fixed crop boxes: PSNR >= 28 dB against Pillow decode + torchvision antialiased resize."""
+    dec = CpuDecoder()
+    scores = []
+    for i in range(12):
+        data, (w, h) = synthetic_jpeg(np.random.default_rng([9, i]))
+        full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        for frac, flip in ((0.35, False), (0.7, True), (1.0, False)):
+            bw, bh = int(w * frac), int(h * frac)
+            box = CropBox((w - bw) // 3, (h - bh) // 2, bw, bh, flip)
+            ref = F.resized_crop(torch.from_numpy(full.copy()).permute(2, 0, 1), box.y, box.x, bh, bw, [224, 224],
+                                 antialias=True)
+            if flip:
+                ref = F.horizontal_flip(ref)
+            out = np.empty((224, 224, 3), np.uint8)
+            reduce = reduction_for(box, 224)
+            crop_resize_into(dec.decode(data, "x", fast=True, reduce=reduce), box, (w, h), out)
+            scores.append(_psnr(out, ref.permute(1, 2, 0).numpy()))
+    assert min(scores) >= 28.0, scores
+
+
+def test_crop_resize_writes_every_pixel():
+    img = np.random.default_rng(0).integers(0, 256, (100, 120, 3), dtype=np.uint8)
+    out = np.full((32, 32, 3), 7, np.uint8)
+    crop_resize_into(img, CropBox(10, 10, 50, 40, True), (120, 100), out)
+    ref = np.full_like(out, 7)
+    crop_resize_into(img, CropBox(10, 10, 50, 40, False), (120, 100), ref)
+    np.testing.assert_array_equal(out, ref[:, ::-1])
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_normalize_values_layout_and_dtype(channels_last, dtype):
+    x = torch.randint(0, 256, (4, 16, 16, 3), dtype=torch.uint8)
+    out = Normalize(dtype=dtype, channels_last=channels_last).images(x)
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    ref = (x.permute(0, 3, 1, 2).double() / 255 - mean) / std
+    assert out.shape == (4, 3, 16, 16) and out.dtype == dtype
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert out.is_contiguous(memory_format=fmt)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+
+
+def test_normalize_rejects_wrong_input():
+    with pytest.raises(ValueError, match="expected \\(B, H, W, 3\\) uint8"):
+        Normalize().images(torch.zeros(2, 3, 8, 8))
+    with pytest.raises(ValueError, match="std must be > 0"):
+        Normalize(std=(1, 0, 1))

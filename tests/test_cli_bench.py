@@ -1,0 +1,54 @@
+import json
+
+from PIL import Image
+
+from gpufeed.cli import main
+from gpufeed.synth import create_synthetic_dataset
+
+
+def test_synth_is_deterministic_imagenet_like_and_cached(tmp_path):
+    a = create_synthetic_dataset(tmp_path / "a", n=12, num_classes=3, seed=4, workers=1)
+    b = create_synthetic_dataset(tmp_path / "b", n=12, num_classes=3, seed=4, workers=1)
+    files_a = sorted(p.relative_to(a) for p in a.rglob("*.jpg"))
+    assert len(files_a) == 12 and len({p.parent for p in files_a}) == 3
+    assert all((a / p).read_bytes() == (b / p).read_bytes() for p in files_a)
+    with Image.open(a / files_a[0]) as im:
+        assert im.format == "JPEG" and im.mode == "RGB" and 160 <= im.size[0] <= 900
+        assert [l[1:3] for l in im.layer] == [(2, 2), (1, 1), (1, 1)]  # 4:2:0
+    mtime = (a / files_a[0]).stat().st_mtime_ns
+    create_synthetic_dataset(tmp_path / "a", n=12, num_classes=3, seed=4, workers=1)
+    assert (a / files_a[0]).stat().st_mtime_ns == mtime  # cached, not rewritten
+
+
+def test_synth_command(tmp_path, capsys):
+    assert main(["synth", str(tmp_path / "d"), "--n", "6", "--classes", "2"]) == 0
+    assert "6 JPEGs in 2 classes" in capsys.readouterr().out
+
+
+def test_info_command_reports_backends(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "torch" in out and "decode: cpu (simplejpeg + Pillow)  works" in out
+
+
+def test_bench_smoke_writes_table_json_and_chart(tmp_path, synth_root, capsys):
+    """Every pipeline of the benchmark, tiny, so the benchmark cannot rot."""
+    rc = main(["bench", "--data", str(synth_root), "--batch-size", "8", "--workers", "1", "--epochs", "2",
+               "--device", "cpu", "--pipelines", "baseline,baseline+prefetch,gpufeed",
+               "--json", str(tmp_path / "r.json"), "--chart", str(tmp_path / "r.png")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| baseline " in out and "| gpufeed " in out
+    result = json.loads((tmp_path / "r.json").read_text())
+    rows = {r["pipeline"]: r for r in result["rows"]}
+    assert set(rows) == {"baseline", "baseline+prefetch", "gpufeed"}
+    for r in rows.values():
+        assert [e["images"] for e in r["epochs"]] == [40, 40]
+        assert r["images_per_s"] > 0 and r["peak_rss_bytes"] > 0
+    assert rows["baseline"]["vs_baseline"] == 1.0
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_rejects_model_on_cpu(capsys):
+    assert main(["bench", "--device", "cpu", "--model", "resnet18", "--n", "10"]) == 2
+    assert "--model needs a CUDA device" in capsys.readouterr().err

@@ -1,0 +1,166 @@
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from gpufeed import ImageLoader, WorkerError
+
+COLOURS = [(220, 30, 30), (30, 220, 30), (30, 30, 220), (220, 220, 30)]
+
+
+@pytest.fixture(scope="module")
+def coloured_root(tmp_path_factory):
+    """Each class a distinct flat colour, sizes varied: the delivered pixels tell the label."""
+    root = tmp_path_factory.mktemp("coloured")
+    rng = np.random.default_rng(0)
+    for c, colour in enumerate(COLOURS):
+        (root / f"c{c}").mkdir()
+        for i in range(9):
+            size = (int(rng.integers(40, 120)), int(rng.integers(40, 120)))
+            Image.new("RGB", size, colour).save(root / f"c{c}" / f"{i}.jpg", quality=95)
+    Image.new("RGB", (50, 60), COLOURS[1]).save(root / "c1" / "extra.png")  # PNG takes the Pillow path
+    return root
+
+
+def make(root, **kw):
+    kw = {"batch_size": 8, "image_size": 32, "num_workers": 2, "device": "cpu", **kw}
+    return ImageLoader(root, **kw)
+
+
+def _colour_labels(images):
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    rgb = ((images.float() * std + mean) * 255).mean(dim=(2, 3))
+    dists = torch.cdist(rgb, torch.tensor(COLOURS, dtype=torch.float32))
+    return dists.argmin(dim=1)
+
+
+def test_batches_shapes_labels_aligned(coloured_root):
+    with make(coloured_root, drop_last=False) as loader:
+        assert len(loader) == 5  # 37 samples, batch 8
+        seen = 0
+        for images, labels in loader:
+            assert images.dtype == torch.float32 and images.shape[1:] == (3, 32, 32)
+            assert labels.dtype == torch.int64
+            assert torch.equal(_colour_labels(images), labels)
+            seen += len(labels)
+        assert seen == 37
+
+
+def test_channels_last_and_bf16(coloured_root):
+    with make(coloured_root, dtype=torch.bfloat16, channels_last=True) as loader:
+        images, labels = next(iter(loader))
+        assert images.dtype == torch.bfloat16 and images.is_contiguous(memory_format=torch.channels_last)
+        assert len(loader) == 4  # drop_last
+
+
+def test_same_seed_same_batches_and_epochs_differ(synth_root):
+    with make(synth_root, seed=3) as a, make(synth_root, seed=3) as b:
+        xa = [x for x, _ in a]
+        xb = [x for x, _ in b]
+        assert all(torch.equal(p, q) for p, q in zip(xa, xb))
+        xa2 = [x for x, _ in a]  # the next epoch: new order and crops
+        assert not torch.equal(xa[0], xa2[0])
+
+
+def test_resume_mid_epoch_yields_exactly_the_rest(synth_root):
+    with make(synth_root, seed=1) as ref:
+        ref.set_epoch(2)
+        full = [(x, y) for x, y in ref]
+    with make(synth_root, seed=1) as first:
+        first.set_epoch(2)
+        for i, _ in enumerate(first):
+            if i == 1:
+                break
+        state = first.state_dict()
+    with make(synth_root, seed=99) as resumed:
+        resumed.load_state_dict(state)
+        rest = [(x, y) for x, y in resumed]
+    assert len(rest) == len(full) - 2
+    for (x, y), (rx, ry) in zip(full[2:], rest):
+        assert torch.equal(y, ry) and torch.equal(x, rx)
+
+
+def test_break_then_iterate_again(synth_root):
+    with make(synth_root) as loader:
+        for i, _ in enumerate(loader):
+            if i == 0:
+                break
+        assert sum(len(y) for _, y in loader) == 40 - 8  # the rest of the epoch
+
+
+def test_validation_is_deterministic(synth_root):
+    with make(synth_root, train=False, drop_last=False) as loader:
+        a = torch.cat([x for x, _ in loader])
+        b = torch.cat([x for x, _ in loader])
+        assert a.shape[0] == 40 and torch.equal(a, b)
+
+
+def test_rank_shards(synth_root):
+    labels = []
+    for rank in range(2):
+        with make(synth_root, rank=rank, world_size=2, batch_size=4) as loader:
+            assert len(loader) == 5
+            labels.append(torch.cat([y for _, y in loader]))
+    assert labels[0].shape == labels[1].shape == (20,)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(batch_size=0), "batch_size must be an integer >= 1, got 0"),
+    (dict(device="tpu"), "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+    (dict(num_workers=0), "num_workers must be >= 1 or None, got 0"),
+])
+def test_bad_arguments_fail_before_any_work(synth_root, kw, message):
+    with pytest.raises(ValueError, match=message.replace("(", "\\(").replace(")", "\\)")):
+        make(synth_root, **kw)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
+def test_cuda_without_cuda_is_a_clear_error(synth_root):
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        make(synth_root, device="cuda")
+
+
+def test_missing_folder_named():
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        ImageLoader("/nowhere/at/all", device="cpu")
+
+
+def test_undecodable_file_raises_naming_it(tmp_path):
+    (tmp_path / "a").mkdir()
+    for i in range(5):
+        Image.new("RGB", (40, 40), (10, 20, 30)).save(tmp_path / "a" / f"{i}.jpg")
+    (tmp_path / "a" / "3.jpg").write_bytes(b"\xff\xd8\xff\xe0 garbage")
+    with make(tmp_path, batch_size=5) as loader:
+        with pytest.raises(WorkerError, match="3.jpg"):
+            list(loader)
+
+
+def test_dead_worker_is_reported_not_waited_on(synth_root):
+    loader = make(synth_root, batch_size=4)
+    it = iter(loader)
+    next(it)
+    os.kill(loader.worker_pids[0], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match=r"worker 0 \(pid \d+\) exited unexpectedly with code -9"):
+        for _ in range(20):
+            next(it)
+    assert time.monotonic() - t0 < 10
+    loader.close()
+
+
+def test_close_stops_workers(synth_root):
+    loader = make(synth_root)
+    next(iter(loader))
+    pids = loader.worker_pids
+    assert pids
+    loader.close()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            for _ in range(50):
+                os.kill(pid, 0)
+                time.sleep(0.1)

@@ -1,0 +1,104 @@
+import dataclasses
+from collections import namedtuple
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from gpufeed import prefetch
+
+Pair = namedtuple("Pair", "x y")
+
+
+@dataclasses.dataclass
+class Batch:
+    x: torch.Tensor
+    meta: str
+
+
+def test_cpu_pass_through_keeps_structure_and_len():
+    data = [{"a": torch.ones(2), "b": [torch.zeros(1), (torch.arange(3), "tag")]}, Pair(torch.ones(1), 5),
+            Batch(torch.full((2,), 3.0), "m")]
+    out = list(prefetch(data, "cpu"))
+    assert out[0]["b"][1][1] == "tag" and torch.equal(out[0]["b"][1][0], torch.arange(3))
+    assert isinstance(out[1], Pair) and out[1].y == 5
+    assert isinstance(out[2], Batch) and out[2].meta == "m" and out[2].x.tolist() == [3.0, 3.0]
+    assert len(prefetch(data, "cpu")) == 3
+
+
+def test_wraps_a_dataloader_and_applies_transform():
+    dl = DataLoader(TensorDataset(torch.arange(10.0), torch.arange(10)), batch_size=4)
+    out = list(prefetch(dl, "cpu", transform=lambda b: (b[0] * 2, b[1])))
+    assert len(out) == 3 and out[0][0].tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_exception_surfaces_with_original_traceback():
+    def gen():
+        yield torch.ones(1)
+        raise KeyError("broken sample 17")
+
+    it = iter(prefetch(gen(), "cpu"))
+    next(it)
+    with pytest.raises(KeyError, match="broken sample 17") as info:
+        next(it)
+    assert any(f.name == "gen" for f in info.traceback)
+
+
+def test_early_break_closes_the_source():
+    closed = []
+
+    def gen():
+        try:
+            for i in range(100):
+                yield torch.tensor([i])
+        finally:
+            closed.append(True)
+
+    for i, _ in enumerate(prefetch(gen(), "cpu")):
+        if i == 2:
+            break
+    import gc
+    gc.collect()
+    assert closed == [True]
+
+
+def test_rejects_bad_depth():
+    with pytest.raises(ValueError, match="depth must be >= 1, got 0"):
+        prefetch([], "cpu", depth=0)
+
+
+@pytest.mark.gpu
+def test_stream_safety_consumer_overwrites_and_frees():
+    """The consumer clobbers and frees each batch while the next copies are in flight; sums stay exact."""
+    n, size = 2000, 1 << 16
+    src = [torch.full((size,), i % 251, dtype=torch.int32) for i in range(64)]
+    expected = [int(s.sum()) for s in src]
+    it = prefetch((src[i % 64] for i in range(n)), "cuda", depth=3)
+    for i, batch in enumerate(it):
+        got = int(batch.sum())
+        assert got == expected[i % 64], i
+        batch.fill_(-1)  # overwrite on the consumer stream
+        del batch
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_copy_overlaps_compute():
+    """Copy of batch k+1 runs while batch k computes: the total beats the serial sum."""
+    host = [torch.randn(64 << 20 >> 2).pin_memory() for _ in range(8)]
+    a = torch.randn(4096, 4096, device="cuda")
+    def work():
+        for _ in range(6):
+            a @ a
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(); [h.cuda(non_blocking=True) for h in host]; end.record(); torch.cuda.synchronize()
+    copy_ms = start.elapsed_time(end)
+    start.record(); [work() for _ in host]; end.record(); torch.cuda.synchronize()
+    work_ms = start.elapsed_time(end)
+    start.record()
+    for b in prefetch(host, "cuda", depth=2):
+        work()
+    end.record(); torch.cuda.synchronize()
+    both_ms = start.elapsed_time(end)
+    assert both_ms < 0.9 * (copy_ms + work_ms), (copy_ms, work_ms, both_ms)

@@ -1,0 +1,72 @@
+import pytest
+from PIL import Image
+from torchvision.datasets import ImageFolder
+
+from gpufeed.sources import create_source, filelist_source, folder_source
+
+
+def test_folder_matches_torchvision_imagefolder(synth_root):
+    src = folder_source(synth_root)
+    ref = ImageFolder(str(synth_root))
+    assert len(src) == len(ref) == 40
+    assert [src.path(i) for i in range(len(src))] == [p for p, _ in ref.samples]
+    assert [src.label(i) for i in range(len(src))] == [t for _, t in ref.samples]
+    assert list(src.classes) == ref.classes
+
+
+def test_folder_ignores_other_extensions_like_imagefolder(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "a" / "x.PNG")
+    Image.new("RGB", (8, 8)).save(tmp_path / "b" / "y.jpeg")
+    (tmp_path / "b" / "notes.txt").write_text("not an image")
+    src = folder_source(tmp_path)
+    assert len(src) == 2
+    assert [src.label(0), src.label(1)] == [0, 1]
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda p: None, "does not exist"),
+    (lambda p: p.mkdir(), "no class sub-folders"),
+    (lambda p: (p / "cls").mkdir(parents=True), "holds no image"),
+])
+def test_folder_errors_name_the_folder(tmp_path, setup, message):
+    root = tmp_path / "data"
+    setup(root)
+    with pytest.raises((FileNotFoundError, ValueError), match=message) as info:
+        folder_source(root)
+    assert "data" in str(info.value)
+
+
+def test_filelist_reads_paths_and_labels(tmp_path, synth_root):
+    src = folder_source(synth_root)
+    lines = ["path,label"] + [f"{src.path(i)},{src.label(i) + 10}" for i in range(5)]
+    (tmp_path / "list.csv").write_text("\n".join(lines))
+    fl = filelist_source(tmp_path / "list.csv")
+    assert len(fl) == 5 and fl.label(0) == src.label(0) + 10
+    assert fl.read(2) == src.read(2)
+
+
+def test_filelist_relative_paths_and_spaces(tmp_path):
+    Image.new("RGB", (8, 8)).save(tmp_path / "img.jpg")
+    (tmp_path / "list.txt").write_text("# a comment\nimg.jpg 3\n")
+    fl = filelist_source(tmp_path / "list.txt")
+    assert fl.path(0) == str(tmp_path / "img.jpg") and fl.label(0) == 3
+
+
+def test_filelist_missing_file_named(tmp_path):
+    (tmp_path / "list.csv").write_text("gone.jpg,0\n")
+    with pytest.raises(FileNotFoundError, match="gone.jpg"):
+        filelist_source(tmp_path / "list.csv")
+
+
+def test_filelist_bad_label_named(tmp_path):
+    (tmp_path / "list.csv").write_text("a.jpg,cat\n")
+    with pytest.raises(ValueError, match=r"list.csv:1: label must be an integer, got 'cat'"):
+        filelist_source(tmp_path / "list.csv")
+
+
+def test_create_source_dispatch(tmp_path, synth_root):
+    assert len(create_source(synth_root)) == 40
+    with pytest.raises(TypeError, match="int"):
+        create_source(3)
