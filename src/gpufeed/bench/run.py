@@ -122,7 +122,8 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
             if step is not None:
                 step(images, labels)
             else:
-                images.sum()  # touch the batch as a consumer would (first use of the data)
+                # Loader only: the batch reaches the device (as training would need) and is read once.
+                images.to(device, non_blocking=True).sum()
             n += images.shape[0]
             bar.update(1)
         if device.type == "cuda":
