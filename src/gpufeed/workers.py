@@ -183,6 +183,7 @@ class WorkerPool:
 
     def collect(self, batch_id: int) -> tuple[np.ndarray, np.ndarray]:
         entry = self._pending[batch_id]
+        self._check_alive()  # a dead worker is reported even if others finish its share
         while entry["left"]:
             self._receive_one()
         del self._pending[batch_id]

@@ -12,7 +12,11 @@ class Monitor:
 
     gpu_busy: mean NVML utilisation (%) of ``gpu_index``, None without NVML.
     peak_rss: largest sum of RSS over this process and all its descendants
-    (shared pages counted once per process, as ``ps`` reports them).
+    (shared pages counted once per process, as ``ps`` reports them);
+    start_rss: the same sum when ``start()`` was called. Pipelines run one
+    after another in one process, so the main process carries what earlier
+    ones left (PyTorch's pinned-memory cache, for one): ``peak - start`` of the
+    first epoch is what a pipeline added.
     """
 
     def __init__(self, gpu_index: int | None, interval: float = 0.05) -> None:
@@ -37,6 +41,7 @@ class Monitor:
 
     def start(self) -> None:
         self.util, self.peak_rss, self._stop = [], 0, threading.Event()
+        self.start_rss = self._sample_rss()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -44,6 +49,14 @@ class Monitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+    @staticmethod
+    def _sample_rss() -> int:
+        try:
+            import psutil
+        except ImportError:
+            return 0
+        return _tree_rss(psutil.Process(os.getpid()), psutil)
 
     @property
     def gpu_busy(self) -> float | None:

@@ -132,7 +132,8 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
         monitor.stop()
         bar.close()
         epochs.append({"seconds": dt, "images": n, "images_per_s": n / dt, "gpu_busy": monitor.gpu_busy,
-                       "peak_rss_bytes": monitor.peak_rss, "gpu_mem_used_bytes": monitor.gpu_mem_used})
+                       "peak_rss_bytes": monitor.peak_rss, "start_rss_bytes": monitor.start_rss,
+                       "gpu_mem_used_bytes": monitor.gpu_mem_used})
     close = getattr(loader, "close", None)
     if close:
         close()
@@ -147,6 +148,7 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
         "images_per_s": statistics.median(e["images_per_s"] for e in steady),
         "gpu_busy": statistics.median(busy) if busy else None,
         "peak_rss_bytes": max(e["peak_rss_bytes"] for e in epochs),
+        "added_rss_bytes": max(e["peak_rss_bytes"] for e in epochs) - epochs[0]["start_rss_bytes"],
     }
 
 
