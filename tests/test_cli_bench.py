@@ -41,7 +41,8 @@ def test_bench_smoke_writes_table_json_and_chart(tmp_path, synth_root, capsys):
     assert "| baseline " in out and "| gpufeed " in out
     result = json.loads((tmp_path / "r.json").read_text())
     rows = {r["pipeline"]: r for r in result["rows"]}
-    assert set(rows) == {"baseline", "baseline+prefetch", "gpufeed"}
+    assert set(rows) == {"baseline", "baseline+prefetch", "gpufeed (cpu decode)"}
+    assert rows["gpufeed (cpu decode)"]["loader_stats"]["decode_backend"] == "cpu"
     for r in rows.values():
         assert [e["images"] for e in r["epochs"]] == [40, 40]
         assert r["images_per_s"] > 0 and r["peak_rss_bytes"] > 0

@@ -1,9 +1,14 @@
 """ImageLoader: wires source, sampling, decode/augment workers and transfer.
 
-    Source ──► ShardedSampler ──► WorkerPool (decode + crop/resize/flip, uint8)
-                                      │ shared-memory ring, (B, S, S, 3) uint8
-                                      ▼
-                                  Prefetcher ──► Normalize on `device` ──► (images, labels)
+    CPU decode:  Source ─► ShardedSampler ─► WorkerPool (decode + crop/resize/flip, uint8)
+                                                 │ shared-memory ring, (B, S, S, 3) uint8
+                                                 ▼
+                                             Prefetcher ─► Normalize on `device` ─► (images, labels)
+
+    GPU decode:  Source ─► ShardedSampler ─► EncodedBatchReader (bytes, crop boxes; threads)
+                                                 ▼
+                                             Prefetcher ─► GpuDecodeAugment on the side stream
+                                                           (decode, one fused crop/resize/flip/normalise kernel)
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ import torch
 from .augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from .augment.params import AugmentSpec
 from .decode.base import DEFAULT_MAX_PIXELS
+from .decode.placement import create_gpu_decoder
+from .gpu_stage import GpuDecodeAugment
+from .reader import EncodedBatchReader
 from .transfer import Prefetcher
 from .sampling import ShardedSampler, resolve_rank
 from .sources import Source, create_source
@@ -58,6 +66,12 @@ class ImageLoader:
     horizontal flip, a new order each epoch; ``train=False``: resize the
     shorter side to ``resize_size``, centre-crop, fixed order.
 
+    ``decode``: "auto" decodes on the GPU when ``device`` is CUDA and a GPU
+    decoder works here (nvImageCodec, else torchvision's nvJPEG), else in CPU
+    worker processes; "cpu", "nvimgcodec" or "torchvision" force one (an
+    impossible choice raises). ``loader.decode_backend`` says which was used
+    and ``loader.stats`` how many images each decoder handled.
+
     Epoch order is a function of (seed, epoch); sharding follows
     ``DistributedSampler`` (rank/world_size from ``torch.distributed`` when
     initialised). ``drop_last`` drops the ragged tail both across ranks and in
@@ -85,6 +99,7 @@ class ImageLoader:
         drop_last: bool = True,
         prefetch_depth: int = 2,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        decode: str = "auto",
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -104,10 +119,21 @@ class ImageLoader:
         self.drop_last = drop_last
         self.num_workers = num_workers or default_num_workers(_local_world_size(world_size))
         self.spec = PipelineSpec(source=self.source, augment=augment, max_pixels=max_pixels)
-        self._prefetcher = Prefetcher(self._host_batches(), self.device, depth=prefetch_depth,
-                                      transform=self.normalize)
+        gpu_decoder, self.decode_reason = create_gpu_decoder(decode, self.device)
         self._pool: WorkerPool | None = None
         self._num_slots = max(4, prefetch_depth + 2)
+        if gpu_decoder is None:
+            self.decode_backend = "cpu"
+            self._gpu_stage = None
+            self._prefetcher = Prefetcher((), self.device, depth=prefetch_depth, transform=self.normalize)
+        else:
+            self.decode_backend = gpu_decoder.name
+            self._reader = EncodedBatchReader(self.source, augment, max_pixels=max_pixels,
+                                              threads=min(8, self.num_workers))
+            self._gpu_stage = GpuDecodeAugment(
+                gpu_decoder, device=self.device, image_size=image_size, mean=mean, std=std, dtype=dtype,
+                channels_last=channels_last, max_pixels=max_pixels)
+            self._prefetcher = Prefetcher((), self.device, depth=prefetch_depth, transform=self._gpu_stage)
 
     # -- public API ---------------------------------------------------------
     def __len__(self) -> int:
@@ -124,7 +150,7 @@ class ImageLoader:
         self.sampler.load_state_dict(state["sampler"])
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._prefetcher.iterable = self._host_batches()
+        self._prefetcher.iterable = self._host_batches() if self._gpu_stage is None else self._encoded_batches()
         for images, labels in self._prefetcher:
             self.sampler.advance(images.shape[0])
             yield images, labels
@@ -137,6 +163,14 @@ class ImageLoader:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        if self._gpu_stage is not None:
+            self._reader.close()
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Which backend decoded how many images so far (GPU path), and why this backend."""
+        by = dict(self._gpu_stage.decoded_by) if self._gpu_stage is not None else {}
+        return {"decode_backend": self.decode_backend, "decode_reason": self.decode_reason, "decoded_by": by}
 
     def __enter__(self) -> "ImageLoader":
         return self
@@ -149,6 +183,17 @@ class ImageLoader:
         return self._pool.pids if self._pool is not None else []
 
     # -- internals ----------------------------------------------------------
+    def _epoch_batches(self) -> list[list[int]]:
+        """This rank's remaining index lists for the current epoch, one per batch."""
+        indices = self.sampler.remaining()
+        n_batches = len(self) - self.sampler.position // self.batch_size
+        batches = [indices[i * self.batch_size : (i + 1) * self.batch_size] for i in range(max(0, n_batches))]
+        return [b for b in batches if b]
+
+    def _encoded_batches(self) -> Iterator[Any]:
+        """GPU path: encoded bytes and crop boxes; decode happens in the Prefetcher's transform."""
+        yield from self._reader.batches(self._epoch_batches(), self.sampler.seed, self.sampler.epoch)
+
     def _host_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(B, S, S, 3) uint8 and (B,) int64 CPU tensors viewing ring slots.
 
@@ -160,10 +205,7 @@ class ImageLoader:
                                     batch_size=self.batch_size)
         pool = self._pool
         pool.cancel()  # an earlier, abandoned iteration may have batches in flight
-        indices = self.sampler.remaining()
-        n_batches = len(self) - self.sampler.position // self.batch_size
-        batches = [indices[i * self.batch_size : (i + 1) * self.batch_size] for i in range(max(0, n_batches))]
-        batches = [b for b in batches if b]
+        batches = self._epoch_batches()
         epoch = self.sampler.epoch
         free = collections.deque(range(self._num_slots))
         slot_of: dict[int, int] = {}

@@ -16,14 +16,22 @@ Stream contract (CUDA):
   until the copy that reads it has finished. The source tensor may therefore
   be reused by its producer as soon as the next item is requested.
 
+- Threads: on CUDA a background thread pulls from the iterable and issues
+  the copies and the transform (GPU decode, for the GPU path), up to
+  ``depth`` batches ahead; the consumer thread only waits on events. An
+  exception in the iterable or the transform is re-raised in the consumer
+  with its original traceback; leaving the loop early stops the thread and
+  closes the iterable.
+
 Without CUDA (or for ``device="cpu"``) the same object applies ``transform``
-and passes batches through: one API everywhere.
+and passes batches through, in the caller's thread: one API everywhere.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import queue
+import threading
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -89,25 +97,47 @@ class Prefetcher:
     def _iter_cuda(self) -> Iterator[Any]:
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
-        stream = self._stream
-        in_flight: collections.deque = collections.deque()
-        it = iter(self.iterable)
-        exhausted = False
-        while True:
-            while not exhausted and len(in_flight) < self.depth:
+        handoff: queue.Queue = queue.Queue(maxsize=self.depth)
+        stop = threading.Event()
+        thread = threading.Thread(target=self._produce, args=(handoff, stop), daemon=True, name="gpufeed-prefetch")
+        thread.start()
+        try:
+            while True:
+                item = handoff.get()
+                if item is _END:
+                    return
+                if isinstance(item, _Failure):
+                    raise item.error  # carries the producer-side traceback
+                event, batch = item
+                consumer = torch.cuda.current_stream(self.device)
+                consumer.wait_event(event)
+                _map_tensors(batch, lambda t: _record(t, consumer))
+                yield batch
+        finally:
+            stop.set()
+            while thread.is_alive():  # unblock a producer waiting on a full queue
                 try:
-                    batch = next(it)
-                except StopIteration:
-                    exhausted = True
-                    break
-                in_flight.append(self._issue(batch, stream))
-            if not in_flight:
-                return
-            event, batch = in_flight.popleft()
-            consumer = torch.cuda.current_stream(self.device)
-            consumer.wait_event(event)
-            _map_tensors(batch, lambda t: _record(t, consumer))
-            yield batch
+                    handoff.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+            thread.join()
+
+    def _produce(self, handoff: queue.Queue, stop: threading.Event) -> None:
+        """Background thread: pull host batches, issue copy + transform on the side stream."""
+        torch.cuda.set_device(self.device)
+        it = iter(self.iterable)
+        try:
+            for batch in it:
+                item = self._issue(batch, self._stream)
+                if not _put(handoff, item, stop):
+                    return
+            _put(handoff, _END, stop)
+        except BaseException as e:  # handed to the consumer, which raises it
+            _put(handoff, _Failure(e), stop)
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
 
     def _issue(self, batch: Any, stream: torch.cuda.Stream) -> tuple[torch.cuda.Event, Any]:
         # Tensors already on the GPU were produced on the consumer stream: wait for them.
@@ -127,6 +157,24 @@ class Prefetcher:
         if t.device.type == "cpu" and not t.is_pinned():
             t = t.pin_memory()
         return t.to(self.device, non_blocking=True)
+
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _put(handoff: queue.Queue, item: Any, stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            handoff.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 def _record(t: torch.Tensor, stream: torch.cuda.Stream) -> torch.Tensor:

@@ -36,12 +36,14 @@ class Monitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.util: list[int] = []
-        self.gpu_mem_used: int | None = None
+        self.gpu_mem_start: int | None = None  # NVML "used" when start() was called
+        self.gpu_mem_peak: int | None = None
         self.peak_rss = 0
 
     def start(self) -> None:
         self.util, self.peak_rss, self._stop = [], 0, threading.Event()
         self.start_rss = self._sample_rss()
+        self.gpu_mem_start = self.gpu_mem_peak = self._gpu_used()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -49,6 +51,11 @@ class Monitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+    def _gpu_used(self) -> int | None:
+        if self._nvml is None:
+            return None
+        return self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used
 
     @staticmethod
     def _sample_rss() -> int:
@@ -72,7 +79,7 @@ class Monitor:
         while not self._stop.is_set():
             if self._nvml is not None:
                 self.util.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
-                self.gpu_mem_used = self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used
+                self.gpu_mem_peak = max(self.gpu_mem_peak or 0, self._gpu_used())
             if me is not None and tick % 4 == 0:
                 self.peak_rss = max(self.peak_rss, _tree_rss(me, psutil))
             tick += 1

@@ -16,7 +16,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"batch {c['batch_size']}, {c['workers']} workers, {c['epochs']} epochs, "
             f"model {c['model'] or 'none (loader only)'}; NVML: {result['nvml']}\n"
             f"data: {result['dataset']}\n")
-    cols = ["pipeline", "epoch 1 s", "steady s", "images/s", "vs baseline", "of ceiling", "GPU busy", "host RSS GB", "RSS added GB"]
+    cols = ["pipeline", "epoch 1 s", "steady s", "images/s", "vs baseline", "of ceiling", "GPU busy", "host RSS GB", "RSS added GB", "GPU mem added GB"]
     rows = []
     for r in result["rows"]:
         rows.append([
@@ -29,6 +29,7 @@ def format_table(result: dict[str, Any]) -> str:
             _fmt(r.get("gpu_busy"), ".0f", "%"),
             _fmt(None if not r.get("peak_rss_bytes") else r["peak_rss_bytes"] / 1e9, ".2f"),
             _fmt(None if r.get("added_rss_bytes") is None else r["added_rss_bytes"] / 1e9, ".2f"),
+            _fmt(None if r.get("gpu_mem_added_bytes") is None else r["gpu_mem_added_bytes"] / 1e9, ".2f"),
         ])
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
     line = lambda cells: "| " + " | ".join(str(x).ljust(w) for x, w in zip(cells, widths)) + " |"

@@ -26,7 +26,9 @@ from ..synth import create_synthetic_dataset
 from .baseline import create_baseline_loader
 from .monitor import Monitor
 
-PIPELINES = ("baseline", "baseline+prefetch", "gpufeed")
+PIPELINES = ("baseline", "baseline+prefetch", "gpufeed", "gpufeed-cpu", "gpufeed-gpu")
+# gpufeed: decode where ImageLoader's "auto" puts it; -cpu / -gpu force the CPU workers / a GPU decoder.
+_DECODE = {"gpufeed": "auto", "gpufeed-cpu": "cpu", "gpufeed-gpu": "auto"}
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,12 @@ def _make_loader(name: str, root: str, cfg: BenchConfig, device: torch.device) -
         return create_baseline_loader(root, batch_size=cfg.batch_size, num_workers=cfg.workers)
     if name == "baseline+prefetch":
         return prefetch(create_baseline_loader(root, batch_size=cfg.batch_size, num_workers=cfg.workers), device)
-    return ImageLoader(root, batch_size=cfg.batch_size, num_workers=cfg.workers, device=device,
-                       channels_last=cfg.model is not None)
+    loader = ImageLoader(root, batch_size=cfg.batch_size, num_workers=cfg.workers, device=device,
+                         channels_last=cfg.model is not None, decode=_DECODE[name])
+    if name == "gpufeed-gpu" and loader.decode_backend == "cpu":
+        loader.close()
+        raise ValueError(f"pipeline gpufeed-gpu: no GPU decoder works here ({loader.decode_reason})")
+    return loader
 
 
 def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, step: Callable | None,
@@ -133,15 +139,21 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
         bar.close()
         epochs.append({"seconds": dt, "images": n, "images_per_s": n / dt, "gpu_busy": monitor.gpu_busy,
                        "peak_rss_bytes": monitor.peak_rss, "start_rss_bytes": monitor.start_rss,
-                       "gpu_mem_used_bytes": monitor.gpu_mem_used})
+                       "gpu_mem_start_bytes": monitor.gpu_mem_start, "gpu_mem_peak_bytes": monitor.gpu_mem_peak})
+    stats = getattr(loader, "stats", None)
     close = getattr(loader, "close", None)
     if close:
         close()
     del loader
     steady = epochs[1:]
     busy = [e["gpu_busy"] for e in steady if e["gpu_busy"] is not None]
+    label = name if stats is None else f"{name} ({stats['decode_backend']} decode)"
+    gpu_added = [e["gpu_mem_peak_bytes"] - epochs[0]["gpu_mem_start_bytes"] for e in epochs
+                 if e["gpu_mem_peak_bytes"] is not None]
     return {
-        "pipeline": name,
+        "pipeline": label,
+        "loader_stats": stats,
+        "gpu_mem_added_bytes": max(gpu_added) if gpu_added else None,
         "epochs": epochs,
         "first_epoch_s": epochs[0]["seconds"],
         "steady_epoch_s": statistics.median(e["seconds"] for e in steady),
@@ -177,6 +189,8 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str, int], Any]) -> dict[str
     for name in cfg.pipelines:
         rows.append(run_pipeline(name, root, cfg, device, step, monitor, progress))
     base = next((r["images_per_s"] for r in rows if r["pipeline"] == "baseline"), None)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     for r in rows:
         r["vs_baseline"] = r["images_per_s"] / base if base else None
         r["of_ceiling"] = r["images_per_s"] / ceiling["images_per_s"] if ceiling else None

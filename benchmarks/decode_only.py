@@ -1,0 +1,103 @@
+"""GPU decode throughput on files already in memory (no file reading), and decode + fused augment.
+
+    python3 benchmarks/decode_only.py DATA_DIR [--batch 256] [--rounds 3]
+
+Prints images/s (median of rounds, the CUDA stream synchronised before the clock is read) for each
+GPU decoder that works here, then for the whole GPU stage (decode + one fused crop/resize/flip/normalise
+kernel) fed by pre-read EncodedBatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import statistics
+import time
+
+import torch
+
+from gpufeed.augment.params import AugmentSpec
+from gpufeed.decode.cpu import CpuDecoder
+from gpufeed.gpu_stage import GpuDecodeAugment
+from gpufeed.reader import EncodedBatch
+
+
+def _decoders(device):
+    out = []
+    try:
+        from gpufeed.decode.nvimgcodec import NvImageCodecDecoder
+
+        out.append(("nvimgcodec hw only", NvImageCodecDecoder(device, hw_load=1.0, hw_only=True)))
+        out.append(("nvimgcodec hw then cuda", NvImageCodecDecoder(device, hw_load=1.0)))
+    except Exception as e:
+        print(f"nvimgcodec unavailable: {e}")
+    from gpufeed.decode.torchvision_gpu import TorchvisionGpuDecoder
+
+    out.append(("torchvision nvjpeg", TorchvisionGpuDecoder(device)))
+    return out
+
+
+def _time(fn, rounds):
+    fn()  # warm-up: handles, buffers, kernels
+    rates = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        n = fn()
+        torch.cuda.synchronize()
+        rates.append(n / (time.perf_counter() - t0))
+    return statistics.median(rates), rates
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("data")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    files = sorted(glob.glob(f"{args.data}/*/*.jpg"))
+    datas = [open(f, "rb").read() for f in files]
+    device = torch.device("cuda", 0)
+    stream = torch.cuda.Stream(device)
+    batches = [datas[i : i + args.batch] for i in range(0, len(datas) - args.batch + 1, args.batch)]
+    rows = []
+    for name, dec in _decoders(device):
+        ok = []
+
+        def run(dec=dec, ok=ok):
+            ok.clear()
+            with torch.cuda.stream(stream):
+                for b in batches:
+                    ok.append(sum(x is not None for x in dec.decode(b, stream)))
+            return sum(len(b) for b in batches)
+
+        med, rates = _time(run, args.rounds)
+        rows.append((f"decode only: {name}", med, rates, f"{sum(ok)}/{sum(len(b) for b in batches)} decoded"))
+
+        spec, cpu = AugmentSpec(), CpuDecoder()
+        encoded = []
+        for bi, b in enumerate(batches):
+            sizes = [cpu.header(d, "x")[:2] for d in b]
+            boxes = [spec.draw(w, h, seed=0, epoch=0, index=bi * args.batch + i) for i, (w, h) in enumerate(sizes)]
+            encoded.append(EncodedBatch(list(b), [None] * len(b), sizes, boxes, ["x"] * len(b),
+                                        torch.zeros(len(b), dtype=torch.int64)))
+        stage = GpuDecodeAugment(dec, device=device, image_size=224, mean=(0.485, 0.456, 0.406),
+                                 std=(0.229, 0.224, 0.225), dtype=torch.float32, channels_last=True,
+                                 max_pixels=10**8)
+
+        def run_stage(stage=stage):
+            with torch.cuda.stream(stream):
+                for e in encoded:
+                    stage(e)
+            return sum(len(e.data) for e in encoded)
+
+        med, rates = _time(run_stage, args.rounds)
+        rows.append((f"decode + fused augment: {name}", med, rates, dict(stage.decoded_by)))
+    print(f"\n{len(datas)} files, batch {args.batch}, {torch.cuda.get_device_name()}")
+    print("| path | images/s (median) | rounds | note |\n|---|---|---|---|")
+    for name, med, rates, note in rows:
+        print(f"| {name} | {med:,.0f} | {', '.join(f'{r:,.0f}' for r in rates)} | {note} |")
+
+
+if __name__ == "__main__":
+    main()

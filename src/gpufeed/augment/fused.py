@@ -1,0 +1,169 @@
+"""Batched crop + resize + flip + normalise for images of different sizes, in one launch.
+
+Input: decoded images packed into one flat uint8 buffer (each (h, w, 3) HWC,
+at its own offset) and one int64 row per sample:
+
+    meta[b] = (offset, h, w, box_x, box_y, box_w, box_h, flip)
+
+Output: (B, 3, S, S) ``dtype`` written through its strides, so contiguous and
+channels_last outputs come from the same kernel. Each output pixel averages
+``taps x taps`` bilinear samples spread over its footprint in the source
+(``taps = ceil(box / S)``, at most 4): bilinear when enlarging, an area-like
+antialiasing filter when shrinking, as roi_align's adaptive sampling does.
+Normalisation is folded in: ``out = mean_of_samples * scale[c] + shift[c]``.
+
+``resized_crop_reference`` computes the same function with plain torch ops
+(used on the CPU, without Triton, and by the tests); ``resized_crop_triton``
+is the GPU kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+MAX_TAPS = 4
+
+META_COLUMNS = ("offset", "h", "w", "x", "y", "bw", "bh", "flip")
+
+
+def taps_for(box_w: int, box_h: int, size: int) -> int:
+    """Samples per axis and output pixel: enough to cover the footprint when shrinking."""
+    return max(1, min(MAX_TAPS, math.ceil(max(box_w, box_h) / size - 1e-6)))
+
+
+def pack_images(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+    """Concatenate (h, w, 3) uint8 images into one flat buffer; return it and each image's offset."""
+    offsets, total = [], 0
+    for im in images:
+        offsets.append(total)
+        total += im.numel()
+    flat = torch.cat([im.reshape(-1) for im in images]) if len(images) > 1 else images[0].reshape(-1)
+    return flat, offsets
+
+
+def resized_crop_reference(
+    flat: torch.Tensor, meta: torch.Tensor, size: int, scale: torch.Tensor, shift: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    """The kernel's function in plain torch, one sample at a time (any device)."""
+    for b in range(meta.shape[0]):
+        off, h, w, bx, by, bw, bh, flip = (int(v) for v in meta[b].tolist())
+        img = flat[off : off + h * w * 3].view(h, w, 3).float()
+        k = taps_for(bw, bh, size)
+        o = torch.arange(size, dtype=torch.float32, device=flat.device)
+        t = (torch.arange(k, dtype=torch.float32, device=flat.device) + 0.5) / k
+        ys = (by + (o[:, None] + t[None, :]) * (bh / size) - 0.5).clamp(0, h - 1)  # (S, k)
+        ox = (size - 1 - o) if flip else o
+        xs = (bx + (ox[:, None] + t[None, :]) * (bw / size) - 0.5).clamp(0, w - 1)
+        y0, x0 = ys.floor().long(), xs.floor().long()
+        y1, x1 = (y0 + 1).clamp(max=h - 1), (x0 + 1).clamp(max=w - 1)
+        wy, wx = (ys - y0)[:, :, None, None, None], (xs - x0)[None, None, :, :, None]
+        g = lambda yy, xx: img[yy[:, :, None, None], xx[None, None, :, :]]  # (S, k, S, k, 3)
+        val = (g(y0, x0) * (1 - wx) + g(y0, x1) * wx) * (1 - wy) + (g(y1, x0) * (1 - wx) + g(y1, x1) * wx) * wy
+        pix = val.mean(dim=(1, 3))  # (S, S, 3)
+        out[b] = (pix * scale + shift).permute(2, 0, 1).to(out.dtype)
+    return out
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # no Triton: the reference path is used
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _resized_crop_kernel(
+        src_ptr, meta_ptr, out_ptr,
+        scale0, scale1, scale2, shift0, shift1, shift2,
+        S, stride_b, stride_c, stride_y, stride_x,
+        MAX_K: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        b = tl.program_id(1)
+        idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = idx < S * S
+        oy = (idx // S).to(tl.float32)
+        ox_i = idx % S
+        row = meta_ptr + b * 8
+        off = tl.load(row)
+        h = tl.load(row + 1).to(tl.int32)
+        w = tl.load(row + 2).to(tl.int32)
+        bx = tl.load(row + 3).to(tl.float32)
+        by = tl.load(row + 4).to(tl.float32)
+        bw = tl.load(row + 5).to(tl.float32)
+        bh = tl.load(row + 6).to(tl.float32)
+        flip = tl.load(row + 7)
+        k = tl.minimum(tl.maximum(tl.ceil(tl.maximum(bw, bh) / S - 1e-6), 1.0), MAX_K)
+        ox = tl.where(flip != 0, S - 1 - ox_i, ox_i).to(tl.float32)
+        sy = bh / S
+        sx = bw / S
+        hmax = (h - 1).to(tl.float32)
+        wmax = (w - 1).to(tl.float32)
+        acc0 = tl.zeros([BLOCK], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK], dtype=tl.float32)
+        ki = k.to(tl.int32)
+        for ty in range(0, ki):
+            fy = by + (oy + (ty + 0.5) / k) * sy - 0.5
+            fy = tl.minimum(tl.maximum(fy, 0.0), hmax)
+            y0f = tl.floor(fy)
+            wy = fy - y0f
+            y0 = y0f.to(tl.int32)
+            y1 = tl.minimum(y0 + 1, h - 1)
+            for tx in range(0, ki):
+                fx = bx + (ox + (tx + 0.5) / k) * sx - 0.5
+                fx = tl.minimum(tl.maximum(fx, 0.0), wmax)
+                x0f = tl.floor(fx)
+                wx = fx - x0f
+                x0 = x0f.to(tl.int32)
+                x1 = tl.minimum(x0 + 1, w - 1)
+                p00 = src_ptr + off + (y0 * w + x0).to(tl.int64) * 3
+                p01 = src_ptr + off + (y0 * w + x1).to(tl.int64) * 3
+                p10 = src_ptr + off + (y1 * w + x0).to(tl.int64) * 3
+                p11 = src_ptr + off + (y1 * w + x1).to(tl.int64) * 3
+                w00 = (1 - wy) * (1 - wx)
+                w01 = (1 - wy) * wx
+                w10 = wy * (1 - wx)
+                w11 = wy * wx
+                acc0 += (tl.load(p00, mask=mask, other=0).to(tl.float32) * w00
+                         + tl.load(p01, mask=mask, other=0).to(tl.float32) * w01
+                         + tl.load(p10, mask=mask, other=0).to(tl.float32) * w10
+                         + tl.load(p11, mask=mask, other=0).to(tl.float32) * w11)
+                acc1 += (tl.load(p00 + 1, mask=mask, other=0).to(tl.float32) * w00
+                         + tl.load(p01 + 1, mask=mask, other=0).to(tl.float32) * w01
+                         + tl.load(p10 + 1, mask=mask, other=0).to(tl.float32) * w10
+                         + tl.load(p11 + 1, mask=mask, other=0).to(tl.float32) * w11)
+                acc2 += (tl.load(p00 + 2, mask=mask, other=0).to(tl.float32) * w00
+                         + tl.load(p01 + 2, mask=mask, other=0).to(tl.float32) * w01
+                         + tl.load(p10 + 2, mask=mask, other=0).to(tl.float32) * w10
+                         + tl.load(p11 + 2, mask=mask, other=0).to(tl.float32) * w11)
+        inv = 1.0 / (k * k)
+        dst = out_ptr + b.to(tl.int64) * stride_b + (idx // S) * stride_y + ox_i * stride_x
+        ty_out = out_ptr.dtype.element_ty
+        tl.store(dst, (acc0 * inv * scale0 + shift0).to(ty_out), mask=mask)
+        tl.store(dst + stride_c, (acc1 * inv * scale1 + shift1).to(ty_out), mask=mask)
+        tl.store(dst + 2 * stride_c, (acc2 * inv * scale2 + shift2).to(ty_out), mask=mask)
+
+
+def resized_crop_triton(
+    flat: torch.Tensor, meta: torch.Tensor, size: int, scale: Sequence[float], shift: Sequence[float],
+    out: torch.Tensor, block: int = 256,
+) -> torch.Tensor:
+    """One launch for the whole batch; ``meta`` (B, 8) int64 on ``flat``'s device."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed; use resized_crop_reference")
+    batch = meta.shape[0]
+    grid = (triton.cdiv(size * size, block), batch)
+    _resized_crop_kernel[grid](
+        flat, meta, out, *[float(s) for s in scale], *[float(s) for s in shift],
+        size, out.stride(0), out.stride(1), out.stride(2), out.stride(3), MAX_K=MAX_TAPS, BLOCK=block,
+    )
+    return out
+
+
+def normalize_constants(mean: Sequence[float], std: Sequence[float]) -> tuple[list[float], list[float]]:
+    """uint8 value v maps to v * scale + shift = (v / 255 - mean) / std."""
+    return [1.0 / (255.0 * s) for s in std], [-m / s for m, s in zip(mean, std)]

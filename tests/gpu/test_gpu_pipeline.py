@@ -1,0 +1,102 @@
+"""GPU path: parity with the CPU path, odd images inside a GPU batch, poisoning, memory. Marked gpu."""
+
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from gpufeed import ImageLoader
+from gpufeed.augment.fused import normalize_constants, pack_images, resized_crop_reference, resized_crop_triton
+from gpufeed.synth import create_synthetic_dataset
+
+pytestmark = pytest.mark.gpu
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _uint8(x):
+    m = torch.tensor(MEAN, device=x.device).view(1, 3, 1, 1)
+    s = torch.tensor(STD, device=x.device).view(1, 3, 1, 1)
+    return ((x.float() * s + m) * 255).cpu().numpy()
+
+
+def _psnr(a, b):
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return 10 * math.log10(255**2 / max(mse, 1e-12))
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    return create_synthetic_dataset(tmp_path_factory.mktemp("g"), n=96, num_classes=4, seed=2, workers=4)
+
+
+@pytest.mark.parametrize("decode", ["auto", "torchvision"])
+def test_gpu_matches_cpu_for_the_same_crops(synth, decode):
+    kw = dict(batch_size=32, num_workers=2, seed=7)
+    gpu = ImageLoader(synth, device="cuda", decode=decode, **kw)
+    cpu = ImageLoader(synth, device="cpu", **kw)
+    assert gpu.decode_backend != "cpu"
+    scores = []
+    for (xg, yg), (xc, yc) in zip(gpu, cpu):
+        assert xg.is_cuda and yg.is_cuda and xg.dtype == torch.float32
+        assert torch.equal(yg.cpu(), yc)
+        a, b = _uint8(xg), _uint8(xc)
+        assert (a.reshape(len(a), -1).max(axis=1) > 0).all()  # no image all-zero
+        scores += [_psnr(a[i], b[i]) for i in range(len(a))]
+    assert min(scores) >= 30.0, sorted(scores)[:5]
+    assert gpu.stats["decoded_by"].get(gpu.decode_backend, 0) == 96
+    gpu.close(), cpu.close()
+
+
+def test_kernel_writes_every_element_and_matches_reference():
+    g = torch.Generator().manual_seed(1)
+    imgs = [torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=g) for h, w in ((375, 500), (17, 900), (1, 1))]
+    flat, offs = pack_images([i.cuda() for i in imgs])
+    meta = torch.tensor([[offs[0], 375, 500, 10, 20, 400, 300, 1], [offs[1], 17, 900, 0, 0, 900, 17, 0],
+                         [offs[2], 1, 1, 0, 0, 1, 1, 0]], device="cuda")
+    sc, sh = normalize_constants(MEAN, STD)
+    for fmt, dtype in ((torch.contiguous_format, torch.float32), (torch.channels_last, torch.bfloat16)):
+        out = torch.full((3, 3, 224, 224), float("nan"), device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+        resized_crop_triton(flat, meta, 224, sc, sh, out)
+        assert not torch.isnan(out).any()
+        ref = resized_crop_reference(flat, meta, 224, torch.tensor(sc, device="cuda"), torch.tensor(sh, device="cuda"),
+                                     torch.empty(3, 3, 224, 224, device="cuda"))
+        torch.testing.assert_close(out.float(), ref, atol=2e-2 if dtype == torch.bfloat16 else 1e-4, rtol=1e-2)
+
+
+def test_odd_images_in_a_gpu_batch_fall_back_to_the_cpu(tmp_path):
+    colours = [(220, 30, 30), (30, 220, 30), (30, 30, 220)]
+    for c, colour in enumerate(colours):
+        d = tmp_path / f"c{c}"
+        d.mkdir()
+        for i in range(5):
+            Image.new("RGB", (64 + 8 * i, 48), colour).save(d / f"{i}.jpg", quality=95)
+    Image.new("RGB", (40, 40), colours[0]).save(tmp_path / "c0" / "png_named.jpg", "PNG")
+    Image.new("RGB", (40, 40), colours[1]).convert("CMYK").save(tmp_path / "c1" / "cmyk.jpg", "JPEG")
+    Image.new("RGB", (64, 64), colours[2]).save(tmp_path / "c2" / "prog.jpg", "JPEG", progressive=True)
+    Image.new("L", (50, 50), 200).save(tmp_path / "c2" / "gray.jpg", "JPEG")
+    loader = ImageLoader(tmp_path, device="cuda", batch_size=19, num_workers=2, drop_last=False, train=False,
+                         image_size=32)
+    (images, labels), = list(loader)
+    rgb = _uint8(images).mean(axis=(2, 3))
+    for i, label in enumerate(labels.tolist()):
+        if abs(rgb[i] - 200).max() < 8:  # the grey one
+            assert label == 2
+            continue
+        assert int(np.argmax(rgb[i])) == label, (i, rgb[i], label)
+    assert loader.stats["decoded_by"]["cpu"] >= 2  # the PNG and the CMYK JPEG at least
+    loader.close()
+
+
+def test_gpu_memory_flat_across_epochs(synth):
+    loader = ImageLoader(synth, device="cuda", batch_size=32, num_workers=2)
+    reserved = []
+    for _ in range(20):
+        for x, y in loader:
+            pass
+        torch.cuda.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+    assert max(reserved[2:]) <= reserved[2], reserved
+    loader.close()
