@@ -18,8 +18,10 @@ import torch
 
 from gpufeed.augment.params import AugmentSpec
 from gpufeed.decode.cpu import CpuDecoder
-from gpufeed.gpu_stage import GpuDecodeAugment
-from gpufeed.reader import EncodedBatch
+import numpy as np
+
+from gpufeed.gpu_stage import EncodedBatch, GpuDecodeAugment
+from gpufeed.workers import KIND_BYTES
 
 
 def _decoders(device):
@@ -27,13 +29,14 @@ def _decoders(device):
     try:
         from gpufeed.decode.nvimgcodec import NvImageCodecDecoder
 
-        out.append(("nvimgcodec hw only", NvImageCodecDecoder(device, hw_load=1.0, hw_only=True)))
-        out.append(("nvimgcodec hw then cuda", NvImageCodecDecoder(device, hw_load=1.0)))
+        out.append(("nvimgcodec hw only", [NvImageCodecDecoder(device, hw_only=True)]))
+        out.append(("nvimgcodec hw only, 2 threads", [NvImageCodecDecoder(device, hw_only=True) for _ in range(2)]))
+        out.append(("nvimgcodec hw then cuda, 2 threads", [NvImageCodecDecoder(device) for _ in range(2)]))
     except Exception as e:
         print(f"nvimgcodec unavailable: {e}")
     from gpufeed.decode.torchvision_gpu import TorchvisionGpuDecoder
 
-    out.append(("torchvision nvjpeg", TorchvisionGpuDecoder(device)))
+    out.append(("torchvision nvjpeg", [TorchvisionGpuDecoder(device)]))
     return out
 
 
@@ -61,35 +64,40 @@ def main() -> None:
     stream = torch.cuda.Stream(device)
     batches = [datas[i : i + args.batch] for i in range(0, len(datas) - args.batch + 1, args.batch)]
     rows = []
-    for name, dec in _decoders(device):
+    spec, cpu = AugmentSpec(), CpuDecoder()
+    encoded = []
+    for bi, b in enumerate(batches):
+        cap = max(map(len, b))
+        meta = np.zeros((len(b), 9), np.int64)
+        arena = np.zeros((len(b), cap), np.uint8)
+        for i, d in enumerate(b):
+            w, h, _ = cpu.header(d, "x")
+            box = spec.draw(w, h, seed=0, epoch=0, index=bi * args.batch + i)
+            meta[i] = (KIND_BYTES, len(d), w, h, box.x, box.y, box.width, box.height, int(box.flip))
+            arena[i, : len(d)] = np.frombuffer(d, np.uint8)
+        encoded.append(EncodedBatch(torch.zeros(len(b), dtype=torch.int64), meta, arena,
+                                    np.zeros((len(b), 224, 224, 3), np.uint8), lambda i: "x"))
+    for name, decs in _decoders(device):
+        stage = GpuDecodeAugment(decs, device=device, image_size=224, mean=(0.485, 0.456, 0.406),
+                                 std=(0.229, 0.224, 0.225), dtype=torch.float32, channels_last=True,
+                                 max_pixels=10**8)
         ok = []
 
-        def run(dec=dec, ok=ok):
+        def run(stage=stage, ok=ok):
             ok.clear()
             with torch.cuda.stream(stream):
                 for b in batches:
-                    ok.append(sum(x is not None for x in dec.decode(b, stream)))
+                    ok.append(sum(x is not None for x in stage._decode_gpu(b, stream)))
             return sum(len(b) for b in batches)
 
         med, rates = _time(run, args.rounds)
         rows.append((f"decode only: {name}", med, rates, f"{sum(ok)}/{sum(len(b) for b in batches)} decoded"))
 
-        spec, cpu = AugmentSpec(), CpuDecoder()
-        encoded = []
-        for bi, b in enumerate(batches):
-            sizes = [cpu.header(d, "x")[:2] for d in b]
-            boxes = [spec.draw(w, h, seed=0, epoch=0, index=bi * args.batch + i) for i, (w, h) in enumerate(sizes)]
-            encoded.append(EncodedBatch(list(b), [None] * len(b), sizes, boxes, ["x"] * len(b),
-                                        torch.zeros(len(b), dtype=torch.int64)))
-        stage = GpuDecodeAugment(dec, device=device, image_size=224, mean=(0.485, 0.456, 0.406),
-                                 std=(0.229, 0.224, 0.225), dtype=torch.float32, channels_last=True,
-                                 max_pixels=10**8)
-
         def run_stage(stage=stage):
             with torch.cuda.stream(stream):
                 for e in encoded:
                     stage(e)
-            return sum(len(e.data) for e in encoded)
+            return sum(len(e.meta) for e in encoded)
 
         med, rates = _time(run_stage, args.rounds)
         rows.append((f"decode + fused augment: {name}", med, rates, dict(stage.decoded_by)))

@@ -80,7 +80,7 @@ print("ok")
 
 def test_triton_kernel_indexing_in_the_interpreter():
     """The kernel itself, run on CPU tensors by Triton's interpreter: every element written, equal to the reference."""
-    pytest.importorskip("triton")
+    pytest.importorskip("triton", minversion="3.8")  # older interpreters cannot run runtime-bounded loops
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     res = subprocess.run([sys.executable, "-c", _INTERPRETER_CHECK], env=env, capture_output=True, text=True,
                          timeout=300)

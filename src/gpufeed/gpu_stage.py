@@ -1,25 +1,54 @@
 """The GPU stage: decode a batch on the GPU and crop/resize/flip/normalise it in one kernel.
 
-Runs as the Prefetcher's transform, on its side stream, in its background
-thread: the consumer's stream waits on the event recorded after the kernel.
-Images a GPU decoder refuses are decoded by the CPU decoder and uploaded, in
-the same batch. Batches whose images together exceed ``max_batch_pixels`` are
-processed in consecutive slices so decode memory stays bounded.
+Input is an ``EncodedBatch`` that CPU workers filled: per sample either the
+JPEG bytes and crop box (``kind == KIND_BYTES``) or pixels they already
+cropped because no GPU decoder takes that file (``KIND_PIXELS``). It runs as
+the Prefetcher's transform, on its side stream, in its background thread; the
+consumer's stream waits on the event recorded after the kernel.
+
+    bytes ──GPU decoders (threads, GIL released)──► (h, w, 3) uint8 ─┐
+    refused by the GPU ──CPU decode + crop (here)──► (S, S, 3) ───────┼─► pack ─► fused kernel ─► (B, 3, S, S)
+    odd files, cropped by the workers ────────────► (S, S, 3) ───────┘
+
+A pre-cropped image enters the kernel as an S x S image with box (0, 0, S, S),
+which the kernel copies exactly while normalising. Batches whose images
+together exceed ``max_batch_pixels`` go through in consecutive slices, so
+decode memory stays bounded.
 """
 
 from __future__ import annotations
 
 import collections
-from typing import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
+from .augment.cpu import crop_resize_into
 from .augment.fused import normalize_constants, pack_images, resized_crop_reference, resized_crop_triton, triton
+from .augment.params import CropBox
 from .decode.cpu import CpuDecoder
-from .reader import EncodedBatch
+from .workers import KIND_BYTES, KIND_PIXELS
 
 DEFAULT_MAX_BATCH_PIXELS = 256 * 1024 * 1024
+
+
+@dataclass
+class EncodedBatch:
+    """One batch before GPU decode (host side; only ``labels`` is moved by the Prefetcher).
+
+    labels (B,) int64; meta (B, 9) int64 (``workers.META_FIELDS``); arena (B, capacity)
+    uint8 with sample i's bytes in ``arena[i, :meta[i, 1]]``; pixels (B, S, S, 3) uint8 for
+    ``KIND_PIXELS`` rows; ``path(i)`` names sample i's file for error messages.
+    """
+
+    labels: torch.Tensor
+    meta: np.ndarray
+    arena: np.ndarray
+    pixels: np.ndarray
+    path: Callable[[int], str]
 
 
 def _slices(sizes: Sequence[tuple[int, int]], budget: int) -> list[range]:
@@ -36,56 +65,85 @@ def _slices(sizes: Sequence[tuple[int, int]], budget: int) -> list[range]:
 class GpuDecodeAugment:
     """EncodedBatch -> ((B, 3, S, S) ``dtype`` normalised on ``device``, (B,) int64 labels)."""
 
-    def __init__(self, decoder, *, device: torch.device, image_size: int, mean, std, dtype: torch.dtype,
-                 channels_last: bool, max_pixels: int, max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS) -> None:
-        self.decoder = decoder
+    def __init__(self, decoders: Sequence, *, device: torch.device, image_size: int, mean, std,
+                 dtype: torch.dtype, channels_last: bool, max_pixels: int,
+                 max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS) -> None:
+        self.decoders = list(decoders)
+        self.name = self.decoders[0].name
+        self._threads = ThreadPoolExecutor(len(self.decoders), thread_name_prefix="gpufeed-decode")
         self.cpu = CpuDecoder(max_pixels=max_pixels)
         self.device, self.size, self.dtype, self.channels_last = device, image_size, dtype, channels_last
         self.scale, self.shift = normalize_constants(mean, std)
+        self._scale_t = torch.tensor(self.scale)
+        self._shift_t = torch.tensor(self.shift)
         self.max_batch_pixels = max_batch_pixels
-        self.decoded_by: collections.Counter = collections.Counter()  # backend name -> images
+        self.decoded_by: collections.Counter = collections.Counter()  # "gpu:<name>", "cpu" -> images
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        n, s = len(batch.data), self.size
+        n, s = len(batch.meta), self.size
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         out = torch.empty((n, 3, s, s), dtype=self.dtype, device=self.device, memory_format=fmt)
-        stream = torch.cuda.current_stream(self.device)
-        for r in _slices(batch.sizes, self.max_batch_pixels):
-            images = self._decode(batch, r, stream)
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        meta = batch.meta
+        sizes = [(int(w), int(h)) if k == KIND_BYTES else (s, s) for k, w, h in meta[:, [0, 2, 3]]]
+        for r in _slices(sizes, self.max_batch_pixels):
+            images, rows = self._decode(batch, r, stream)
             flat, offsets = pack_images(images)
-            rows = []
-            for off, img, i in zip(offsets, images, r):
-                h, w = img.shape[0], img.shape[1]
-                box = batch.boxes[i]
-                fw, fh = batch.sizes[i]
-                sx, sy = w / fw, h / fh  # 1 unless a decoder returned another size
-                rows.append([off, h, w, round(box.x * sx), round(box.y * sy), max(1, round(box.width * sx)),
-                             max(1, round(box.height * sy)), int(box.flip)])
-            meta = torch.tensor(rows, dtype=torch.int64).pin_memory().to(self.device, non_blocking=True)
+            table = torch.tensor(rows, dtype=torch.int64)
+            table[:, 0] = torch.tensor(offsets, dtype=torch.int64)
             dst = out[r.start : r.stop]
-            if triton is not None:
-                resized_crop_triton(flat, meta, s, self.scale, self.shift, dst)
+            if triton is not None and self.device.type == "cuda":
+                resized_crop_triton(flat, self._upload(table), s, self.scale, self.shift, dst)
             else:
-                resized_crop_reference(flat, meta, s, torch.tensor(self.scale, device=self.device),
-                                       torch.tensor(self.shift, device=self.device), dst)
+                resized_crop_reference(flat, table.to(self.device), s, self._scale_t.to(self.device),
+                                       self._shift_t.to(self.device), dst)
         return out, batch.labels
 
-    def _decode(self, batch: EncodedBatch, r: range, stream: torch.cuda.Stream) -> list[torch.Tensor]:
-        gpu_ids = [i for i in r if batch.data[i] is not None]
-        images: dict[int, torch.Tensor] = {}
-        if gpu_ids:
-            for i, img in zip(gpu_ids, self.decoder.decode([batch.data[i] for i in gpu_ids], stream)):
-                if img is not None:
-                    images[i] = img
-            self.decoded_by[self.decoder.name] += len(images)
+    def _decode(self, batch: EncodedBatch, r: range, stream) -> tuple[list[torch.Tensor], list[list[int]]]:
+        """Images for samples ``r`` (on the device) and their kernel rows (offset filled later)."""
+        meta, s = batch.meta, self.size
+        gpu_ids = [i for i in r if meta[i, 0] == KIND_BYTES]
+        decoded = dict(zip(gpu_ids, self._decode_gpu([batch.arena[i, : meta[i, 1]].tobytes() for i in gpu_ids],
+                                                     stream)))
+        images, rows, pixel_rows = {}, {}, []
         for i in r:
-            if i in images:
+            kind, _, fw, fh, x, y, bw, bh, flip = (int(v) for v in meta[i])
+            img = decoded.get(i)
+            if img is not None:
+                h, w = img.shape[0], img.shape[1]
+                sx, sy = w / fw, h / fh  # 1 unless a decoder returned another size
+                images[i] = img
+                rows[i] = [0, h, w, round(x * sx), round(y * sy), max(1, round(bw * sx)), max(1, round(bh * sy)),
+                           flip]
                 continue
-            pixels = batch.pixels[i]
-            if pixels is None:  # the GPU decoder refused a JPEG: the CPU decides (and names the file if bad)
-                data = batch.data[i]
-                _, _, fast = self.cpu.header(data, batch.paths[i])
-                pixels = self.cpu.decode(data, batch.paths[i], fast=fast)
-            images[i] = torch.from_numpy(np.ascontiguousarray(pixels)).pin_memory().to(self.device, non_blocking=True)
-            self.decoded_by["cpu"] += 1
-        return [images[i] for i in r]
+            if kind == KIND_BYTES:  # the GPU refused it: decode and crop here, into the slot's pixel row
+                data = batch.arena[i, : meta[i, 1]].tobytes()
+                path = batch.path(i)
+                _, _, fast = self.cpu.header(data, path)
+                crop_resize_into(self.cpu.decode(data, path, fast=fast), CropBox(x, y, bw, bh, bool(flip)),
+                                 (fw, fh), batch.pixels[i])
+            pixel_rows.append(i)
+            rows[i] = [0, s, s, 0, 0, s, s, 0]
+        if pixel_rows:
+            dev = self._upload(torch.from_numpy(batch.pixels[pixel_rows]))  # fancy indexing: one copy for all
+            for j, i in enumerate(pixel_rows):
+                images[i] = dev[j]
+            self.decoded_by["cpu"] += len(pixel_rows)
+        self.decoded_by[f"gpu:{self.name}"] += len(r) - len(pixel_rows)
+        return [images[i] for i in r], [rows[i] for i in r]
+
+    def _upload(self, t: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
+
+    def _decode_gpu(self, datas: list[bytes], stream) -> list[torch.Tensor | None]:
+        if not datas:
+            return []
+        parts = len(self.decoders)
+        step = -(-len(datas) // parts)
+        chunks = [datas[i : i + step] for i in range(0, len(datas), step)]
+        if len(chunks) == 1:
+            return self.decoders[0].decode(chunks[0], stream)
+        futures = [self._threads.submit(dec.decode, chunk, stream) for dec, chunk in zip(self.decoders, chunks)]
+        return [img for f in futures for img in f.result()]

@@ -5,7 +5,8 @@
                                                  ▼
                                              Prefetcher ─► Normalize on `device` ─► (images, labels)
 
-    GPU decode:  Source ─► ShardedSampler ─► EncodedBatchReader (bytes, crop boxes; threads)
+    GPU decode:  Source ─► ShardedSampler ─► WorkerPool (read bytes, header, crop box; odd files decoded)
+                                                 │ shared-memory ring: bytes + boxes
                                                  ▼
                                              Prefetcher ─► GpuDecodeAugment on the side stream
                                                            (decode, one fused crop/resize/flip/normalise kernel)
@@ -23,14 +24,17 @@ from .augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from .augment.params import AugmentSpec
 from .decode.base import DEFAULT_MAX_PIXELS
 from .decode.placement import create_gpu_decoder
-from .gpu_stage import GpuDecodeAugment
-from .reader import EncodedBatchReader
+from .gpu_stage import EncodedBatch, GpuDecodeAugment
 from .transfer import Prefetcher
 from .sampling import ShardedSampler, resolve_rank
 from .sources import Source, create_source
 from .workers import PipelineSpec, WorkerPool, default_num_workers
 
 __all__ = ["ImageLoader", "resolve_device"]
+
+# Per-sample room for encoded bytes in the shared ring on the GPU path; larger files are decoded by the
+# CPU workers instead (ImageNet's largest training JPEGs are a few MB; the mean is ~110 KB).
+GPU_BYTES_CAPACITY = 2 * 1024 * 1024
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -118,22 +122,22 @@ class ImageLoader:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.num_workers = num_workers or default_num_workers(_local_world_size(world_size))
-        self.spec = PipelineSpec(source=self.source, augment=augment, max_pixels=max_pixels)
-        gpu_decoder, self.decode_reason = create_gpu_decoder(decode, self.device)
+        gpu_decoders, self.decode_reason = create_gpu_decoder(decode, self.device)
+        self.spec = PipelineSpec(source=self.source, augment=augment, max_pixels=max_pixels,
+                                 gpu_bytes_capacity=GPU_BYTES_CAPACITY if gpu_decoders else 0)
         self._pool: WorkerPool | None = None
         self._num_slots = max(4, prefetch_depth + 2)
-        if gpu_decoder is None:
+        if gpu_decoders is None:
             self.decode_backend = "cpu"
             self._gpu_stage = None
-            self._prefetcher = Prefetcher((), self.device, depth=prefetch_depth, transform=self.normalize)
+            transform = self.normalize
         else:
-            self.decode_backend = gpu_decoder.name
-            self._reader = EncodedBatchReader(self.source, augment, max_pixels=max_pixels,
-                                              threads=min(8, self.num_workers))
             self._gpu_stage = GpuDecodeAugment(
-                gpu_decoder, device=self.device, image_size=image_size, mean=mean, std=std, dtype=dtype,
+                gpu_decoders, device=self.device, image_size=image_size, mean=mean, std=std, dtype=dtype,
                 channels_last=channels_last, max_pixels=max_pixels)
-            self._prefetcher = Prefetcher((), self.device, depth=prefetch_depth, transform=self._gpu_stage)
+            self.decode_backend = self._gpu_stage.name
+            transform = self._gpu_stage
+        self._prefetcher = Prefetcher((), self.device, depth=prefetch_depth, transform=transform)
 
     # -- public API ---------------------------------------------------------
     def __len__(self) -> int:
@@ -150,7 +154,7 @@ class ImageLoader:
         self.sampler.load_state_dict(state["sampler"])
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._prefetcher.iterable = self._host_batches() if self._gpu_stage is None else self._encoded_batches()
+        self._prefetcher.iterable = self._host_batches()
         for images, labels in self._prefetcher:
             self.sampler.advance(images.shape[0])
             yield images, labels
@@ -163,8 +167,6 @@ class ImageLoader:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
-        if self._gpu_stage is not None:
-            self._reader.close()
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -190,12 +192,9 @@ class ImageLoader:
         batches = [indices[i * self.batch_size : (i + 1) * self.batch_size] for i in range(max(0, n_batches))]
         return [b for b in batches if b]
 
-    def _encoded_batches(self) -> Iterator[Any]:
-        """GPU path: encoded bytes and crop boxes; decode happens in the Prefetcher's transform."""
-        yield from self._reader.batches(self._epoch_batches(), self.sampler.seed, self.sampler.epoch)
-
-    def _host_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """(B, S, S, 3) uint8 and (B,) int64 CPU tensors viewing ring slots.
+    def _host_batches(self) -> Iterator[Any]:
+        """Per batch, views of a ring slot: CPU decode gives (images (B, S, S, 3) uint8, labels (B,) int64)
+        CPU tensors; GPU decode gives an ``EncodedBatch`` (bytes and crop boxes) for the GPU stage.
 
         A slot is reused only after the next batch is requested; by then the
         Prefetcher has copied the previous one (to pinned memory or the device).
@@ -216,9 +215,15 @@ class ImageLoader:
                     slot_of[submitted] = free.popleft()
                     pool.submit(submitted, slot_of[submitted], self.sampler.seed, epoch, batches[submitted])
                     submitted += 1
-                images, labels = pool.collect(b)
+                view = pool.collect(b)
                 # labels are tiny: copied, so a batch's labels never alias a slot that gets reused
-                yield torch.from_numpy(images), torch.from_numpy(labels.copy())
+                labels = torch.from_numpy(view.labels.copy())
+                if view.meta is None:
+                    yield torch.from_numpy(view.images), labels
+                else:
+                    indices = batches[b]
+                    yield EncodedBatch(labels, view.meta, view.arena, view.images,
+                                       lambda i, idx=indices: self.source.path(idx[i]))
                 free.append(slot_of.pop(b))
         finally:
             if submitted and self._pool is not None:

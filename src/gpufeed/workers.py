@@ -4,6 +4,8 @@
     ------------                         ------------------------------------
     submit(batch) -> chunks --tasks-->   read bytes, decode, crop, resize, flip
                                          write uint8 pixels + labels into the slot
+                                         (GPU path: write the JPEG bytes + crop box
+                                         instead; odd images still finished here)
     collect(batch) <--------done------   report (batch, chunk, error)
 
 The ring is one shared-memory block of ``num_slots`` slots, each holding a
@@ -37,7 +39,7 @@ from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
 from .sources.base import Source
 
-__all__ = ["WorkerError", "WorkerPool", "PipelineSpec", "load_sample_into"]
+__all__ = ["PipelineSpec", "SlotView", "WorkerError", "WorkerPool", "encode_sample_into", "load_sample_into"]
 
 _POLL_S = 0.5
 
@@ -53,6 +55,7 @@ class PipelineSpec:
     source: Source
     augment: AugmentSpec
     max_pixels: int
+    gpu_bytes_capacity: int = 0  # > 0: leave JPEGs encoded for GPU decode, up to this many bytes each
 
 
 def load_sample_into(
@@ -72,18 +75,65 @@ def load_sample_into(
     return spec.source.label(index)
 
 
-class _Ring:
-    """Views of the shared block: images (slots, B, S, S, 3) uint8, labels (slots, B) int64."""
+META_FIELDS = ("kind", "length", "width", "height", "x", "y", "box_w", "box_h", "flip")
+KIND_PIXELS, KIND_BYTES = 0, 1
 
-    def __init__(self, shm: shared_memory.SharedMemory, num_slots: int, batch_size: int, size: int) -> None:
+
+def encode_sample_into(
+    spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, ring: "_Ring", slot: int, k: int
+) -> int:
+    """GPU path: put sample ``index``'s JPEG bytes and crop box in the slot for GPU decode; what no GPU
+    decoder takes (not JPEG, CMYK, larger than the capacity) is finished here on the CPU instead."""
+    path = spec.source.path(index)
+    try:
+        data = spec.source.read(index)
+    except OSError as e:
+        raise DecodeError(path, f"cannot read the file ({type(e).__name__}: {e.strerror or e})") from None
+    width, height, fast = decoder.header(data, path)
+    box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
+    meta = ring.meta[slot, k]
+    if fast and len(data) <= spec.gpu_bytes_capacity:
+        ring.arena[slot, k, : len(data)] = np.frombuffer(data, np.uint8)
+        meta[:] = (KIND_BYTES, len(data), width, height, box.x, box.y, box.width, box.height, int(box.flip))
+    else:
+        reduce = reduction_for(box, ring.images.shape[2]) if fast else 1
+        crop_resize_into(decoder.decode(data, path, fast=fast, reduce=reduce), box, (width, height),
+                         ring.images[slot, k])
+        meta[:] = (KIND_PIXELS, 0, width, height, box.x, box.y, box.width, box.height, int(box.flip))
+    return spec.source.label(index)
+
+
+class _Ring:
+    """Views of the shared block, per slot and sample.
+
+    images (slots, B, S, S, 3) uint8 and labels (slots, B) int64 always; for the
+    GPU path also meta (slots, B, 9) int64 (``META_FIELDS``) and arena
+    (slots, B, capacity) uint8 holding each sample's encoded bytes.
+    """
+
+    def __init__(self, shm: shared_memory.SharedMemory, num_slots: int, batch_size: int, size: int,
+                 capacity: int = 0) -> None:
         self.shm = shm
-        img_bytes = num_slots * batch_size * size * size * 3
-        self.images = np.ndarray((num_slots, batch_size, size, size, 3), np.uint8, shm.buf, 0)
-        self.labels = np.ndarray((num_slots, batch_size), np.int64, shm.buf, _align(img_bytes))
+        views, offset = {}, 0
+        for name, shape, dtype in self.layout(num_slots, batch_size, size, capacity):
+            views[name] = np.ndarray(shape, dtype, shm.buf, offset)
+            offset = _align(offset + int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        self.images, self.labels = views["images"], views["labels"]
+        self.meta, self.arena = views.get("meta"), views.get("arena")
 
     @staticmethod
-    def nbytes(num_slots: int, batch_size: int, size: int) -> int:
-        return _align(num_slots * batch_size * size * size * 3) + num_slots * batch_size * 8
+    def layout(num_slots: int, batch_size: int, size: int, capacity: int) -> list:
+        parts = [("images", (num_slots, batch_size, size, size, 3), np.uint8),
+                 ("labels", (num_slots, batch_size), np.int64)]
+        if capacity:
+            parts += [("meta", (num_slots, batch_size, len(META_FIELDS)), np.int64),
+                      ("arena", (num_slots, batch_size, capacity), np.uint8)]
+        return parts
+
+    @classmethod
+    def nbytes(cls, num_slots: int, batch_size: int, size: int, capacity: int = 0) -> int:
+        return sum(_align(int(np.prod(shape)) * np.dtype(dt).itemsize)
+                   for _, shape, dt in cls.layout(num_slots, batch_size, size, capacity))
 
 
 def _align(n: int, to: int = 4096) -> int:
@@ -101,7 +151,7 @@ def _worker_main(
     generation: Any,
 ) -> None:
     shm = shared_memory.SharedMemory(name=shm_name)
-    ring = _Ring(shm, *ring_shape)
+    ring = _Ring(shm, *ring_shape, spec.gpu_bytes_capacity)
     decoder = CpuDecoder(max_pixels=spec.max_pixels)
     try:
         while True:
@@ -114,7 +164,11 @@ def _worker_main(
                 for k, index in enumerate(indices, start):
                     current[worker_id] = index
                     try:
-                        ring.labels[slot, k] = load_sample_into(spec, decoder, seed, epoch, index, ring.images[slot, k])
+                        if spec.gpu_bytes_capacity:
+                            ring.labels[slot, k] = encode_sample_into(spec, decoder, seed, epoch, index, ring, slot, k)
+                        else:
+                            ring.labels[slot, k] = load_sample_into(spec, decoder, seed, epoch, index,
+                                                                    ring.images[slot, k])
                     except Exception as e:  # reported to the main process, which raises it
                         error = (spec.source.path(index), f"{type(e).__name__}: {e}", traceback.format_exc())
                         break
@@ -132,12 +186,23 @@ def _default_context() -> mp.context.BaseContext:
     return mp.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
+@dataclass(frozen=True)
+class SlotView:
+    """numpy views of one finished batch in the ring: images (n, S, S, 3) uint8, labels (n,) int64,
+    and on the GPU path meta (n, 9) int64 and arena (n, capacity) uint8. Valid until the slot is reused."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    meta: np.ndarray | None
+    arena: np.ndarray | None
+
+
 class WorkerPool:
     """``num_workers`` processes filling a ring of ``num_slots`` batch slots.
 
     ``submit(batch_id, slot, seed, epoch, indices)`` queues a batch; ``collect``
     blocks until batch ``batch_id`` is complete and returns (images, labels)
-    as numpy views of its slot: (n, S, S, 3) uint8 and (n,) int64.
+    as a ``SlotView`` of its slot.
     """
 
     def __init__(self, spec: PipelineSpec, *, num_workers: int, num_slots: int, batch_size: int) -> None:
@@ -147,8 +212,9 @@ class WorkerPool:
         self.num_slots, self.batch_size, self.size = num_slots, batch_size, size
         self._chunk = max(1, -(-batch_size // (2 * num_workers)))  # ~2 chunks per worker per batch
         ctx = _default_context()
-        self._shm = shared_memory.SharedMemory(create=True, size=_Ring.nbytes(num_slots, batch_size, size))
-        self._ring = _Ring(self._shm, num_slots, batch_size, size)
+        capacity = spec.gpu_bytes_capacity
+        self._shm = shared_memory.SharedMemory(create=True, size=_Ring.nbytes(num_slots, batch_size, size, capacity))
+        self._ring = _Ring(self._shm, num_slots, batch_size, size, capacity)
         self._tasks = ctx.Queue()
         self._results = ctx.Queue()
         self._current = ctx.Array("q", [-1] * num_workers, lock=False)
@@ -181,7 +247,7 @@ class WorkerPool:
         for c, chunk in enumerate(chunks):
             self._tasks.put((gen, batch_id, c, slot, seed, epoch, c * self._chunk, chunk))
 
-    def collect(self, batch_id: int) -> tuple[np.ndarray, np.ndarray]:
+    def collect(self, batch_id: int) -> "SlotView":
         entry = self._pending[batch_id]
         self._check_alive()  # a dead worker is reported even if others finish its share
         while entry["left"]:
@@ -190,8 +256,9 @@ class WorkerPool:
         if entry["error"] is not None:
             path, reason, tb = entry["error"]
             raise WorkerError(f"failed to load {path!r}: {reason}\n\nworker traceback:\n{tb}")
-        n, slot = entry["n"], entry["slot"]
-        return self._ring.images[slot, :n], self._ring.labels[slot, :n]
+        n, slot, r = entry["n"], entry["slot"], self._ring
+        return SlotView(r.images[slot, :n], r.labels[slot, :n],
+                        None if r.meta is None else r.meta[slot, :n], None if r.arena is None else r.arena[slot, :n])
 
     def cancel(self) -> None:
         """Abandon every submitted batch (workers skip their chunks) and wait until their slots are free."""

@@ -46,7 +46,7 @@ def test_gpu_matches_cpu_for_the_same_crops(synth, decode):
         assert (a.reshape(len(a), -1).max(axis=1) > 0).all()  # no image all-zero
         scores += [_psnr(a[i], b[i]) for i in range(len(a))]
     assert min(scores) >= 30.0, sorted(scores)[:5]
-    assert gpu.stats["decoded_by"].get(gpu.decode_backend, 0) == 96
+    assert gpu.stats["decoded_by"].get(f"gpu:{gpu.decode_backend}", 0) == 96
     gpu.close(), cpu.close()
 
 

@@ -42,8 +42,10 @@ class NvImageCodecDecoder:
         if not hw_only:  # what the engines refuse goes to nvJPEG's CUDA decoder
             backends.append(nvimgcodec.Backend(kinds.HYBRID_CPU_GPU))
         self.device = device
+        # fancy_upsampling=1: the same chroma upsampling as libjpeg-turbo's default (the CPU path),
+        # where nvImageCodec's default of 0 differs visibly on 4:2:0 edges.
         self._decoder = nvimgcodec.Decoder(device_id=device.index or 0, max_num_cpu_threads=cpu_threads,
-                                           backends=backends)
+                                           backends=backends, options=":fancy_upsampling=1")
         self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB,
                                                allow_any_depth=False, sample_format=nvimgcodec.SampleFormat.I_RGB)
 
@@ -59,6 +61,10 @@ class NvImageCodecDecoder:
         if not streams:
             return out
         images = self._decoder.decode(streams, params=self._params, cuda_stream=stream.cuda_stream)
+        if len(images) != len(streams):
+            # Some nvImageCodec versions drop failed entries instead of returning None, which would
+            # shift every later image onto the wrong label: decode one at a time to know which failed.
+            images = [self._decoder.decode(cs, params=self._params, cuda_stream=stream.cuda_stream) for cs in streams]
         for i, img in zip(where, images):
             if img is not None:
                 t = torch.as_tensor(img, device=self.device)

@@ -7,8 +7,12 @@ import torch
 DECODE_CHOICES = ("auto", "cpu", "nvimgcodec", "torchvision")
 
 
-def create_gpu_decoder(choice: str, device: torch.device):
-    """Return (decoder or None, reason). None means: decode on the CPU (worker processes).
+def create_gpu_decoder(choice: str, device: torch.device, *, threads: int = 2):
+    """Return (list of ``threads`` decoders, or None; reason). None means: decode on the CPU (workers).
+
+    Several decoders decode parts of a batch at once from as many threads (their
+    decode calls release the GIL); nvImageCodec's hardware engines saturate at
+    2-3 concurrent callers.
 
     "auto" on a CUDA device tries nvImageCodec, then torchvision's nvJPEG
     decode; on the CPU it is always "cpu". An explicit GPU choice that cannot
@@ -27,7 +31,7 @@ def create_gpu_decoder(choice: str, device: torch.device):
         try:
             from .nvimgcodec import NvImageCodecDecoder
 
-            return NvImageCodecDecoder(device), "nvImageCodec (hardware engine, then CUDA)"
+            return [NvImageCodecDecoder(device) for _ in range(threads)], "nvImageCodec (hardware engine, then CUDA)"
         except Exception as e:  # missing wheel, no nvJPEG, decoder creation failure: all mean "not here"
             reasons.append(f"nvImageCodec unavailable: {type(e).__name__}: {e}")
             if choice == "nvimgcodec":
@@ -35,7 +39,7 @@ def create_gpu_decoder(choice: str, device: torch.device):
     try:
         from .torchvision_gpu import TorchvisionGpuDecoder
 
-        return TorchvisionGpuDecoder(device), "; ".join(reasons + ["torchvision decode_jpeg on CUDA"])
+        return [TorchvisionGpuDecoder(device)], "; ".join(reasons + ["torchvision decode_jpeg on CUDA"])
     except Exception as e:
         reasons.append(f"torchvision GPU decode unavailable: {type(e).__name__}: {e}")
         if choice == "torchvision":

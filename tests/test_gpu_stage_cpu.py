@@ -1,0 +1,107 @@
+"""The GPU stage's logic (who decodes what, fallbacks, kernel rows, slices) run on the CPU with a
+stand-in decoder, and the workers' GPU-path output (bytes + boxes in the ring)."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from gpufeed.augment.params import AugmentSpec
+from gpufeed.decode.cpu import CpuDecoder
+from gpufeed.gpu_stage import EncodedBatch, GpuDecodeAugment
+from gpufeed.sources import folder_source
+from gpufeed.workers import KIND_BYTES, KIND_PIXELS, PipelineSpec, WorkerPool
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class CpuStandIn:
+    """Decodes like a GPU decoder would (full image, (h, w, 3) uint8), refusing what ``refuse`` names."""
+
+    name = "standin"
+
+    def __init__(self, refuse=()):
+        self.refuse, self.cpu, self.calls = set(refuse), CpuDecoder(), 0
+
+    def decode(self, datas, stream):
+        self.calls += 1
+        return [None if d in self.refuse else torch.from_numpy(self.cpu.decode(d, "x", fast=True).copy())
+                for d in datas]
+
+
+@pytest.fixture()
+def coloured(tmp_path):
+    colours = [(220, 30, 30), (30, 220, 30), (30, 30, 220)]
+    for c, colour in enumerate(colours):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(4):
+            Image.new("RGB", (60 + 10 * i, 50), colour).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=95)
+    Image.new("RGB", (40, 40), colours[1]).save(tmp_path / "c1" / "png.jpg", "PNG")
+    return tmp_path
+
+
+def _pool_batch(root, capacity=1 << 20, size=16):
+    src = folder_source(root)
+    spec = PipelineSpec(src, AugmentSpec(image_size=size, resize_size=size), 10**8, gpu_bytes_capacity=capacity)
+    pool = WorkerPool(spec, num_workers=2, num_slots=2, batch_size=len(src))
+    pool.submit(0, 0, 0, 0, list(range(len(src))))
+    view = pool.collect(0)
+    return src, pool, view
+
+
+def test_workers_leave_jpegs_encoded_and_finish_odd_files(coloured):
+    src, pool, view = _pool_batch(coloured)
+    kinds = view.meta[:, 0].tolist()
+    png = [i for i in range(len(src)) if src.path(i).endswith("png.jpg")][0]
+    assert kinds[png] == KIND_PIXELS and kinds.count(KIND_BYTES) == len(src) - 1
+    for i in range(len(src)):
+        if kinds[i] == KIND_BYTES:
+            assert view.arena[i, : view.meta[i, 1]].tobytes() == src.read(i)
+            w, h = Image.open(src.path(i)).size
+            assert tuple(view.meta[i, 2:4]) == (w, h)
+    assert view.images[png].mean() > 0  # cropped by the worker
+    pool.close()
+
+
+def test_files_over_the_capacity_are_decoded_by_the_workers(coloured):
+    src, pool, view = _pool_batch(coloured, capacity=100)
+    assert (view.meta[:, 0] == KIND_PIXELS).all()
+    pool.close()
+
+
+def _stage_output(root, decoder, budget=None):
+    src, pool, view = _pool_batch(root)
+    kw = dict(device=torch.device("cpu"), image_size=16, mean=MEAN, std=STD, dtype=torch.float32,
+              channels_last=False, max_pixels=10**8)
+    if budget:
+        kw["max_batch_pixels"] = budget
+    stage = GpuDecodeAugment([decoder], **kw)
+    batch = EncodedBatch(torch.from_numpy(view.labels.copy()), view.meta, view.arena, view.images,
+                         lambda i: src.path(i))
+    images, labels = stage(batch)
+    pool.close()
+    return images, labels, stage
+
+
+def _colour_index(images):
+    m, s = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
+    return ((images * s + m) * 255).mean(dim=(2, 3)).argmax(dim=1)
+
+
+def test_stage_labels_stay_aligned_with_gpu_refusals_and_cpu_rows(coloured):
+    refuse = {open(p, "rb").read() for p in sorted(coloured.glob("c2/*.jpg"))[:2]}
+    images, labels, stage = _stage_output(coloured, CpuStandIn(refuse))
+    assert images.shape == (13, 3, 16, 16) and not torch.isnan(images).any()
+    assert torch.equal(_colour_index(images), labels)
+    assert stage.decoded_by["cpu"] == 3 and stage.decoded_by["gpu:standin"] == 10
+
+
+def test_stage_splits_batches_over_the_pixel_budget(coloured):
+    decoder = CpuStandIn()
+    whole, labels, _ = _stage_output(coloured, decoder)
+    calls = decoder.calls
+    sliced, labels2, _ = _stage_output(coloured, decoder, budget=8000)
+    assert decoder.calls - calls > 2  # several slices
+    assert torch.equal(labels, labels2) and torch.allclose(whole, sliced)
