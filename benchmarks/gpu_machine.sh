@@ -11,17 +11,17 @@ else
   export PYTHONPATH=$PWD/src:$PWD
 fi
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total,utilization.gpu --format=csv > "$OUT/nvidia-smi.txt"
-python3 -m gpufeed info > "$OUT/info.txt" 2>&1; grep -i "decode\|nvimg\|gpu 0" "$OUT/info.txt"
-timeout 300 python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests} > "$OUT/pytest.txt" 2>&1; tail -3 "$OUT/pytest.txt"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,utilization.gpu --format=csv; python3 -m gpufeed info; } > "$OUT/info.txt" 2>&1
+grep -i "decode\|nvimg\|gpu 0" "$OUT/info.txt"
+timeout 300 python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests} > "$OUT/pytest.txt" 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.txt" | tail -8
 DATA=/tmp/synth10k
-python3 -m gpufeed synth $DATA --n 10000 --seed 0 >> "$OUT/log.txt"
+python3 -m gpufeed synth $DATA --n 10000 --seed 0 > /dev/null
 python3 benchmarks/decode_only.py $DATA > "$OUT/decode.txt" 2>&1
 W=$(nproc)
 B="python3 -m gpufeed bench --data $DATA --device cuda --workers $W --batch-size 256 --epochs ${EPOCHS:-3}"
-$B --model none --pipelines ${LOADER_PIPES:-baseline,gpufeed-cpu,gpufeed-gpu} --json "$OUT/loader.json" > "$OUT/loader.txt" 2>&1
+$B --model none --pipelines ${LOADER_PIPES:-baseline,gpufeed-cpu,gpufeed-gpu} --json "$OUT/loader.json" > "$OUT/bench.txt" 2>&1
 for m in ${MODELS:-resnet50 resnet18}; do
-  $B --model $m --pipelines ${MODEL_PIPES:-baseline,baseline+prefetch,gpufeed-cpu,gpufeed-gpu} --json "$OUT/$m.json" > "$OUT/$m.txt" 2>&1
+  $B --model $m --pipelines ${MODEL_PIPES:-baseline,baseline+prefetch,gpufeed-cpu,gpufeed-gpu} --json "$OUT/$m.json" >> "$OUT/bench.txt" 2>&1
 done
-tail -12 "$OUT/decode.txt"
-for f in loader ${MODELS:-resnet50 resnet18}; do echo; tail -7 "$OUT/$f.txt" | cut -c1-200; done
+grep -A12 "^[0-9]* files, batch" "$OUT/decode.txt"
+grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/bench.txt" | cut -c1-230

@@ -58,7 +58,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.chart:
         write_chart(result, args.chart)
     print(table)
-    return 0
+    failed = [r for r in result["rows"] if r.get("error")]
+    for r in failed:
+        print(f"\n{r['pipeline']}:\n{r['error']}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _cmd_info(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ def format_table(result: dict[str, Any]) -> str:
             r["pipeline"],
             _fmt(r.get("first_epoch_s"), ".2f"),
             _fmt(r.get("steady_epoch_s"), ".2f"),
-            _fmt(r["images_per_s"], ",.0f"),
+            _fmt(r.get("images_per_s"), ",.0f"),
             _fmt(r.get("vs_baseline"), ".2f", "x"),
             _fmt(None if r.get("of_ceiling") is None else 100 * r["of_ceiling"], ".1f", "%"),
             _fmt(r.get("gpu_busy"), ".0f", "%"),
@@ -49,7 +49,7 @@ def write_chart(result: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = result["rows"]
+    rows = [r for r in result["rows"] if r.get("images_per_s")]
     names = [r["pipeline"] for r in rows]
     rates = [r["images_per_s"] for r in rows]
     fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.5))

@@ -14,6 +14,7 @@ import platform
 import statistics
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -187,13 +188,18 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str, int], Any]) -> dict[str
         ceiling = measure_ceiling(step, cfg.batch_size, device, monitor)
         rows.append(ceiling)
     for name in cfg.pipelines:
-        rows.append(run_pipeline(name, root, cfg, device, step, monitor, progress))
+        try:
+            rows.append(run_pipeline(name, root, cfg, device, step, monitor, progress))
+        except Exception as e:  # one pipeline failing must not lose the others' numbers
+            rows.append({"pipeline": f"{name} (FAILED: {type(e).__name__}: {str(e)[:120]})", "images_per_s": None,
+                         "error": traceback.format_exc(), "epochs": []})
     base = next((r["images_per_s"] for r in rows if r["pipeline"] == "baseline"), None)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     for r in rows:
-        r["vs_baseline"] = r["images_per_s"] / base if base else None
-        r["of_ceiling"] = r["images_per_s"] / ceiling["images_per_s"] if ceiling else None
+        rate = r["images_per_s"]
+        r["vs_baseline"] = rate / base if base and rate else None
+        r["of_ceiling"] = rate / ceiling["images_per_s"] if ceiling and rate else None
     return {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "command": " ".join(["gpufeed", *sys.argv[1:]]) if Path(sys.argv[0]).name == "gpufeed" else " ".join(sys.argv),
