@@ -1,0 +1,210 @@
+"""ImageNet-style training on gpufeed's ImageLoader: DDP, bf16 autocast, SGD + cosine, top-1/top-5,
+checkpoint and resume (the loader's position included).
+
+    python examples/train.py                                   # one GPU (or the CPU), synthetic data
+    torchrun --nproc_per_node=8 examples/train.py --data /data/imagenet --epochs 90
+    python examples/train.py --resume checkpoint.pt            # continue where the checkpoint left off
+
+With no --data, a synthetic ImageNet-like dataset is generated once under ~/.cache/gpufeed.
+A progress bar is shown when attached to a terminal; otherwise plain log lines
+(so `nohup python examples/train.py > log.txt &` reads well).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torchvision
+
+from gpufeed import ImageLoader, create_synthetic_dataset
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", help="ImageFolder root with train/ and val/ (default: synthetic)")
+    p.add_argument("--model", default="resnet50", help="torchvision classifier name")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=256, help="per GPU")
+    p.add_argument("--lr", type=float, default=0.1, help="for a total batch of 256; scaled linearly")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--workers", type=int, default=None, help="loader workers per process (default: cores / ranks)")
+    p.add_argument("--decode", default="auto", help="ImageLoader decode: auto, cpu, gpu, nvimgcodec, torchvision")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--synthetic-n", type=int, default=10_000)
+    p.add_argument("--checkpoint", default="checkpoint.pt")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps (0: each epoch only)")
+    p.add_argument("--resume", help="checkpoint to resume from")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps in total (0: no limit)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def setup_distributed(device_arg: str) -> tuple[int, int, torch.device]:
+    """(rank, world size, device); initialises NCCL/Gloo when started by torchrun."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        use_cuda = torch.cuda.is_available() and device_arg != "cpu"
+        if use_cuda:
+            torch.cuda.set_device(local)
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+        device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
+        return dist.get_rank(), dist.get_world_size(), device
+    if device_arg == "auto":
+        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    else:
+        device = torch.device(device_arg)
+    return 0, 1, device
+
+
+def dataset_roots(args) -> tuple[str, str]:
+    if args.data:
+        return str(Path(args.data) / "train"), str(Path(args.data) / "val")
+    cache = Path(os.path.expanduser("~/.cache/gpufeed"))
+    n = args.synthetic_n
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        create_synthetic_dataset(cache / f"synth-{n}-seed0", n=n, seed=0)
+        create_synthetic_dataset(cache / f"synth-{max(n // 10, 10)}-seed1", n=max(n // 10, 10), seed=1)
+    if dist.is_initialized():
+        dist.barrier()
+    return str(cache / f"synth-{n}-seed0"), str(cache / f"synth-{max(n // 10, 10)}-seed1")
+
+
+class Progress:
+    """A tqdm bar on a terminal; a log line every ``every`` steps otherwise."""
+
+    def __init__(self, total: int, desc: str, enabled: bool, every: int = 50) -> None:
+        self.enabled, self.every, self.desc, self.total, self.n = enabled, every, desc, total, 0
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="batch")
+
+    def update(self, **metrics) -> None:
+        self.n += 1
+        if self.bar is not None:
+            self.bar.set_postfix({k: f"{v:.3f}" for k, v in metrics.items()}, refresh=False)
+            self.bar.update(1)
+        elif self.enabled and (self.n % self.every == 0 or self.n == self.total):
+            text = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+            print(f"{time.strftime('%H:%M:%S')} {self.desc} step {self.n}/{self.total} {text}", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Correct counts (top-1, top-5) as tensors on the logits' device."""
+    top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
+    hit = top5 == labels[:, None]
+    return hit[:, :1].sum(), hit.sum()
+
+
+def save_checkpoint(path, model, opt, sched, epoch, step, loader) -> None:
+    state = {"model": (model.module if hasattr(model, "module") else model).state_dict(),
+             "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "epoch": epoch, "step": step,
+             "loader": loader.state_dict()}
+    tmp = f"{path}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # never a half-written checkpoint
+
+
+def evaluate(model, loader, device, autocast) -> tuple[float, float]:
+    model.eval()
+    c1 = c5 = n = torch.zeros((), device=device, dtype=torch.long)
+    with torch.no_grad(), autocast():
+        for images, labels in loader:
+            t1, t5 = accuracy(model(images), labels)
+            c1, c5, n = c1 + t1, c5 + t5, n + labels.shape[0]
+    totals = torch.stack([c1, c5, n])
+    if dist.is_initialized():
+        dist.all_reduce(totals)
+    c1, c5, n = totals.tolist()
+    model.train()
+    return 100.0 * c1 / max(n, 1), 100.0 * c5 / max(n, 1)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rank, world, device = setup_distributed(args.device)
+    torch.manual_seed(args.seed)
+    train_root, val_root = dataset_roots(args)
+    common = dict(batch_size=args.batch_size, image_size=args.image_size, device=device, num_workers=args.workers,
+                  rank=rank, world_size=world, channels_last=device.type == "cuda", decode=args.decode,
+                  seed=args.seed)
+    train_loader = ImageLoader(train_root, train=True, drop_last=True, **common)
+    val_loader = ImageLoader(val_root, train=False, drop_last=False, **common)
+    num_classes = len(getattr(train_loader.source, "classes", ())) or 1000
+    model = torchvision.models.get_model(args.model, num_classes=num_classes).to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    lr = args.lr * args.batch_size * world / 256
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    total_steps = args.epochs * len(train_loader)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    start_epoch, step = 0, 0
+    if args.resume:
+        ckpt = torch.load(args.resume, map_location=device, weights_only=False)
+        (model.module if hasattr(model, "module") else model).load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        train_loader.load_state_dict(ckpt["loader"])
+        start_epoch, step = ckpt["epoch"], ckpt["step"]
+        if rank == 0:
+            print(f"resumed from {args.resume}: epoch {start_epoch}, step {step}, "
+                  f"{ckpt['loader']['sampler']['position']} samples of the epoch done", flush=True)
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else (
+        lambda: torch.autocast("cpu", enabled=False))
+    if rank == 0:
+        print(f"model {args.model}, {world} process(es) on {device.type}, decode {train_loader.decode_backend}, "
+              f"{len(train_loader)} steps/epoch, batch {args.batch_size}/process, lr {lr:.4f}", flush=True)
+    for epoch in range(start_epoch, args.epochs):
+        train_loader.set_epoch(epoch)
+        progress = Progress(len(train_loader), f"epoch {epoch + 1}/{args.epochs}", enabled=rank == 0)
+        t0, seen = time.perf_counter(), 0
+        for images, labels in train_loader:
+            with autocast():
+                loss = F.cross_entropy(model(images), labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            step += 1
+            seen += labels.shape[0]
+            progress.update(loss=loss.item(), lr=sched.get_last_lr()[0])
+            if args.checkpoint_every and step % args.checkpoint_every == 0 and rank == 0:
+                save_checkpoint(args.checkpoint, model, opt, sched, epoch, step, train_loader)
+            if args.max_steps and step >= args.max_steps:
+                progress.close()
+                if rank == 0:
+                    print(f"stopping at step {step} (--max-steps)", flush=True)
+                train_loader.close(), val_loader.close()
+                return 0
+        progress.close()
+        top1, top5 = evaluate(model, val_loader, device, autocast)
+        if rank == 0:
+            dt = time.perf_counter() - t0
+            print(f"epoch {epoch + 1}: {seen * world / dt:,.0f} images/s, {dt:.1f} s, val top-1 {top1:.2f}% "
+                  f"top-5 {top5:.2f}%", flush=True)
+            save_checkpoint(args.checkpoint, model, opt, sched, epoch + 1, step, train_loader)
+    train_loader.close(), val_loader.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
