@@ -47,7 +47,8 @@ def _pool_batch(root, capacity=1 << 20, size=16):
     spec = PipelineSpec(src, AugmentSpec(image_size=size, resize_size=size), 10**8, gpu_bytes_capacity=capacity)
     pool = WorkerPool(spec, num_workers=2, num_slots=2, batch_size=len(src))
     pool.submit(0, 0, 0, 0, list(range(len(src))))
-    view = pool.collect(0)
+    view, failures = pool.collect(0)
+    assert failures == []
     return src, pool, view
 
 

@@ -29,6 +29,7 @@ import torch
 from .augment.cpu import crop_resize_into
 from .augment.fused import normalize_constants, pack_images, resized_crop_reference, resized_crop_triton, triton
 from .augment.params import CropBox
+from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
 from .workers import KIND_BYTES, KIND_PIXELS
 
@@ -67,7 +68,8 @@ class GpuDecodeAugment:
 
     def __init__(self, decoders: Sequence, *, device: torch.device, image_size: int, mean, std,
                  dtype: torch.dtype, channels_last: bool, max_pixels: int,
-                 max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS) -> None:
+                 max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS,
+                 on_skip: Callable[[str, str], None] | None = None) -> None:
         self.decoders = list(decoders)
         self.name = self.decoders[0].name
         self._threads = ThreadPoolExecutor(len(self.decoders), thread_name_prefix="gpufeed-decode")
@@ -77,6 +79,7 @@ class GpuDecodeAugment:
         self._scale_t = torch.tensor(self.scale)
         self._shift_t = torch.tensor(self.shift)
         self.max_batch_pixels = max_batch_pixels
+        self.on_skip = on_skip  # None: a file no decoder reads raises DecodeError; else it is dropped and reported
         self.decoded_by: collections.Counter = collections.Counter()  # "gpu:<name>", "cpu" -> images
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,8 +89,9 @@ class GpuDecodeAugment:
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         meta = batch.meta
         sizes = [(int(w), int(h)) if k == KIND_BYTES else (s, s) for k, w, h in meta[:, [0, 2, 3]]]
+        dropped: list[int] = []
         for r in _slices(sizes, self.max_batch_pixels):
-            images, rows = self._decode(batch, r, stream)
+            images, rows = self._decode(batch, r, stream, dropped)
             flat, offsets = pack_images(images)
             table = torch.tensor(rows, dtype=torch.int64)
             table[:, 0] = torch.tensor(offsets, dtype=torch.int64)
@@ -97,10 +101,14 @@ class GpuDecodeAugment:
             else:
                 resized_crop_reference(flat, table.to(self.device), s, self._scale_t.to(self.device),
                                        self._shift_t.to(self.device), dst)
+        if dropped:
+            keep = torch.tensor([i for i in range(n) if i not in set(dropped)], device=self.device)
+            return out.index_select(0, keep), batch.labels.index_select(0, keep)
         return out, batch.labels
 
-    def _decode(self, batch: EncodedBatch, r: range, stream) -> tuple[list[torch.Tensor], list[list[int]]]:
-        """Images for samples ``r`` (on the device) and their kernel rows (offset filled later)."""
+    def _decode(self, batch: EncodedBatch, r: range, stream, dropped: list[int]):
+        """Images for samples ``r`` (on the device) and their kernel rows (offset filled later).
+        Samples that no decoder reads are appended to ``dropped`` (skip policy) and get a 1x1 stand-in."""
         meta, s = batch.meta, self.size
         gpu_ids = [i for i in r if meta[i, 0] == KIND_BYTES]
         decoded = dict(zip(gpu_ids, self._decode_gpu([batch.arena[i, : meta[i, 1]].tobytes() for i in gpu_ids],
@@ -119,9 +127,18 @@ class GpuDecodeAugment:
             if kind == KIND_BYTES:  # the GPU refused it: decode and crop here, into the slot's pixel row
                 data = batch.arena[i, : meta[i, 1]].tobytes()
                 path = batch.path(i)
-                _, _, fast = self.cpu.header(data, path)
-                crop_resize_into(self.cpu.decode(data, path, fast=fast), CropBox(x, y, bw, bh, bool(flip)),
-                                 (fw, fh), batch.pixels[i])
+                try:
+                    _, _, fast = self.cpu.header(data, path)
+                    pixels = self.cpu.decode(data, path, fast=fast)
+                except DecodeError as e:
+                    if self.on_skip is None:
+                        raise
+                    self.on_skip(path, e.reason)
+                    dropped.append(i)
+                    images[i] = torch.zeros((1, 1, 3), dtype=torch.uint8, device=self.device)
+                    rows[i] = [0, 1, 1, 0, 0, 1, 1, 0]
+                    continue
+                crop_resize_into(pixels, CropBox(x, y, bw, bh, bool(flip)), (fw, fh), batch.pixels[i])
             pixel_rows.append(i)
             rows[i] = [0, s, s, 0, 0, s, s, 0]
         if pixel_rows:
@@ -129,7 +146,7 @@ class GpuDecodeAugment:
             for j, i in enumerate(pixel_rows):
                 images[i] = dev[j]
             self.decoded_by["cpu"] += len(pixel_rows)
-        self.decoded_by[f"gpu:{self.name}"] += len(r) - len(pixel_rows)
+        self.decoded_by[f"gpu:{self.name}"] += len(decoded) - sum(v is None for v in decoded.values())
         return [images[i] for i in r], [rows[i] for i in r]
 
     def _upload(self, t: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import collections
+import itertools
+import logging
 import os
 from typing import Any, Iterator, Sequence
 
@@ -28,9 +30,12 @@ from .gpu_stage import EncodedBatch, GpuDecodeAugment
 from .transfer import Prefetcher
 from .sampling import ShardedSampler, resolve_rank
 from .sources import Source, create_source
-from .workers import PipelineSpec, WorkerPool, default_num_workers
+from .workers import PipelineSpec, SlotView, WorkerPool, default_num_workers
 
 __all__ = ["ImageLoader", "resolve_device"]
+
+_log = logging.getLogger("gpufeed")
+_MAX_SKIPS_LISTED = 10_000
 
 # Per-sample room for encoded bytes in the shared ring on the GPU path; larger files are decoded by the
 # CPU workers instead (ImageNet's largest training JPEGs are a few MB; the mean is ~110 KB).
@@ -82,6 +87,15 @@ class ImageLoader:
     initialised). ``drop_last`` drops the ragged tail both across ranks and in
     the last batch. ``state_dict()`` records how many samples of the epoch were
     delivered; ``load_state_dict`` resumes with exactly the rest.
+
+    Bad input: ``on_error="raise"`` (default) stops at the first file that
+    cannot be read or decoded, with an error naming it; ``"skip"`` drops it,
+    refills the batch from the next samples (labels stay with their images),
+    counts it in ``loader.stats`` and logs one line per epoch. ``max_pixels``
+    rejects images whose header claims more pixels, before any allocation.
+    ``sample_timeout`` (seconds) bounds one sample's decode; a worker over it
+    is replaced. ``exif_orientation=True`` applies EXIF rotation (default:
+    ignored, as torchvision does).
     """
 
     def __init__(
@@ -105,11 +119,22 @@ class ImageLoader:
         prefetch_depth: int = 2,
         max_pixels: int = DEFAULT_MAX_PIXELS,
         decode: str = "auto",
+        on_error: str = "raise",
+        exif_orientation: bool = False,
+        sample_timeout: float | None = None,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if num_workers is not None and num_workers < 1:
             raise ValueError(f"num_workers must be >= 1 or None, got {num_workers}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if sample_timeout is not None and sample_timeout <= 0:
+            raise ValueError(f"sample_timeout must be > 0 seconds or None, got {sample_timeout}")
+        self.on_error, self.sample_timeout = on_error, sample_timeout
+        self._consumed: collections.deque = collections.deque()
+        self._skipped: list[tuple[str | None, str]] = []
+        self._skipped_total = self._skipped_epoch = 0
         self.device = resolve_device(device)
         self.normalize = Normalize(mean=tuple(mean), std=tuple(std), dtype=dtype, channels_last=channels_last)
         augment = AugmentSpec(
@@ -125,7 +150,8 @@ class ImageLoader:
         self.num_workers = num_workers or default_num_workers(_local_world_size(world_size))
         gpu_decoders, self.decode_reason = create_gpu_decoder(decode, self.device)
         self.spec = PipelineSpec(source=self.source, augment=augment, max_pixels=max_pixels,
-                                 gpu_bytes_capacity=GPU_BYTES_CAPACITY if gpu_decoders else 0)
+                                 gpu_bytes_capacity=GPU_BYTES_CAPACITY if gpu_decoders else 0,
+                                 on_error=on_error, exif_orientation=exif_orientation)
         self._pool: WorkerPool | None = None
         self._num_slots = max(4, prefetch_depth + 2)
         if gpu_decoders is None:
@@ -135,7 +161,8 @@ class ImageLoader:
         else:
             self._gpu_stage = GpuDecodeAugment(
                 gpu_decoders, device=self.device, image_size=image_size, mean=mean, std=std, dtype=dtype,
-                channels_last=channels_last, max_pixels=max_pixels)
+                channels_last=channels_last, max_pixels=max_pixels,
+                on_skip=self._record_skip if on_error == "skip" else None)
             self.decode_backend = self._gpu_stage.name
             transform = self._gpu_stage
         self._prefetcher = Prefetcher((), self.device, depth=prefetch_depth, transform=transform)
@@ -156,9 +183,14 @@ class ImageLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._prefetcher.iterable = self._host_batches()
+        self._skipped_epoch = 0
         for images, labels in self._prefetcher:
-            self.sampler.advance(images.shape[0])
+            self.sampler.advance(self._consumed.popleft())
             yield images, labels
+        if self._skipped_epoch:
+            _log.warning("gpufeed: skipped %d undecodable sample(s) in epoch %d (%d in all); loader.stats['skipped'] "
+                         "lists them, e.g. %s", self._skipped_epoch, self.sampler.epoch, self._skipped_total,
+                         self._skipped[-1][0])
         # An epoch run to its end moves on to the next (a fresh order, as DataLoader's shuffle
         # gives); `set_epoch` still sets it explicitly. A `break` leaves the position as it is.
         self.sampler.set_epoch(self.sampler.epoch + 1)
@@ -171,9 +203,11 @@ class ImageLoader:
 
     @property
     def stats(self) -> dict[str, Any]:
-        """Which backend decoded how many images so far (GPU path), and why this backend."""
+        """Which backend decoded how many images so far (GPU path) and why this backend; under
+        ``on_error="skip"`` the number of skipped samples and (path, reason) for the first 10,000."""
         by = dict(self._gpu_stage.decoded_by) if self._gpu_stage is not None else {}
-        return {"decode_backend": self.decode_backend, "decode_reason": self.decode_reason, "decoded_by": by}
+        return {"decode_backend": self.decode_backend, "decode_reason": self.decode_reason, "decoded_by": by,
+                "skipped_count": self._skipped_total, "skipped": list(self._skipped)}
 
     def __enter__(self) -> "ImageLoader":
         return self
@@ -186,46 +220,102 @@ class ImageLoader:
         return self._pool.pids if self._pool is not None else []
 
     # -- internals ----------------------------------------------------------
-    def _epoch_batches(self) -> list[list[int]]:
-        """This rank's remaining index lists for the current epoch, one per batch."""
-        indices = self.sampler.remaining()
-        n_batches = len(self) - self.sampler.position // self.batch_size
-        batches = [indices[i * self.batch_size : (i + 1) * self.batch_size] for i in range(max(0, n_batches))]
-        return [b for b in batches if b]
-
     def _host_batches(self) -> Iterator[Any]:
         """Per batch, views of a ring slot: CPU decode gives (images (B, S, S, 3) uint8, labels (B,) int64)
         CPU tensors; GPU decode gives an ``EncodedBatch`` (bytes and crop boxes) for the GPU stage.
 
+        Batches are cut from the epoch order as they are submitted. Under ``on_error="skip"`` a batch
+        with bad samples is compacted and refilled from the next samples of the order (batches that
+        were already queued behind it are cancelled and cut again), so delivered samples always form
+        a prefix of the order minus the skipped ones, and ``state_dict`` stays exact. For each
+        yielded batch the number of order entries it consumed is appended to ``self._consumed``.
+
         A slot is reused only after the next batch is requested; by then the
         Prefetcher has copied the previous one (to pinned memory or the device).
         """
-        if self._pool is None:
+        if self._pool is None or self._pool.closed:
             self._pool = WorkerPool(self.spec, num_workers=self.num_workers, num_slots=self._num_slots,
-                                    batch_size=self.batch_size)
+                                    batch_size=self.batch_size, sample_timeout=self.sample_timeout)
         pool = self._pool
         pool.cancel()  # an earlier, abandoned iteration may have batches in flight
-        batches = self._epoch_batches()
-        epoch = self.sampler.epoch
+        self._consumed.clear()
+        order, seed, epoch, size = self.sampler.remaining(), self.sampler.seed, self.sampler.epoch, self.batch_size
+        full = lambda n: n == size or (n > 0 and not self.drop_last)
         free = collections.deque(range(self._num_slots))
-        slot_of: dict[int, int] = {}
-        submitted = 0
+        inflight: collections.deque = collections.deque()  # (batch id, slot, sample indices)
+        ids = itertools.count()
+        cursor = 0  # entries of `order` handed to the workers
         try:
-            for b in range(len(batches)):
-                while submitted < len(batches) and len(free) > 1:  # keep one slot for the consumer
-                    slot_of[submitted] = free.popleft()
-                    pool.submit(submitted, slot_of[submitted], self.sampler.seed, epoch, batches[submitted])
-                    submitted += 1
-                view = pool.collect(b)
-                # labels are tiny: copied, so a batch's labels never alias a slot that gets reused
-                labels = torch.from_numpy(view.labels.copy())
+            while True:
+                while len(free) > 1 and full(min(size, len(order) - cursor)):  # keep one slot for the consumer
+                    idx = order[cursor : cursor + size]
+                    bid, slot = next(ids), free.popleft()
+                    pool.submit(bid, slot, seed, epoch, idx)
+                    inflight.append((bid, slot, idx))
+                    cursor += len(idx)
+                if not inflight:
+                    return
+                bid, slot, idx = inflight.popleft()
+                view, failures = pool.collect(bid)
+                consumed, positions = len(idx), list(idx)
+                if failures:
+                    pool.cancel()
+                    for _, later_slot, later in inflight:
+                        free.append(later_slot)
+                        cursor -= len(later)
+                    inflight.clear()
+                    view, positions, extra, cursor = self._refill(pool, slot, view, positions, failures, order,
+                                                                  cursor, ids, seed, epoch)
+                    consumed += extra
+                if not full(len(positions)):
+                    self._consumed.append(consumed)  # the epoch's good samples ran out (drop_last)
+                    return
+                self._consumed.append(consumed)
+                labels = torch.from_numpy(view.labels.copy())  # tiny: never alias a slot that gets reused
                 if view.meta is None:
                     yield torch.from_numpy(view.images), labels
                 else:
-                    indices = batches[b]
                     yield EncodedBatch(labels, view.meta, view.arena, view.images,
-                                       lambda i, idx=indices: self.source.path(idx[i]))
-                free.append(slot_of.pop(b))
+                                       lambda i, p=positions: self.source.path(p[i]))
+                free.append(slot)
         finally:
-            if submitted and self._pool is not None:
-                self._pool.cancel()
+            if self._pool is not None:
+                if self._pool.closed:  # stopped by an error: the next iteration starts fresh workers
+                    self._pool = None
+                else:
+                    self._pool.cancel()
+
+    def _refill(self, pool, slot, view, positions, failures, order, cursor, ids, seed, epoch):
+        """Drop failed samples from a slot, move the rest to the front, top it up from ``order``."""
+        target, extra = len(positions), 0
+        while failures:
+            bad = {f.position for f in failures}
+            retry = [positions[f.position] for f in failures if f.reason == "retry"]
+            for f in failures:
+                if f.reason != "retry":
+                    self._record_skip(f.path, f.reason)
+            keep = [k for k in range(len(positions)) if k not in bad]
+            for arr in (view.images, view.labels, view.meta, view.arena):
+                if arr is not None:
+                    arr[: len(keep)] = arr[keep]
+            positions = [positions[k] for k in keep]
+            fresh = order[cursor : cursor + max(0, target - len(positions) - len(retry))]
+            cursor += len(fresh)
+            extra += len(fresh)
+            take = retry + fresh
+            if not take:
+                break
+            bid = next(ids)
+            pool.submit(bid, slot, seed, epoch, take, start=len(positions))
+            view, failures = pool.collect(bid)
+            positions += take
+        n = len(positions)
+        view = SlotView(view.images[:n], view.labels[:n], None if view.meta is None else view.meta[:n],
+                        None if view.arena is None else view.arena[:n])
+        return view, positions, extra, cursor
+
+    def _record_skip(self, path: str | None, reason: str) -> None:
+        self._skipped_total += 1
+        self._skipped_epoch += 1
+        if len(self._skipped) < _MAX_SKIPS_LISTED:
+            self._skipped.append((path, reason))

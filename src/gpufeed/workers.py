@@ -6,7 +6,7 @@
                                          write uint8 pixels + labels into the slot
                                          (GPU path: write the JPEG bytes + crop box
                                          instead; odd images still finished here)
-    collect(batch) <--------done------   report (batch, chunk, error)
+    collect(batch) <--------done------   report (batch, chunk, failures)
 
 The ring is one shared-memory block of ``num_slots`` slots, each holding a
 whole batch as (B, S, S, 3) uint8 plus (B,) int64 labels, so no pixel is
@@ -37,6 +37,7 @@ from .augment.cpu import crop_resize_into, reduction_for
 from .augment.params import AugmentSpec
 from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
+from .decode.exif import apply_orientation, read_orientation, swaps_axes
 from .sources.base import Source
 
 __all__ = ["PipelineSpec", "SlotView", "WorkerError", "WorkerPool", "encode_sample_into", "load_sample_into"]
@@ -56,6 +57,8 @@ class PipelineSpec:
     augment: AugmentSpec
     max_pixels: int
     gpu_bytes_capacity: int = 0  # > 0: leave JPEGs encoded for GPU decode, up to this many bytes each
+    on_error: str = "raise"  # "raise": stop at the first bad sample; "skip": report it and go on
+    exif_orientation: bool = False  # apply EXIF orientation (default: ignore it, as torchvision does)
 
 
 def load_sample_into(
@@ -68,9 +71,12 @@ def load_sample_into(
     except OSError as e:
         raise DecodeError(path, f"cannot read the file ({type(e).__name__}: {e.strerror or e})") from None
     width, height, fast = decoder.header(data, path)
+    orientation = read_orientation(data) if spec.exif_orientation else 1
+    if swaps_axes(orientation):
+        width, height = height, width
     box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
-    reduce = reduction_for(box, out.shape[0]) if fast else 1
-    image = decoder.decode(data, path, fast=fast, reduce=reduce)
+    reduce = reduction_for(box, out.shape[0]) if fast and orientation == 1 else 1
+    image = apply_orientation(decoder.decode(data, path, fast=fast, reduce=reduce), orientation)
     crop_resize_into(image, box, (width, height), out)
     return spec.source.label(index)
 
@@ -90,6 +96,11 @@ def encode_sample_into(
     except OSError as e:
         raise DecodeError(path, f"cannot read the file ({type(e).__name__}: {e.strerror or e})") from None
     width, height, fast = decoder.header(data, path)
+    oriented = spec.exif_orientation and read_orientation(data) != 1
+    if oriented:  # rotate on the CPU: the GPU decoders are asked for the stored orientation
+        label = load_sample_into(spec, decoder, seed, epoch, index, ring.images[slot, k])
+        ring.meta[slot, k] = (KIND_PIXELS, 0, width, height, 0, 0, 0, 0, 0)
+        return label
     box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
     meta = ring.meta[slot, k]
     if fast and len(data) <= spec.gpu_bytes_capacity:
@@ -147,33 +158,38 @@ def _worker_main(
     ring_shape: tuple[int, int, int],
     tasks: Any,
     results: Any,
-    current: Any,
+    progress: Any,
     generation: Any,
 ) -> None:
+    """Serve chunks until None arrives. ``progress[worker_id]`` holds (batch, chunk, position, start
+    time) of the sample in hand, so the main process can name it if this process dies or hangs."""
     shm = shared_memory.SharedMemory(name=shm_name)
     ring = _Ring(shm, *ring_shape, spec.gpu_bytes_capacity)
     decoder = CpuDecoder(max_pixels=spec.max_pixels)
+    mine = progress[worker_id]
     try:
         while True:
             task = tasks.get()
             if task is None:
                 return
             gen, batch_id, chunk_id, slot, seed, epoch, start, indices = task
-            error = None
+            failures = []
             if gen == generation.value:  # stale chunks of an abandoned epoch are acknowledged, not decoded
                 for k, index in enumerate(indices, start):
-                    current[worker_id] = index
+                    mine[:] = (batch_id, chunk_id, k, time.monotonic())
                     try:
                         if spec.gpu_bytes_capacity:
                             ring.labels[slot, k] = encode_sample_into(spec, decoder, seed, epoch, index, ring, slot, k)
                         else:
                             ring.labels[slot, k] = load_sample_into(spec, decoder, seed, epoch, index,
                                                                     ring.images[slot, k])
-                    except Exception as e:  # reported to the main process, which raises it
-                        error = (spec.source.path(index), f"{type(e).__name__}: {e}", traceback.format_exc())
-                        break
-                current[worker_id] = -1
-            results.put((gen, batch_id, chunk_id, error))
+                    except Exception as e:  # reported to the main process, which applies the policy
+                        tb = traceback.format_exc() if spec.on_error == "raise" else ""
+                        failures.append((k, spec.source.path(index), f"{type(e).__name__}: {e}", tb))
+                        if spec.on_error == "raise":
+                            break
+                mine[:] = (-1, -1, -1, 0.0)
+            results.put((gen, batch_id, chunk_id, failures))
     except KeyboardInterrupt:
         return
     finally:
@@ -200,101 +216,154 @@ class SlotView:
 class WorkerPool:
     """``num_workers`` processes filling a ring of ``num_slots`` batch slots.
 
-    ``submit(batch_id, slot, seed, epoch, indices)`` queues a batch; ``collect``
-    blocks until batch ``batch_id`` is complete and returns (images, labels)
-    as a ``SlotView`` of its slot.
+    ``submit(batch_id, slot, seed, epoch, indices, start)`` queues samples for
+    positions ``start, start + 1, ...`` of a slot; ``collect(batch_id)`` blocks
+    until they are done and returns a ``SlotView`` and the failures, a list of
+    ``Failure`` (position, path, reason). With ``on_error="raise"`` the first
+    failure raises ``WorkerError`` instead.
+
+    A worker that dies, or holds one sample longer than ``sample_timeout``
+    seconds, is reported within about a second: under "raise" as a
+    ``WorkerError`` naming the worker and the file; under "skip" its sample is
+    a failure, the rest of its chunk comes back as ``retry`` positions, and a
+    fresh worker takes its place.
     """
 
-    def __init__(self, spec: PipelineSpec, *, num_workers: int, num_slots: int, batch_size: int) -> None:
+    def __init__(self, spec: PipelineSpec, *, num_workers: int, num_slots: int, batch_size: int,
+                 sample_timeout: float | None = None) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if sample_timeout is not None and sample_timeout <= 0:
+            raise ValueError(f"sample_timeout must be > 0 seconds or None, got {sample_timeout}")
         size = spec.augment.image_size
         self.num_slots, self.batch_size, self.size = num_slots, batch_size, size
+        self.sample_timeout = sample_timeout
         self._chunk = max(1, -(-batch_size // (2 * num_workers)))  # ~2 chunks per worker per batch
-        ctx = _default_context()
+        self._ctx = ctx = _default_context()
         capacity = spec.gpu_bytes_capacity
         self._shm = shared_memory.SharedMemory(create=True, size=_Ring.nbytes(num_slots, batch_size, size, capacity))
         self._ring = _Ring(self._shm, num_slots, batch_size, size, capacity)
         self._tasks = ctx.Queue()
         self._results = ctx.Queue()
-        self._current = ctx.Array("q", [-1] * num_workers, lock=False)
+        self._progress = [ctx.Array("d", [-1.0, -1.0, -1.0, 0.0], lock=False) for _ in range(num_workers)]
         self._generation = ctx.Value("q", 0, lock=False)
         self._spec = spec
         self._pending: dict[int, dict[str, Any]] = {}
-        self._procs = [
-            ctx.Process(
-                target=_worker_main,
-                args=(i, spec, self._shm.name, (num_slots, batch_size, size), self._tasks, self._results,
-                      self._current, self._generation),
-                daemon=True,
-                name=f"gpufeed-worker-{i}",
-            )
-            for i in range(num_workers)
-        ]
-        for p in self._procs:
-            p.start()
+        self._procs = [self._start(i) for i in range(num_workers)]
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._tasks, self._shm)
+
+    def _start(self, i: int):
+        p = self._ctx.Process(
+            target=_worker_main,
+            args=(i, self._spec, self._shm.name, (self.num_slots, self.batch_size, self.size), self._tasks,
+                  self._results, self._progress, self._generation),
+            daemon=True, name=f"gpufeed-worker-{i}")
+        p.start()
+        return p
 
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs if p.pid is not None]
 
-    def submit(self, batch_id: int, slot: int, seed: int, epoch: int, indices: list[int]) -> None:
+    def submit(self, batch_id: int, slot: int, seed: int, epoch: int, indices: list[int], start: int = 0) -> None:
         chunks = [indices[i : i + self._chunk] for i in range(0, len(indices), self._chunk)]
         gen = self._generation.value
-        self._pending[batch_id] = {"left": len(chunks), "n": len(indices), "slot": slot, "error": None,
-                                   "indices": indices}
+        self._pending[batch_id] = {"left": set(range(len(chunks))), "n": start + len(indices), "slot": slot,
+                                   "failures": [], "chunks": {}}
         for c, chunk in enumerate(chunks):
-            self._tasks.put((gen, batch_id, c, slot, seed, epoch, c * self._chunk, chunk))
+            first = start + c * self._chunk
+            self._pending[batch_id]["chunks"][c] = (first, chunk)
+            self._tasks.put((gen, batch_id, c, slot, seed, epoch, first, chunk))
 
-    def collect(self, batch_id: int) -> "SlotView":
+    def collect(self, batch_id: int) -> tuple["SlotView", list["Failure"]]:
         entry = self._pending[batch_id]
-        self._check_alive()  # a dead worker is reported even if others finish its share
+        self._check_workers()  # a dead worker is reported even if others finish its share
         while entry["left"]:
             self._receive_one()
         del self._pending[batch_id]
-        if entry["error"] is not None:
-            path, reason, tb = entry["error"]
-            raise WorkerError(f"failed to load {path!r}: {reason}\n\nworker traceback:\n{tb}")
+        failures = sorted(entry["failures"])
+        if failures and self._spec.on_error == "raise":
+            f = failures[0]
+            raise WorkerError(f"failed to load {f.path!r}: {f.reason}" + (f"\n\nworker traceback:\n{f.traceback}"
+                                                                          if f.traceback else ""))
         n, slot, r = entry["n"], entry["slot"], self._ring
-        return SlotView(r.images[slot, :n], r.labels[slot, :n],
+        view = SlotView(r.images[slot, :n], r.labels[slot, :n],
                         None if r.meta is None else r.meta[slot, :n], None if r.arena is None else r.arena[slot, :n])
+        return view, failures
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
 
     def cancel(self) -> None:
         """Abandon every submitted batch (workers skip their chunks) and wait until their slots are free."""
+        if self.closed:
+            self._pending.clear()
+            return
         self._generation.value += 1
         while any(e["left"] for e in self._pending.values()):
             self._receive_one()
         self._pending.clear()
 
     def _receive_one(self) -> None:
-        while True:
-            try:
-                gen, batch_id, _, error = self._results.get(timeout=_POLL_S)
-                break
-            except queue.Empty:
-                self._check_alive()
-        entry = self._pending.get(batch_id)
-        if entry is None:
+        """Take one result, or, after a quiet poll interval, check the workers (which may settle a
+        chunk by itself when one died); callers loop until what they wait for is done."""
+        try:
+            gen, batch_id, chunk_id, failures = self._results.get(timeout=_POLL_S)
+        except queue.Empty:
+            self._check_workers()
             return
-        entry["left"] -= 1
-        if error is not None and entry["error"] is None:
-            entry["error"] = error
+        entry = self._pending.get(batch_id)
+        if entry is None or chunk_id not in entry["left"]:
+            return
+        entry["left"].discard(chunk_id)
+        entry["failures"] += [Failure(k, path, reason, tb) for k, path, reason, tb in failures]
 
-    def _check_alive(self) -> None:
+    def _check_workers(self) -> None:
+        now = time.monotonic()
         for i, p in enumerate(self._procs):
-            if not p.is_alive():
-                index = self._current[i]
-                where = f" while loading {self._spec.source.path(index)!r}" if index >= 0 else ""
+            batch_id, chunk_id, k, started = self._progress[i]
+            busy = batch_id >= 0
+            if p.is_alive() and not (busy and self.sample_timeout and now - started > self.sample_timeout):
+                continue
+            entry = self._pending.get(int(batch_id)) if busy else None
+            path = None
+            if entry is not None and int(chunk_id) in entry["chunks"]:
+                first, chunk = entry["chunks"][int(chunk_id)]
+                path = self._spec.source.path(chunk[int(k) - first])
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+                why = f"held one sample longer than sample_timeout={self.sample_timeout}s"
+            else:
+                why = (f"exited unexpectedly with code {p.exitcode} (a negative code is the signal that killed it,"
+                       " e.g. -9 for the out-of-memory killer)")
+            where = f" while loading {path!r}" if path else ""
+            if self._spec.on_error == "raise" or entry is None:
                 self.close()
-                raise WorkerError(
-                    f"gpufeed worker {i} (pid {p.pid}) exited unexpectedly with code {p.exitcode}{where}"
-                    " (a negative code is the signal that killed it, e.g. -9 for the out-of-memory killer)"
-                )
+                raise WorkerError(f"gpufeed worker {i} (pid {p.pid}) {why}{where}")
+            # skip: that sample fails, the rest of its chunk is retried, a new worker takes over
+            first, chunk = entry["chunks"][int(chunk_id)]
+            entry["left"].discard(int(chunk_id))
+            entry["failures"].append(Failure(int(k), path, f"worker {why}", ""))
+            entry["failures"] += [Failure(j, None, "retry", "") for j in range(int(k) + 1, first + len(chunk))]
+            self._progress[i][:] = [-1.0, -1.0, -1.0, 0.0]
+            self._procs[i] = self._start(i)  # the finalizer holds this same list
 
     def close(self) -> None:
         """Stop the workers and free the shared memory (idempotent)."""
         self._finalizer()
+
+
+@dataclass(frozen=True, order=True)
+class Failure:
+    """A sample that did not load: its position in the slot, its file and why.
+    ``reason == "retry"`` marks a good sample left undone by a worker that died."""
+
+    position: int
+    path: str | None
+    reason: str
+    traceback: str = ""
 
 
 def _shutdown(procs: list, tasks: Any, shm: shared_memory.SharedMemory) -> None:

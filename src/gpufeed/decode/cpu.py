@@ -62,7 +62,13 @@ class CpuDecoder:
 
     def decode(self, data: bytes, path: str, *, fast: bool, reduce: int = 1) -> np.ndarray:
         """(h, w, 3) uint8 RGB. ``reduce`` in {1, 2, 4, 8} shrinks JPEGs in the DCT domain
-        (the result is ceil(H / reduce) x ceil(W / reduce)); other formats ignore it."""
+        (the result is ceil(H / reduce) x ceil(W / reduce)); other formats ignore it.
+
+        JPEGs on the fast path are decoded strictly: any libjpeg-turbo warning (truncated
+        data, corrupt entropy data, bad markers) raises ``DecodeError`` rather than
+        delivering grey-filled or partly garbage pixels. Pillow is not asked to try again,
+        since it would accept the same file with the damage filled in.
+        """
         if fast:
             try:
                 if reduce > 1:
@@ -72,15 +78,10 @@ class CpuDecoder:
                     )
                 return simplejpeg.decode_jpeg(data, "RGB")
             except ValueError as e:
-                turbo_error = str(e)
-        else:
-            turbo_error = None
+                raise DecodeError(path, f"corrupt or truncated JPEG (libjpeg-turbo: {e})") from None
         try:
             with Image.open(io.BytesIO(data)) as im:
                 im.load()
                 return np.asarray(im.convert("RGB"))
         except Exception as e:  # Pillow raises many types for bad input
-            reason = f"{type(e).__name__}: {e}"
-            if turbo_error:
-                reason = f"libjpeg-turbo: {turbo_error}; Pillow: {reason}"
-            raise DecodeError(path, reason) from None
+            raise DecodeError(path, f"{type(e).__name__}: {e}") from None

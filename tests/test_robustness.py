@@ -1,0 +1,194 @@
+"""Odd and broken images on the CPU path: each kind its own case, so a failure names the kind."""
+
+import logging
+import math
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from gpufeed import ImageLoader, WorkerError
+from gpufeed.decode import CpuDecoder, DecodeError
+from gpufeed.decode.exif import apply_orientation, read_orientation
+from gpufeed.sources import FileSource
+from tests.corpus import DECODABLE, UNDECODABLE, reference_rgb
+
+
+def _decode(data, path="f.jpg", exif=False):
+    dec = CpuDecoder()
+    _, _, fast = dec.header(data, path)
+    img = dec.decode(data, path, fast=fast)
+    return apply_orientation(img, read_orientation(data)) if exif else img
+
+
+def _psnr(a, b):
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return 99.0 if mse == 0 else 10 * math.log10(255**2 / mse)
+
+
+@pytest.mark.parametrize("kind", sorted(DECODABLE))
+def test_decodable_kinds_match_the_pillow_reference(kind):
+    data = DECODABLE[kind]()
+    out = _decode(data)
+    ref = reference_rgb(data)
+    assert out.shape == ref.shape and out.dtype == np.uint8
+    assert _psnr(out, ref) >= 40, kind  # libjpeg-turbo both; only IDCT/upsampling details may differ
+
+
+@pytest.mark.parametrize("kind", sorted(UNDECODABLE))
+def test_undecodable_kinds_raise_naming_the_file(kind):
+    data = UNDECODABLE[kind]()
+    t0 = time.perf_counter()
+    with pytest.raises(DecodeError) as info:
+        _decode(data, f"/data/{kind}.jpg")
+    assert f"/data/{kind}.jpg" in str(info.value)
+    assert time.perf_counter() - t0 < 1.0  # header bombs are refused from the header, at once
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_matches_pillow_exif_transpose(orientation):
+    from tests.corpus import _exif
+
+    data = _exif(orientation)
+    assert read_orientation(data) == orientation
+    np.testing.assert_array_equal(_decode(data, exif=True), reference_rgb(data, exif_orientation=True))
+    assert _decode(data).shape == (40, 80, 3)  # ignored by default
+
+
+def test_malformed_exif_reads_as_no_rotation():
+    from tests.corpus import _malformed_exif
+
+    assert read_orientation(_malformed_exif()) == 1
+
+
+# ---- the loader: skip policy, labels aligned, counts exact -------------------------------------------
+
+
+def _mixed_dataset(tmp_path, bad_kinds, good_per_class=6):
+    """Classes of flat, distinct colours; broken files spread over the classes."""
+    from PIL import Image
+
+    colours = [(220, 40, 40), (40, 220, 40), (40, 40, 220)]
+    for c, colour in enumerate(colours):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(good_per_class):
+            Image.new("RGB", (48 + 4 * i, 40), colour).save(tmp_path / f"c{c}" / f"good{i}.jpg", quality=95)
+    for j, kind in enumerate(bad_kinds):
+        (tmp_path / f"c{j % 3}" / f"bad_{kind}.jpg").write_bytes(UNDECODABLE[kind]())
+    return colours
+
+
+def _colour_labels(images, colours):
+    m, s = torch.tensor((0.485, 0.456, 0.406)).view(1, 3, 1, 1), torch.tensor((0.229, 0.224, 0.225)).view(1, 3, 1, 1)
+    rgb = ((images.float() * s + m) * 255).mean(dim=(2, 3))
+    return torch.cdist(rgb, torch.tensor(colours, dtype=torch.float32)).argmin(dim=1)
+
+
+def test_skip_keeps_labels_aligned_batches_full_and_counts_exact(tmp_path, caplog):
+    bad = sorted(UNDECODABLE)
+    colours = _mixed_dataset(tmp_path, bad)
+    loader = ImageLoader(tmp_path, batch_size=5, image_size=16, num_workers=2, device="cpu", on_error="skip",
+                         drop_last=False)
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        sizes, seen = [], 0
+        for images, labels in loader:
+            assert torch.equal(_colour_labels(images, colours), labels)
+            sizes.append(len(labels))
+            seen += len(labels)
+    assert seen == 18 and sizes[:-1] == [5] * (len(sizes) - 1)  # full batches while samples remain
+    stats = loader.stats
+    assert stats["skipped_count"] == len(bad)
+    assert sorted(os.path.basename(p) for p, _ in stats["skipped"]) == sorted(f"bad_{k}.jpg" for k in bad)
+    lines = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(lines) == 1 and f"skipped {len(bad)} undecodable" in lines[0].getMessage()
+    loader.close()
+
+
+def test_skip_then_resume_yields_exactly_the_rest(tmp_path):
+    _mixed_dataset(tmp_path, ["junk", "truncated_scan"])
+    kw = dict(batch_size=4, image_size=16, num_workers=2, device="cpu", on_error="skip", seed=5)
+    with ImageLoader(tmp_path, **kw) as ref:
+        full = torch.cat([y for _, y in ref])
+    with ImageLoader(tmp_path, **kw) as first:
+        head = []
+        for i, (_, y) in enumerate(first):
+            head.append(y)
+            if i == 1:
+                break
+        state = first.state_dict()
+    with ImageLoader(tmp_path, **kw) as resumed:
+        resumed.load_state_dict(state)
+        rest = [y for _, y in resumed]
+    assert torch.equal(torch.cat(head + rest), full)
+
+
+def test_raise_names_the_file(tmp_path):
+    _mixed_dataset(tmp_path, ["truncated_scan"])
+    with ImageLoader(tmp_path, batch_size=4, image_size=16, num_workers=2, device="cpu") as loader:
+        with pytest.raises(WorkerError, match="bad_truncated_scan.jpg"):
+            list(loader)
+
+
+def test_unreadable_and_vanished_files_follow_the_policy(tmp_path):
+    colours = _mixed_dataset(tmp_path, [])
+    (tmp_path / "c0" / "dangling.jpg").symlink_to(tmp_path / "nowhere.jpg")  # unreadable (as root, chmod is not)
+    gone = tmp_path / "c1" / "vanishes.jpg"
+    gone.write_bytes(b"\xff\xd8\xff")
+    (tmp_path / "c2" / "link.jpg").symlink_to(tmp_path / "c2" / "good0.jpg")
+    loader = ImageLoader(tmp_path, batch_size=4, image_size=16, num_workers=2, device="cpu", on_error="skip",
+                         drop_last=False)
+    gone.unlink()  # listed, then removed before reading
+    labels = torch.cat([y for _, y in loader])
+    assert len(labels) == 19  # 18 good + the symlink
+    assert sorted(os.path.basename(p) for p, _ in loader.stats["skipped"]) == ["dangling.jpg", "vanishes.jpg"]
+    loader.close()
+
+
+class SlowSource(FileSource):
+    """A source whose file ``slow`` takes far too long to read (an untrusted, pathological file)."""
+
+    def __init__(self, paths, labels, slow):
+        super().__init__(paths, labels)
+        object.__setattr__(self, "slow", slow)
+
+    def read(self, index):
+        if index == self.slow:
+            time.sleep(60)
+        return super().read(index)
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+def test_sample_timeout_replaces_the_worker(tmp_path, policy):
+    colours = _mixed_dataset(tmp_path, [])
+    paths = sorted(str(p) for p in tmp_path.glob("c*/*.jpg"))
+    labels = [int(p.split(os.sep)[-2][1]) for p in paths]
+    source = SlowSource(paths, labels, slow=4)
+    loader = ImageLoader(source, batch_size=6, image_size=16, num_workers=2, device="cpu", on_error=policy,
+                         sample_timeout=1.0, drop_last=False, train=False)
+    t0 = time.monotonic()
+    if policy == "raise":
+        with pytest.raises(WorkerError, match=r"sample_timeout=1.0s while loading .*good4.jpg"):
+            list(loader)
+    else:
+        out = [(x, y) for x, y in loader]
+        got = torch.cat([y for _, y in out])
+        assert len(got) == 17 and torch.equal(torch.cat([_colour_labels(x, colours) for x, _ in out]), got)
+        assert loader.stats["skipped_count"] == 1 and "sample_timeout" in loader.stats["skipped"][0][1]
+    assert time.monotonic() - t0 < 20
+    loader.close()
+
+
+def test_pixel_cap_rejects_big_images_cleanly(tmp_path):
+    from PIL import Image
+
+    (tmp_path / "c").mkdir()
+    Image.new("RGB", (3000, 2000), (10, 200, 10)).save(tmp_path / "c" / "big.jpg")
+    Image.new("RGB", (60, 40), (10, 200, 10)).save(tmp_path / "c" / "small.jpg")
+    with ImageLoader(tmp_path, batch_size=2, image_size=16, num_workers=1, device="cpu", drop_last=False) as loader:
+        assert sum(len(y) for _, y in loader) == 2  # a 6 MP photo decodes under the default cap
+    with ImageLoader(tmp_path, batch_size=2, image_size=16, num_workers=1, device="cpu", drop_last=False,
+                     max_pixels=1_000_000) as loader:
+        with pytest.raises(WorkerError, match="big.jpg.*over max_pixels=1000000"):
+            list(loader)
