@@ -100,3 +100,40 @@ def test_gpu_memory_flat_across_epochs(synth):
         reserved.append(torch.cuda.memory_reserved())
     assert max(reserved[2:]) <= reserved[2], reserved
     loader.close()
+
+
+def test_gpu_batch_of_255_good_and_1_broken_under_skip(tmp_path):
+    """255 correct outputs, each with its own label; the broken file counted, not delivered."""
+    from tests.corpus import UNDECODABLE
+
+    colours = [(220, 30, 30), (30, 220, 30), (30, 30, 220)]
+    for c, colour in enumerate(colours):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(85):
+            Image.new("RGB", (48 + (i % 7) * 8, 40 + (i % 5) * 8), colour).save(tmp_path / f"c{c}" / f"{i}.jpg")
+    (tmp_path / "c1" / "broken.jpg").write_bytes(UNDECODABLE["truncated_scan"]())
+    loader = ImageLoader(tmp_path, device="cuda", batch_size=256, num_workers=4, drop_last=False, image_size=32,
+                         decode="gpu", on_error="skip")
+    (images, labels), = list(loader)
+    assert images.shape[0] == 255 and labels.shape[0] == 255
+    rgb = _uint8(images).mean(axis=(2, 3))
+    assert (np.argmax(rgb, axis=1) == labels.cpu().numpy()).all()
+    assert loader.stats["skipped_count"] == 1 and loader.stats["skipped"][0][0].endswith("broken.jpg")
+    loader.close()
+
+
+@pytest.mark.parametrize("kind", ["cmyk", "ycck", "grayscale", "progressive", "subsampling_444", "subsampling_422",
+                                  "subsampling_440", "subsampling_411", "restart_markers", "tiny_1x1", "tiny_7x3",
+                                  "odd_45x29", "png_palette_named_jpg", "webp_named_jpg"])
+def test_odd_kinds_on_the_gpu_path_match_the_cpu_path(tmp_path, kind):
+    from tests.corpus import DECODABLE
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "x.jpg").write_bytes(DECODABLE[kind]())
+    kw = dict(batch_size=1, num_workers=1, drop_last=False, train=False, image_size=32)
+    gpu = ImageLoader(tmp_path, device="cuda", decode="gpu", **kw)
+    cpu = ImageLoader(tmp_path, device="cpu", **kw)
+    (xg, _), = list(gpu)
+    (xc, _), = list(cpu)
+    assert _psnr(_uint8(xg)[0], _uint8(xc)[0]) >= 30.0, kind
+    gpu.close(), cpu.close()
