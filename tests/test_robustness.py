@@ -192,3 +192,24 @@ def test_pixel_cap_rejects_big_images_cleanly(tmp_path):
                      max_pixels=1_000_000) as loader:
         with pytest.raises(WorkerError, match="big.jpg.*over max_pixels=1000000"):
             list(loader)
+
+
+@pytest.mark.parametrize("kind", sorted(UNDECODABLE))
+def test_broken_files_never_go_to_a_gpu_decoder(kind):
+    """GPU decoders fill damage in silently, so broken files must take the strict CPU path."""
+    from gpufeed.decode.jpeg_check import gpu_safe_jpeg
+
+    data = UNDECODABLE[kind]()
+    if kind == "jpeg_header_bomb":  # sound structure; the pixel cap refuses it from the header first
+        with pytest.raises(DecodeError, match="over max_pixels"):
+            CpuDecoder().header(data, "bomb.jpg")
+    else:
+        assert not gpu_safe_jpeg(data)
+
+
+@pytest.mark.parametrize("kind", ["baseline_420", "cmyk", "grayscale", "restart_markers", "subsampling_444",
+                                  "tiny_1x1", "odd_45x29"])
+def test_sound_baseline_jpegs_may_go_to_the_gpu(kind):
+    from gpufeed.decode.jpeg_check import gpu_safe_jpeg
+
+    assert gpu_safe_jpeg(DECODABLE[kind]())

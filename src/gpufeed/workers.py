@@ -38,6 +38,7 @@ from .augment.params import AugmentSpec
 from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
 from .decode.exif import apply_orientation, read_orientation, swaps_axes
+from .decode.jpeg_check import gpu_safe_jpeg
 from .sources.base import Source
 
 __all__ = ["PipelineSpec", "SlotView", "WorkerError", "WorkerPool", "encode_sample_into", "load_sample_into"]
@@ -89,7 +90,8 @@ def encode_sample_into(
     spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, ring: "_Ring", slot: int, k: int
 ) -> int:
     """GPU path: put sample ``index``'s JPEG bytes and crop box in the slot for GPU decode; what no GPU
-    decoder takes (not JPEG, CMYK, larger than the capacity) is finished here on the CPU instead."""
+    decoder should take (not JPEG, CMYK, larger than the capacity, or failing ``gpu_safe_jpeg``: truncated,
+    corrupt, progressive) is finished here by the strict CPU decoder instead."""
     path = spec.source.path(index)
     try:
         data = spec.source.read(index)
@@ -103,7 +105,7 @@ def encode_sample_into(
         return label
     box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
     meta = ring.meta[slot, k]
-    if fast and len(data) <= spec.gpu_bytes_capacity:
+    if fast and len(data) <= spec.gpu_bytes_capacity and gpu_safe_jpeg(data):
         ring.arena[slot, k, : len(data)] = np.frombuffer(data, np.uint8)
         meta[:] = (KIND_BYTES, len(data), width, height, box.x, box.y, box.width, box.height, int(box.flip))
     else:
