@@ -45,6 +45,33 @@ def _probe_cpu_decode() -> str:
     return "works" if ok else f"FAILED (decoded shape {img.shape}, expected {(h, w, 3)})"
 
 
+def _probe_gpu_decode(choice: str) -> str:
+    """Decode one synthetic JPEG with a GPU decoder and compare it with the CPU decode."""
+    import numpy as np
+    import torch
+
+    from .decode.cpu import CpuDecoder
+    from .decode.placement import create_gpu_decoder
+    from .synth import synthetic_jpeg
+
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    try:
+        decoders, _ = create_gpu_decoder(choice, torch.device("cuda", torch.cuda.current_device()))
+        data, (w, h) = synthetic_jpeg(np.random.default_rng(0))
+        stream = torch.cuda.current_stream()
+        img = decoders[0].decode([data], stream)[0]
+        torch.cuda.synchronize()
+    except Exception as e:  # report any failure as "does not work here", with the reason
+        return f"does not work here ({type(e).__name__}: {str(e)[:160]})"
+    if img is None or tuple(img.shape) != (h, w, 3):
+        return f"FAILED (got {None if img is None else tuple(img.shape)}, expected {(h, w, 3)})"
+    ref = CpuDecoder().decode(data, "<probe>", fast=True).astype(np.float64)
+    mse = float(((img.cpu().numpy().astype(np.float64) - ref) ** 2).mean())
+    psnr = 99.0 if mse == 0 else 10 * np.log10(255**2 / mse)
+    return f"works (PSNR {psnr:.1f} dB against the CPU decode)"
+
+
 def collect_info() -> dict[str, str]:
     """Versions, hardware and backends as (name, value) text."""
     import torch
@@ -72,6 +99,11 @@ def collect_info() -> dict[str, str]:
         name, _, value = line.partition(": ")
         info[name] = value
     info["decode: cpu (simplejpeg + Pillow)"] = _probe_cpu_decode()
+    info["decode: nvimgcodec (GPU)"] = _probe_gpu_decode("nvimgcodec")
+    info["decode: torchvision (GPU)"] = _probe_gpu_decode("torchvision")
+    from .decode.placement import create_gpu_decoder
+
+    info["ImageLoader decode='auto' uses"] = create_gpu_decoder("auto", torch.device("cpu"))[1]
     return info
 
 

@@ -243,6 +243,7 @@ class WorkerPool:
         self._chunk = max(1, -(-batch_size // (2 * num_workers)))  # ~2 chunks per worker per batch
         self._ctx = ctx = _default_context()
         capacity = spec.gpu_bytes_capacity
+        _check_shm_space(_Ring.nbytes(num_slots, batch_size, size, 0) + num_slots * batch_size * min(capacity, 512 << 10))
         self._shm = shared_memory.SharedMemory(create=True, size=_Ring.nbytes(num_slots, batch_size, size, capacity))
         self._ring = _Ring(self._shm, num_slots, batch_size, size, capacity)
         self._tasks = ctx.Queue()
@@ -366,6 +367,21 @@ class Failure:
     path: str | None
     reason: str
     traceback: str = ""
+
+
+def _check_shm_space(needed: int, root: str = "/dev/shm") -> None:
+    """Fail with advice, not with a SIGBUS in a worker later, when /dev/shm is too small (Docker's
+    default is 64 MB). ``needed``: the bytes the ring will actually touch."""
+    try:
+        st = os.statvfs(root)
+    except OSError:
+        return  # no /dev/shm (not Linux): SharedMemory uses what the platform has
+    free = st.f_bavail * st.f_frsize
+    if free < needed:
+        raise RuntimeError(
+            f"{root} has {free / 2**20:.0f} MB free, the batch ring needs about {needed / 2**20:.0f} MB "
+            "(batch_size x image_size^2 x 3 bytes x slots). Enlarge it (Docker: --shm-size=2g) or lower batch_size."
+        )
 
 
 def _shutdown(procs: list, tasks: Any, shm: shared_memory.SharedMemory) -> None:
