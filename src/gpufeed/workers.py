@@ -62,15 +62,17 @@ class PipelineSpec:
     exif_orientation: bool = False  # apply EXIF orientation (default: ignore it, as torchvision does)
 
 
-def load_sample_into(
-    spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, out: np.ndarray
-) -> int:
-    """Read, decode and augment sample ``index`` into ``out`` ((S, S, 3) uint8); return its label."""
+def _read(spec: PipelineSpec, index: int) -> tuple[str, bytes]:
     path = spec.source.path(index)
     try:
-        data = spec.source.read(index)
+        return path, spec.source.read(index)
     except OSError as e:
         raise DecodeError(path, f"cannot read the file ({type(e).__name__}: {e.strerror or e})") from None
+
+
+def _finish_on_cpu(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, path: str,
+                   data: bytes, out: np.ndarray) -> None:
+    """Decode, orient, crop, resize and flip one sample into ``out`` ((S, S, 3) uint8)."""
     width, height, fast = decoder.header(data, path)
     orientation = read_orientation(data) if spec.exif_orientation else 1
     if swaps_axes(orientation):
@@ -79,6 +81,14 @@ def load_sample_into(
     reduce = reduction_for(box, out.shape[0]) if fast and orientation == 1 else 1
     image = apply_orientation(decoder.decode(data, path, fast=fast, reduce=reduce), orientation)
     crop_resize_into(image, box, (width, height), out)
+
+
+def load_sample_into(
+    spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, out: np.ndarray
+) -> int:
+    """Read, decode and augment sample ``index`` into ``out`` ((S, S, 3) uint8); return its label."""
+    path, data = _read(spec, index)
+    _finish_on_cpu(spec, decoder, seed, epoch, index, path, data, out)
     return spec.source.label(index)
 
 
@@ -90,29 +100,20 @@ def encode_sample_into(
     spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, ring: "_Ring", slot: int, k: int
 ) -> int:
     """GPU path: put sample ``index``'s JPEG bytes and crop box in the slot for GPU decode; what no GPU
-    decoder should take (not JPEG, CMYK, larger than the capacity, or failing ``gpu_safe_jpeg``: truncated,
-    corrupt, progressive) is finished here by the strict CPU decoder instead."""
-    path = spec.source.path(index)
-    try:
-        data = spec.source.read(index)
-    except OSError as e:
-        raise DecodeError(path, f"cannot read the file ({type(e).__name__}: {e.strerror or e})") from None
+    decoder should take (not JPEG, CMYK, larger than the capacity, failing ``gpu_safe_jpeg``: truncated,
+    corrupt, progressive; or EXIF-rotated when rotation is on) is finished here by the strict CPU decoder."""
+    path, data = _read(spec, index)
     width, height, fast = decoder.header(data, path)
-    oriented = spec.exif_orientation and read_orientation(data) != 1
-    if oriented:  # rotate on the CPU: the GPU decoders are asked for the stored orientation
-        label = load_sample_into(spec, decoder, seed, epoch, index, ring.images[slot, k])
-        ring.meta[slot, k] = (KIND_PIXELS, 0, width, height, 0, 0, 0, 0, 0)
-        return label
-    box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
-    meta = ring.meta[slot, k]
-    if fast and len(data) <= spec.gpu_bytes_capacity and gpu_safe_jpeg(data):
+    gpu = (fast and len(data) <= spec.gpu_bytes_capacity and gpu_safe_jpeg(data)
+           and not (spec.exif_orientation and read_orientation(data) != 1))
+    if gpu:
+        box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
         ring.arena[slot, k, : len(data)] = np.frombuffer(data, np.uint8)
-        meta[:] = (KIND_BYTES, len(data), width, height, box.x, box.y, box.width, box.height, int(box.flip))
+        ring.meta[slot, k] = (KIND_BYTES, len(data), width, height, box.x, box.y, box.width, box.height,
+                              int(box.flip))
     else:
-        reduce = reduction_for(box, ring.images.shape[2]) if fast else 1
-        crop_resize_into(decoder.decode(data, path, fast=fast, reduce=reduce), box, (width, height),
-                         ring.images[slot, k])
-        meta[:] = (KIND_PIXELS, 0, width, height, box.x, box.y, box.width, box.height, int(box.flip))
+        _finish_on_cpu(spec, decoder, seed, epoch, index, path, data, ring.images[slot, k])
+        ring.meta[slot, k] = (KIND_PIXELS, 0, width, height, 0, 0, 0, 0, 0)
     return spec.source.label(index)
 
 
