@@ -21,7 +21,7 @@ from gpufeed.decode.cpu import CpuDecoder
 import numpy as np
 
 from gpufeed.gpu_stage import EncodedBatch, GpuDecodeAugment
-from gpufeed.workers import KIND_BYTES
+from gpufeed.ring import KIND_BYTES
 
 
 def _decoders(device):

@@ -1,9 +1,7 @@
 """The GPU stage's logic (who decodes what, fallbacks, kernel rows, slices) run on the CPU with a
 stand-in decoder, and the workers' GPU-path output (bytes + boxes in the ring)."""
 
-import io
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -12,7 +10,8 @@ from gpufeed.augment.params import AugmentSpec
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.gpu_stage import EncodedBatch, GpuDecodeAugment
 from gpufeed.sources import folder_source
-from gpufeed.workers import KIND_BYTES, KIND_PIXELS, PipelineSpec, WorkerPool
+from gpufeed.ring import KIND_BYTES, KIND_PIXELS
+from gpufeed.workers import PipelineSpec, WorkerPool
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -167,8 +167,8 @@ def test_close_stops_workers(synth_root):
 
 
 def test_too_small_dev_shm_is_a_clear_error(tmp_path):
-    from gpufeed.workers import _check_shm_space
+    from gpufeed.ring import check_shm_space
 
     with pytest.raises(RuntimeError, match=r"has \d+ MB free, the batch ring needs about .*--shm-size"):
-        _check_shm_space(1 << 60, root=str(tmp_path))
-    _check_shm_space(1024, root=str(tmp_path))
+        check_shm_space(1 << 60, root=str(tmp_path))
+    check_shm_space(1024, root=str(tmp_path))

@@ -132,7 +132,7 @@ def test_raise_names_the_file(tmp_path):
 
 
 def test_unreadable_and_vanished_files_follow_the_policy(tmp_path):
-    colours = _mixed_dataset(tmp_path, [])
+    _mixed_dataset(tmp_path, [])
     (tmp_path / "c0" / "dangling.jpg").symlink_to(tmp_path / "nowhere.jpg")  # unreadable (as root, chmod is not)
     gone = tmp_path / "c1" / "vanishes.jpg"
     gone.write_bytes(b"\xff\xd8\xff")

@@ -1,5 +1,4 @@
 import pytest
-import torch
 from torch.utils.data import DistributedSampler
 
 from gpufeed.sampling import ShardedSampler, resolve_rank

@@ -31,7 +31,7 @@ from .augment.fused import normalize_constants, pack_images, resized_crop_refere
 from .augment.params import CropBox
 from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
-from .workers import KIND_BYTES, KIND_PIXELS
+from .ring import KIND_BYTES
 
 DEFAULT_MAX_BATCH_PIXELS = 256 * 1024 * 1024
 

@@ -30,7 +30,8 @@ from .gpu_stage import EncodedBatch, GpuDecodeAugment
 from .transfer import Prefetcher
 from .sampling import ShardedSampler, resolve_rank
 from .sources import Source, create_source
-from .workers import PipelineSpec, SlotView, WorkerPool, default_num_workers
+from .ring import SlotView
+from .workers import PipelineSpec, WorkerPool, default_num_workers
 
 __all__ = ["ImageLoader", "resolve_device"]
 

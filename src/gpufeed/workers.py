@@ -39,6 +39,7 @@ from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
 from .decode.exif import apply_orientation, read_orientation, swaps_axes
 from .decode.jpeg_check import gpu_safe_jpeg
+from .ring import KIND_BYTES, KIND_PIXELS, Ring, SlotView, check_shm_space
 from .sources.base import Source
 
 __all__ = ["PipelineSpec", "SlotView", "WorkerError", "WorkerPool", "encode_sample_into", "load_sample_into"]
@@ -92,12 +93,8 @@ def load_sample_into(
     return spec.source.label(index)
 
 
-META_FIELDS = ("kind", "length", "width", "height", "x", "y", "box_w", "box_h", "flip")
-KIND_PIXELS, KIND_BYTES = 0, 1
-
-
 def encode_sample_into(
-    spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, ring: "_Ring", slot: int, k: int
+    spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, ring: "Ring", slot: int, k: int
 ) -> int:
     """GPU path: put sample ``index``'s JPEG bytes and crop box in the slot for GPU decode; what no GPU
     decoder should take (not JPEG, CMYK, larger than the capacity, failing ``gpu_safe_jpeg``: truncated,
@@ -117,43 +114,6 @@ def encode_sample_into(
     return spec.source.label(index)
 
 
-class _Ring:
-    """Views of the shared block, per slot and sample.
-
-    images (slots, B, S, S, 3) uint8 and labels (slots, B) int64 always; for the
-    GPU path also meta (slots, B, 9) int64 (``META_FIELDS``) and arena
-    (slots, B, capacity) uint8 holding each sample's encoded bytes.
-    """
-
-    def __init__(self, shm: shared_memory.SharedMemory, num_slots: int, batch_size: int, size: int,
-                 capacity: int = 0) -> None:
-        self.shm = shm
-        views, offset = {}, 0
-        for name, shape, dtype in self.layout(num_slots, batch_size, size, capacity):
-            views[name] = np.ndarray(shape, dtype, shm.buf, offset)
-            offset = _align(offset + int(np.prod(shape)) * np.dtype(dtype).itemsize)
-        self.images, self.labels = views["images"], views["labels"]
-        self.meta, self.arena = views.get("meta"), views.get("arena")
-
-    @staticmethod
-    def layout(num_slots: int, batch_size: int, size: int, capacity: int) -> list:
-        parts = [("images", (num_slots, batch_size, size, size, 3), np.uint8),
-                 ("labels", (num_slots, batch_size), np.int64)]
-        if capacity:
-            parts += [("meta", (num_slots, batch_size, len(META_FIELDS)), np.int64),
-                      ("arena", (num_slots, batch_size, capacity), np.uint8)]
-        return parts
-
-    @classmethod
-    def nbytes(cls, num_slots: int, batch_size: int, size: int, capacity: int = 0) -> int:
-        return sum(_align(int(np.prod(shape)) * np.dtype(dt).itemsize)
-                   for _, shape, dt in cls.layout(num_slots, batch_size, size, capacity))
-
-
-def _align(n: int, to: int = 4096) -> int:
-    return (n + to - 1) // to * to
-
-
 def _worker_main(
     worker_id: int,
     spec: PipelineSpec,
@@ -167,7 +127,7 @@ def _worker_main(
     """Serve chunks until None arrives. ``progress[worker_id]`` holds (batch, chunk, position, start
     time) of the sample in hand, so the main process can name it if this process dies or hangs."""
     shm = shared_memory.SharedMemory(name=shm_name)
-    ring = _Ring(shm, *ring_shape, spec.gpu_bytes_capacity)
+    ring = Ring(shm, *ring_shape, spec.gpu_bytes_capacity)
     decoder = CpuDecoder(max_pixels=spec.max_pixels)
     mine = progress[worker_id]
     try:
@@ -205,17 +165,6 @@ def _default_context() -> mp.context.BaseContext:
     return mp.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
-@dataclass(frozen=True)
-class SlotView:
-    """numpy views of one finished batch in the ring: images (n, S, S, 3) uint8, labels (n,) int64,
-    and on the GPU path meta (n, 9) int64 and arena (n, capacity) uint8. Valid until the slot is reused."""
-
-    images: np.ndarray
-    labels: np.ndarray
-    meta: np.ndarray | None
-    arena: np.ndarray | None
-
-
 class WorkerPool:
     """``num_workers`` processes filling a ring of ``num_slots`` batch slots.
 
@@ -244,9 +193,9 @@ class WorkerPool:
         self._chunk = max(1, -(-batch_size // (2 * num_workers)))  # ~2 chunks per worker per batch
         self._ctx = ctx = _default_context()
         capacity = spec.gpu_bytes_capacity
-        _check_shm_space(_Ring.nbytes(num_slots, batch_size, size, 0) + num_slots * batch_size * min(capacity, 512 << 10))
-        self._shm = shared_memory.SharedMemory(create=True, size=_Ring.nbytes(num_slots, batch_size, size, capacity))
-        self._ring = _Ring(self._shm, num_slots, batch_size, size, capacity)
+        check_shm_space(Ring.nbytes(num_slots, batch_size, size, 0) + num_slots * batch_size * min(capacity, 512 << 10))
+        self._shm = shared_memory.SharedMemory(create=True, size=Ring.nbytes(num_slots, batch_size, size, capacity))
+        self._ring = Ring(self._shm, num_slots, batch_size, size, capacity)
         self._tasks = ctx.Queue()
         self._results = ctx.Queue()
         self._progress = [ctx.Array("d", [-1.0, -1.0, -1.0, 0.0], lock=False) for _ in range(num_workers)]
@@ -368,21 +317,6 @@ class Failure:
     path: str | None
     reason: str
     traceback: str = ""
-
-
-def _check_shm_space(needed: int, root: str = "/dev/shm") -> None:
-    """Fail with advice, not with a SIGBUS in a worker later, when /dev/shm is too small (Docker's
-    default is 64 MB). ``needed``: the bytes the ring will actually touch."""
-    try:
-        st = os.statvfs(root)
-    except OSError:
-        return  # no /dev/shm (not Linux): SharedMemory uses what the platform has
-    free = st.f_bavail * st.f_frsize
-    if free < needed:
-        raise RuntimeError(
-            f"{root} has {free / 2**20:.0f} MB free, the batch ring needs about {needed / 2**20:.0f} MB "
-            "(batch_size x image_size^2 x 3 bytes x slots). Enlarge it (Docker: --shm-size=2g) or lower batch_size."
-        )
 
 
 def _shutdown(procs: list, tasks: Any, shm: shared_memory.SharedMemory) -> None:

@@ -1,6 +1,5 @@
 """GPU path: parity with the CPU path, odd images inside a GPU batch, poisoning, memory. Marked gpu."""
 
-import io
 import math
 
 import numpy as np
