@@ -172,3 +172,27 @@ def test_too_small_dev_shm_is_a_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match=r"has \d+ MB free, the batch ring needs about .*--shm-size"):
         check_shm_space(1 << 60, root=str(tmp_path))
     check_shm_space(1024, root=str(tmp_path))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc")
+def test_workers_do_not_reimport_the_users_script(tmp_path, synth_root):
+    """A training script imports torch; its workers must not (about 300 MB each otherwise)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train_like.py"
+    script.write_text(f"""
+import os, torch
+from gpufeed import ImageLoader
+loader = ImageLoader({str(synth_root)!r}, batch_size=4, image_size=16, num_workers=2, device="cpu")
+next(iter(loader))
+for pid in loader.worker_pids:
+    maps = open(f"/proc/{{pid}}/maps").read()
+    print("worker", pid, "libtorch" if "libtorch" in maps else "clean")
+loader.close()
+""")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [l for l in res.stdout.splitlines() if l.startswith("worker")]
+    assert len(lines) == 2 and all(l.endswith("clean") for l in lines), res.stdout
