@@ -22,6 +22,7 @@ by ``close``, by garbage collection of the pool, or at interpreter exit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import os
 import queue
@@ -43,7 +44,8 @@ from .decode.cpu import CpuDecoder
 from .decode.exif import apply_orientation, read_orientation, swaps_axes
 from .decode.jpeg_check import gpu_safe_jpeg
 from .ring import KIND_BYTES, KIND_PIXELS, Ring, SlotView, check_shm_space
-from .sources.base import Source
+from .sources.base import FileSource, Source
+from .sources.shared import SharedFileSource
 
 __all__ = ["PipelineSpec", "SlotView", "WorkerError", "WorkerPool", "encode_sample_into", "load_sample_into"]
 
@@ -228,10 +230,15 @@ class WorkerPool:
         self._results = ctx.Queue()
         self._progress = [ctx.Array("d", [-1.0, -1.0, -1.0, 0.0], lock=False) for _ in range(num_workers)]
         self._generation = ctx.Value("q", 0, lock=False)
+        self._blocks = [self._shm]
+        if type(spec.source) is FileSource:  # one shared copy of the file list (subclasses may override read)
+            shared, block = SharedFileSource.create(spec.source)
+            spec = dataclasses.replace(spec, source=shared)
+            self._blocks.append(block)
         self._spec = spec
         self._pending: dict[int, dict[str, Any]] = {}
         self._procs = [self._start(i) for i in range(num_workers)]
-        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._tasks, self._shm)
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._tasks, self._blocks)
 
     def _start(self, i: int):
         p = self._ctx.Process(
@@ -348,7 +355,7 @@ class Failure:
     traceback: str = ""
 
 
-def _shutdown(procs: list, tasks: Any, shm: shared_memory.SharedMemory) -> None:
+def _shutdown(procs: list, tasks: Any, blocks: list) -> None:
     for p in procs:
         if p.is_alive():
             try:
@@ -362,11 +369,15 @@ def _shutdown(procs: list, tasks: Any, shm: shared_memory.SharedMemory) -> None:
             p.terminate()
             p.join(1.0)
     tasks.cancel_join_thread()
-    shm.close()
-    try:
-        shm.unlink()
-    except FileNotFoundError:
-        pass
+    for block in blocks:
+        try:
+            block.close()
+        except BufferError:  # numpy views still alive here: the mapping goes with them
+            pass
+        try:
+            block.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def default_num_workers(local_world_size: int = 1) -> int:
