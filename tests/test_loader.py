@@ -196,3 +196,16 @@ loader.close()
     assert res.returncode == 0, res.stderr[-2000:]
     lines = [l for l in res.stdout.splitlines() if l.startswith("worker")]
     assert len(lines) == 2 and all(l.endswith("clean") for l in lines), res.stdout
+
+
+def test_source_class_from_a_notebook_is_a_clear_error(synth_root, monkeypatch):
+    import sys
+    import types
+
+    from gpufeed.sources import folder_source
+
+    src = folder_source(synth_root)
+    Notebook = type("NotebookSource", (type(src),), {"__module__": "__main__"})
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # no __file__, as in Jupyter
+    with pytest.raises(ValueError, match="'NotebookSource' is defined in an interactive session"):
+        ImageLoader(Notebook(src.paths, src.labels), batch_size=4, image_size=16, num_workers=1, device="cpu")

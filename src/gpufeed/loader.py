@@ -31,7 +31,7 @@ from .transfer import Prefetcher
 from .sampling import ShardedSampler, resolve_rank
 from .sources import Source, create_source
 from .ring import SlotView
-from .workers import PipelineSpec, WorkerPool, default_num_workers
+from .workers import PipelineSpec, WorkerPool, check_source_importable, default_num_workers
 
 __all__ = ["ImageLoader", "resolve_device"]
 
@@ -142,6 +142,7 @@ class ImageLoader:
             train=train, image_size=image_size, resize_size=resize_size or round(image_size * 256 / 224)
         )
         self.source = create_source(source)
+        check_source_importable(self.source)
         rank, world_size = resolve_rank(rank, world_size)
         self.sampler = ShardedSampler(
             len(self.source), shuffle=train, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last

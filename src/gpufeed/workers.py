@@ -165,6 +165,16 @@ def _worker_main(
         shm.close()
 
 
+def check_source_importable(source: Source) -> None:
+    """Worker processes unpickle the source, so its class must be importable there."""
+    cls = type(source)
+    if cls.__module__ == "__main__" and not getattr(sys.modules.get("__main__"), "__file__", None):
+        raise ValueError(
+            f"source class {cls.__name__!r} is defined in an interactive session (a notebook or REPL), "
+            "where worker processes cannot import it; define it in a .py module and import it from there"
+        )
+
+
 @contextlib.contextmanager
 def _main_not_reimported(spec: PipelineSpec):
     """Start workers without re-running the user's main script in them.
@@ -217,6 +227,7 @@ class WorkerPool:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if sample_timeout is not None and sample_timeout <= 0:
             raise ValueError(f"sample_timeout must be > 0 seconds or None, got {sample_timeout}")
+        check_source_importable(spec.source)
         size = spec.augment.image_size
         self.num_slots, self.batch_size, self.size = num_slots, batch_size, size
         self.sample_timeout = sample_timeout
