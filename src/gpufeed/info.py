@@ -99,6 +99,11 @@ def collect_info() -> dict[str, str]:
         name, _, value = line.partition(": ")
         info[name] = value
     info["decode: cpu (simplejpeg + Pillow)"] = _probe_cpu_decode()
+    from .decode.cpu import cropped_decode_available
+
+    info["decode: cpu cropped (libjpeg-turbo ext)"] = (
+        "built: JPEG decode cost follows the crop" if cropped_decode_available()
+        else "not built (no libjpeg headers at install): whole-image decode")
     info["decode: nvimgcodec (GPU)"] = _probe_gpu_decode("nvimgcodec")
     info["decode: torchvision (GPU)"] = _probe_gpu_decode("torchvision")
     from .decode.placement import create_gpu_decoder

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .augment.cpu import crop_resize_into, reduction_for
+from .augment.cpu import crop_bounds, crop_resize_into, reduction_for, resize_flip_into
 from .augment.params import AugmentSpec
 from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
@@ -85,6 +85,12 @@ def _finish_on_cpu(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: in
         width, height = height, width
     box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
     reduce = reduction_for(box, out.shape[0]) if fast and orientation == 1 else 1
+    if fast and orientation == 1:
+        scaled = (-(-width // reduce), -(-height // reduce))  # libjpeg's ceil(W / k) x ceil(H / k)
+        region = decoder.decode_region(data, path, crop_bounds(box, (width, height), scaled), reduce)
+        if region is not None:
+            resize_flip_into(region, box.flip, out)
+            return
     image = apply_orientation(decoder.decode(data, path, fast=fast, reduce=reduce), orientation)
     crop_resize_into(image, box, (width, height), out)
 

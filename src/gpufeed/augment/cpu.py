@@ -38,23 +38,34 @@ def reduction_for(box: CropBox, out_size: int) -> int:
     return 1
 
 
+def crop_bounds(box: CropBox, full_size: tuple[int, int], size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(x0, y0, x1, y1) of ``box`` (full-resolution coordinates) in an image of ``size`` = (w, h), which is
+    the full ``full_size`` image or a DCT-reduced decode of it. At least one pixel each way."""
+    fw, fh = full_size
+    w, h = size
+    sx, sy = w / fw, h / fh
+    x0, y0 = int(box.x * sx), int(box.y * sy)
+    x1 = max(x0 + 1, min(w, int(round((box.x + box.width) * sx))))
+    y1 = max(y0 + 1, min(h, int(round((box.y + box.height) * sy))))
+    return x0, y0, x1, y1
+
+
+def resize_flip_into(crop: np.ndarray, flip: bool, out: np.ndarray) -> None:
+    """Resize ``crop`` ((h, w, 3) uint8) to ``out``'s size, mirrored if ``flip``; ``out`` written whole."""
+    size = (out.shape[1], out.shape[0])
+    factor = max(crop.shape[1] / size[0], crop.shape[0] / size[1])
+    interp = cv2.INTER_LINEAR if factor <= _LINEAR_MAX_FACTOR else cv2.INTER_AREA
+    if flip:
+        cv2.flip(cv2.resize(crop, size, interpolation=interp), 1, dst=out)
+    else:
+        cv2.resize(crop, size, dst=out, interpolation=interp)
+
+
 def crop_resize_into(image: np.ndarray, box: CropBox, full_size: tuple[int, int], out: np.ndarray) -> None:
     """Crop ``box`` (full-resolution coordinates) from ``image``, resize to ``out``'s size, flip.
 
     image: (h, w, 3) uint8, possibly a DCT-reduced decode of a ``full_size``
     (width, height) image. out: (S, S, 3) uint8, C-contiguous, written whole.
     """
-    fw, fh = full_size
-    h, w = image.shape[:2]
-    sx, sy = w / fw, h / fh
-    x0, y0 = int(box.x * sx), int(box.y * sy)
-    x1 = max(x0 + 1, min(w, int(round((box.x + box.width) * sx))))
-    y1 = max(y0 + 1, min(h, int(round((box.y + box.height) * sy))))
-    crop = image[y0:y1, x0:x1]
-    size = (out.shape[1], out.shape[0])
-    factor = max((x1 - x0) / size[0], (y1 - y0) / size[1])
-    interp = cv2.INTER_LINEAR if factor <= _LINEAR_MAX_FACTOR else cv2.INTER_AREA
-    if box.flip:
-        cv2.flip(cv2.resize(crop, size, interpolation=interp), 1, dst=out)
-    else:
-        cv2.resize(crop, size, dst=out, interpolation=interp)
+    x0, y0, x1, y1 = crop_bounds(box, full_size, (image.shape[1], image.shape[0]))
+    resize_flip_into(image[y0:y1, x0:x1], box.flip, out)

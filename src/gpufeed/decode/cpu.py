@@ -9,6 +9,11 @@ libjpeg-turbo's DCT-domain scaling. Only the power-of-two factors are used:
 in the same measurement the M/8 factors (7/8, 3/4, ...) were no faster than a
 full decode, since libjpeg-turbo has SIMD code only for the plain IDCT.
 
+Cropped decode: when the optional ``_turbo_crop`` extension is built (setup.py,
+against libjpeg-turbo's headers), ``decode_region`` decodes only the rows and
+columns of the crop box: 1.27 -> 1.03 ms per RandomResizedCrop sample on the
+same machine and data, identical pixels (800 random regions compared).
+
 Everything that is not a JPEG, or a JPEG that libjpeg-turbo's TurboJPEG API
 cannot turn into RGB (CMYK, YCCK), goes through Pillow.
 """
@@ -23,8 +28,18 @@ import simplejpeg
 from PIL import Image
 
 from .base import DEFAULT_MAX_PIXELS, DecodeError, check_pixels, is_jpeg
+from .jpeg_check import gpu_safe_jpeg
 
-__all__ = ["CpuDecoder"]
+try:  # optional C extension (setup.py): decodes only a crop's rows and columns
+    from . import _turbo_crop
+except ImportError:
+    _turbo_crop = None
+
+__all__ = ["CpuDecoder", "cropped_decode_available"]
+
+
+def cropped_decode_available() -> bool:
+    return _turbo_crop is not None
 
 # Pillow's own bomb check would warn or raise at its own limit; ours is checked first.
 Image.MAX_IMAGE_PIXELS = None
@@ -59,6 +74,28 @@ class CpuDecoder:
             raise DecodeError(path, f"not a readable image ({type(e).__name__}: {e})") from None
         check_pixels(w, h, self.max_pixels, path)
         return w, h, False
+
+    def decode_region(self, data: bytes, path: str, bounds: tuple[int, int, int, int], reduce: int) -> np.ndarray | None:
+        """Only the pixels of ``bounds`` = (x0, y0, x1, y1) in the image decoded at 1/``reduce``, as an
+        (y1 - y0, x1 - x0, 3) uint8 view; None when the cropped decoder is not built here or the file
+        is not a plain sequential JPEG (then ``decode`` the whole image).
+
+        Rows below the crop are never decoded and columns outside it skip the IDCT, so the cost
+        follows the crop. The pixels equal the same region of a full decode. Files that fail the
+        structural check (truncated, corrupt markers, progressive) take the strict full decode, so a
+        damaged file is refused whatever its crop. The request is widened by 16 columns on each side:
+        fancy chroma upsampling at a crop edge needs its neighbour (measured: without it the first or
+        last column differed by up to 25 levels).
+        """
+        if _turbo_crop is None or not gpu_safe_jpeg(data):
+            return None
+        x0, y0, x1, y1 = bounds
+        try:
+            pixels, width, height, left, top = _turbo_crop.decode_crop(data, max(0, x0 - 16), y0, x1 + 16, y1, reduce)
+        except ValueError as e:
+            raise DecodeError(path, f"corrupt or truncated JPEG ({e})") from None
+        rows = np.frombuffer(pixels, np.uint8).reshape(height, width, 3)
+        return rows[:, x0 - left : x1 - left]
 
     def decode(self, data: bytes, path: str, *, fast: bool, reduce: int = 1) -> np.ndarray:
         """(h, w, 3) uint8 RGB. ``reduce`` in {1, 2, 4, 8} shrinks JPEGs in the DCT domain

@@ -1,0 +1,107 @@
+/* Cropped JPEG decode with libjpeg-turbo: decode only the rows and columns a crop needs.
+ *
+ * decode_crop(data, x0, y0, x1, y1, denom) -> (pixels: bytes, width, height, left, top)
+ *   (x0, y0, x1, y1): the crop in the coordinates of the image scaled by 1/denom (denom in 1, 2, 4, 8).
+ *   Rows above the crop are skipped (jpeg_skip_scanlines: entropy-decoded, not IDCT'd), rows below it are
+ *   never decoded, and columns are limited to the crop rounded out to iMCU boundaries (jpeg_crop_scanline).
+ *   Returns RGB rows of `width` pixels covering columns [left, left + width) and rows [top, top + height) of
+ *   the scaled image; the caller takes its exact crop from them.
+ *
+ * Strict: any libjpeg warning (corrupt or truncated data) raises ValueError, as simplejpeg(strict=True) does.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <string.h>
+#include <jpeglib.h>
+
+struct strict_error_mgr {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    char message[JMSG_LENGTH_MAX];
+};
+
+static void strict_error_exit(j_common_ptr cinfo) {
+    struct strict_error_mgr *err = (struct strict_error_mgr *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    longjmp(err->jump, 1);
+}
+
+static void strict_emit_message(j_common_ptr cinfo, int level) {
+    if (level < 0) { /* a warning: corrupt data; refuse rather than deliver damaged pixels */
+        strict_error_exit(cinfo);
+    }
+}
+
+static PyObject *decode_crop(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    int x0, y0, x1, y1, denom;
+    if (!PyArg_ParseTuple(args, "y*iiiii", &data, &x0, &y0, &x1, &y1, &denom)) return NULL;
+
+    struct jpeg_decompress_struct cinfo;
+    struct strict_error_mgr jerr;
+    PyObject *volatile out = NULL; /* assigned after setjmp: volatile so the error path sees it */
+    cinfo.err = jpeg_std_error(&jerr.pub);
+    jerr.pub.error_exit = strict_error_exit;
+    jerr.pub.emit_message = strict_emit_message;
+    jerr.message[0] = 0;
+    if (setjmp(jerr.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        Py_XDECREF(out);
+        PyBuffer_Release(&data);
+        PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", jerr.message);
+        return NULL;
+    }
+    jpeg_create_decompress(&cinfo);
+    jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+    jpeg_read_header(&cinfo, TRUE);
+    cinfo.out_color_space = JCS_RGB;
+    cinfo.scale_num = 1;
+    cinfo.scale_denom = (unsigned int)denom;
+    jpeg_start_decompress(&cinfo);
+
+    int W = (int)cinfo.output_width, H = (int)cinfo.output_height;
+    if (x0 < 0) x0 = 0;
+    if (y0 < 0) y0 = 0;
+    if (x1 > W) x1 = W;
+    if (y1 > H) y1 = H;
+    if (x1 <= x0 || y1 <= y0) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        PyErr_Format(PyExc_ValueError, "empty crop (%d, %d, %d, %d) of a %dx%d image", x0, y0, x1, y1, W, H);
+        return NULL;
+    }
+    JDIMENSION left = (JDIMENSION)x0, width = (JDIMENSION)(x1 - x0);
+    jpeg_crop_scanline(&cinfo, &left, &width);
+    if (y0 > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)y0);
+    int height = y1 - y0;
+    Py_ssize_t stride = (Py_ssize_t)width * 3;
+    out = PyBytes_FromStringAndSize(NULL, stride * height);
+    if (out == NULL) longjmp(jerr.jump, 1);
+    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
+    int done = 0;
+    /* The GIL is kept: errors leave through longjmp, and workers are single-threaded processes anyway. */
+    while (done < height) {
+        JSAMPROW row = dst + (Py_ssize_t)done * stride;
+        if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) break;
+        done++;
+    }
+    if (done < height) {
+        snprintf(jerr.message, sizeof jerr.message, "read %d of %d rows", done, height);
+        longjmp(jerr.jump, 1);
+    }
+    jpeg_abort_decompress(&cinfo); /* the rows below the crop are not needed */
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&data);
+    return Py_BuildValue("(Niiii)", out, (int)width, height, (int)left, y0);
+}
+
+static PyMethodDef methods[] = {
+    {"decode_crop", decode_crop, METH_VARARGS, "Decode only a crop of a JPEG (see the module source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_turbo_crop", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__turbo_crop(void) { return PyModule_Create(&module); }

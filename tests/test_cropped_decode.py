@@ -1,0 +1,50 @@
+"""The cropped decoder (optional C extension) gives the same pixels as a full decode, and stays strict."""
+
+import numpy as np
+import pytest
+
+import gpufeed.decode.cpu as cpu_mod
+from gpufeed.augment.params import AugmentSpec
+from gpufeed.decode import CpuDecoder, DecodeError
+from gpufeed.sources import folder_source
+from gpufeed.workers import PipelineSpec, load_sample_into
+from tests.corpus import DECODABLE, UNDECODABLE
+
+pytestmark = pytest.mark.skipif(not cpu_mod.cropped_decode_available(),
+                                reason="the _turbo_crop extension is not built here (no libjpeg headers)")
+
+
+def test_same_output_as_the_full_decode(synth_root, monkeypatch):
+    spec = PipelineSpec(folder_source(synth_root), AugmentSpec(), 10**8)
+    dec = CpuDecoder()
+
+    def run():
+        out = np.empty((40, 224, 224, 3), np.uint8)
+        for i in range(40):
+            load_sample_into(spec, dec, 1, 0, i, out[i])
+        return out
+
+    cropped = run()
+    monkeypatch.setattr(cpu_mod, "_turbo_crop", None)
+    full = run()
+    np.testing.assert_array_equal(cropped, full)
+
+
+@pytest.mark.parametrize("reduce", [1, 2, 4])
+def test_region_equals_the_slice_of_a_full_decode(reduce):
+    data = DECODABLE["subsampling_422"]() if reduce == 1 else __import__("tests.corpus").corpus.jpeg(640, 480, 3)
+    dec = CpuDecoder()
+    full = dec.decode(data, "x", fast=True, reduce=reduce)
+    h, w = full.shape[:2]
+    bounds = (w // 5, h // 4, w - w // 7, h - h // 6)
+    region = dec.decode_region(data, "x", bounds, reduce)
+    np.testing.assert_array_equal(region, full[bounds[1] : bounds[3], bounds[0] : bounds[2]])
+
+
+@pytest.mark.parametrize("kind", ["truncated_scan", "corrupt_marker"])
+def test_damaged_files_still_refused(kind):
+    data = UNDECODABLE[kind]()
+    dec = CpuDecoder()
+    assert dec.decode_region(data, "bad.jpg", (0, 0, 8, 8), 1) is None  # structural check: full strict decode
+    with pytest.raises(DecodeError, match="bad.jpg"):
+        dec.decode(data, "bad.jpg", fast=True)
