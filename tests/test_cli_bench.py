@@ -1,4 +1,5 @@
 import json
+import re
 
 from PIL import Image
 
@@ -28,7 +29,8 @@ def test_synth_command(tmp_path, capsys):
 def test_info_command_reports_backends(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    assert "torch" in out and "decode: cpu (simplejpeg + Pillow)  works" in out
+    assert "torch" in out and re.search(r"decode: cpu \(simplejpeg \+ Pillow\)\s+works", out)
+    assert re.search(r"decode: cpu cropped \(libjpeg-turbo ext\)\s+(built|not built)", out)
 
 
 def test_bench_smoke_writes_table_json_and_chart(tmp_path, synth_root, capsys):
