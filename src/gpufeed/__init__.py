@@ -24,6 +24,8 @@ _EXPORTS = {
     "FileSource": "gpufeed.sources",
     "folder_source": "gpufeed.sources",
     "filelist_source": "gpufeed.sources",
+    "tar_source": "gpufeed.sources",
+    "TarSource": "gpufeed.sources",
     "DecodeError": "gpufeed.decode",
     "WorkerError": "gpufeed.workers",
     "create_synthetic_dataset": "gpufeed.synth",
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from .loader import ImageLoader
     from .transfer import Prefetcher, prefetch
     from .sampling import ShardedSampler
-    from .sources import FileSource, Source, filelist_source, folder_source
+    from .sources import FileSource, Source, TarSource, filelist_source, folder_source, tar_source
     from .synth import create_synthetic_dataset
     from .workers import WorkerError
 

@@ -1,0 +1,109 @@
+"""Tar shards: images read in place from one .tar or a folder of .tar files.
+
+Members are indexed once (name, offset, size); reading a sample is one
+``os.pread`` at its offset, so shards are never unpacked. Labels come from a
+WebDataset-style ``<key>.cls`` member when a sample has one, else from the
+member's folder inside the tar, ImageFolder style (classes sorted by name over
+all shards).
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+from .base import IMG_EXTENSIONS
+
+
+class TarSource:
+    """Samples stored in tar shards; picklable (file handles are opened lazily in each process)."""
+
+    def __init__(self, shards: list[str], shard: np.ndarray, offset: np.ndarray, size: np.ndarray,
+                 labels: np.ndarray, names: list[str], classes: list[str]) -> None:
+        self.shards, self.classes = shards, classes
+        self._shard, self._offset, self._size, self._labels, self._names = shard, offset, size, labels, names
+        self._fds: dict[int, int] = {}
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_fds"] = {}
+        return state
+
+    def __len__(self) -> int:
+        return len(self._offset)
+
+    def path(self, index: int) -> str:
+        return f"{self.shards[self._shard[index]]}:{self._names[index]}"
+
+    def label(self, index: int) -> int:
+        return int(self._labels[index])
+
+    def read(self, index: int) -> bytes:
+        s = int(self._shard[index])
+        fd = self._fds.get(s)
+        if fd is None:
+            fd = self._fds[s] = os.open(self.shards[s], os.O_RDONLY)
+        size = int(self._size[index])
+        data = os.pread(fd, size, int(self._offset[index]))
+        if len(data) != size:
+            raise OSError(f"{self.path(index)}: read {len(data)} of {size} bytes (shard truncated?)")
+        return data
+
+    def __del__(self) -> None:
+        for fd in self._fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXTENSIONS) -> TarSource:
+    """Index ``path`` (a .tar file, or a folder whose .tar files are the shards, in sorted order)."""
+    path = Path(path)
+    shards = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.suffix == ".tar")
+    if not shards:
+        raise ValueError(f"no .tar shards in {str(path)!r}")
+    images: list[tuple[int, int, int, str]] = []  # shard, offset, size, member name
+    cls_of: dict[tuple[int, str], int] = {}
+    for s, shard in enumerate(shards):
+        try:
+            with tarfile.open(shard, "r:") as tf:
+                for m in tf:
+                    if not m.isfile():
+                        continue
+                    name = m.name
+                    if name.lower().endswith(extensions):
+                        images.append((s, m.offset_data, m.size, name))
+                    elif name.endswith(".cls"):
+                        text = tf.extractfile(m).read().strip()
+                        try:
+                            cls_of[(s, name[: -len(".cls")])] = int(text)
+                        except ValueError:
+                            raise ValueError(f"{shard}:{name}: label must be an integer, got {text[:20]!r}") from None
+        except tarfile.TarError as e:
+            raise ValueError(f"cannot read tar shard {str(shard)!r}: {e}") from None
+    if not images:
+        raise ValueError(f"no images with an extension in {extensions} in {str(path)!r}")
+    folders = sorted({os.path.dirname(n) for _, _, _, n in images})
+    folder_label = {f: i for i, f in enumerate(folders)}
+    labels = []
+    for s, _, _, name in images:
+        key = os.path.splitext(name)[0]
+        if (s, key) in cls_of:
+            labels.append(cls_of[(s, key)])
+        elif os.path.dirname(name):
+            labels.append(folder_label[os.path.dirname(name)])
+        else:
+            raise ValueError(f"{shards[s]}:{name}: no '{key}.cls' member and no class folder to take a label from")
+    return TarSource(
+        [str(p) for p in shards],
+        np.array([i[0] for i in images], np.int32),
+        np.array([i[1] for i in images], np.int64),
+        np.array([i[2] for i in images], np.int64),
+        np.array(labels, np.int64),
+        [i[3] for i in images],
+        folders if not cls_of else [],
+    )

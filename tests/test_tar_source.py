@@ -1,0 +1,59 @@
+import io
+import tarfile
+
+import pytest
+import torch
+
+from gpufeed import ImageLoader
+from gpufeed.sources import create_source, folder_source, tar_source
+
+
+def _shards(root, out, per_shard=15, webdataset=False):
+    """Pack an ImageFolder tree into tar shards (ImageFolder layout inside, or WebDataset .jpg + .cls)."""
+    src = folder_source(root)
+    out.mkdir()
+    for s in range(0, len(src), per_shard):
+        with tarfile.open(out / f"shard-{s // per_shard:03d}.tar", "w") as tf:
+            for i in range(s, min(s + per_shard, len(src))):
+                data = src.read(i)
+                cls = src.classes[src.label(i)]
+                name = f"{i:06d}.jpg" if webdataset else f"{cls}/{i:06d}.jpg"
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+                if webdataset:
+                    label = str(src.label(i)).encode()
+                    info = tarfile.TarInfo(f"{i:06d}.cls")
+                    info.size = len(label)
+                    tf.addfile(info, io.BytesIO(label))
+    return src
+
+
+@pytest.mark.parametrize("webdataset", [False, True])
+def test_tar_shards_read_the_same_samples(tmp_path, synth_root, webdataset):
+    src = _shards(synth_root, tmp_path / "shards", webdataset=webdataset)
+    tar = create_source(tmp_path / "shards")
+    assert len(tar) == len(src) == 40
+    for i in (0, 17, 39):
+        assert tar.read(i) == src.read(i) and tar.label(i) == src.label(i)
+        assert ".tar:" in tar.path(i)
+
+
+def test_loader_over_tar_equals_loader_over_folder(tmp_path, synth_root):
+    _shards(synth_root, tmp_path / "shards")
+    kw = dict(batch_size=8, image_size=32, num_workers=2, device="cpu", seed=4)
+    with ImageLoader(synth_root, **kw) as a, ImageLoader(tmp_path / "shards", **kw) as b:
+        for (xa, ya), (xb, yb) in zip(a, b):
+            assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
+def test_tar_errors_name_the_shard(tmp_path):
+    (tmp_path / "bad.tar").write_bytes(b"not a tar at all" * 100)
+    with pytest.raises(ValueError, match="bad.tar"):
+        tar_source(tmp_path / "bad.tar")
+    with tarfile.open(tmp_path / "nolabel.tar", "w") as tf:
+        info = tarfile.TarInfo("x.jpg")
+        info.size = 3
+        tf.addfile(info, io.BytesIO(b"abc"))
+    with pytest.raises(ValueError, match="nolabel.tar:x.jpg: no 'x.cls' member"):
+        tar_source(tmp_path / "nolabel.tar")
