@@ -270,8 +270,7 @@ class ImageLoader:
                                                                   cursor, ids, seed, epoch)
                     consumed += extra
                 if not full(len(positions)):
-                    self._consumed.append(consumed)  # the epoch's good samples ran out (drop_last)
-                    return
+                    return  # the epoch's good samples ran out for a full batch (drop_last); the epoch ends
                 self._consumed.append(consumed)
                 labels = torch.from_numpy(view.labels.copy())  # tiny: never alias a slot that gets reused
                 if view.meta is None:
