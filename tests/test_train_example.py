@@ -45,7 +45,13 @@ def test_train_under_torchrun_two_processes(tmp_path):
 
     create_synthetic_dataset(tmp_path / "data" / "train", n=16, num_classes=2, seed=0, workers=1)
     create_synthetic_dataset(tmp_path / "data" / "val", n=4, num_classes=2, seed=1, workers=1)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517", str(EXAMPLE),
+    import socket
+
+    with socket.socket() as sock:  # a free port, so parallel or repeated runs do not collide
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+           "--master_addr=127.0.0.1", str(EXAMPLE),
            "--data", str(tmp_path / "data"), "--model", "resnet18", "--batch-size", "2", "--image-size", "32",
            "--workers", "1", "--device", "cpu", "--epochs", "1", "--checkpoint", str(tmp_path / "c.pt")]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
