@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-
-
-def _default_workers() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _progress(desc: str, total: int):
@@ -40,6 +35,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     from .bench.report import format_table, write_chart, write_json
     from .bench.run import BenchConfig, run_bench
+    from .workers import usable_cores
 
     cuda = torch.cuda.is_available()
     device = args.device or ("cuda" if cuda else "cpu")
@@ -48,7 +44,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         model = "resnet50" if device.startswith("cuda") else None
     cfg = BenchConfig(
         data=args.data, n=args.n or (10_000 if cuda else 2_000), batch_size=args.batch_size or (256 if cuda else 64),
-        workers=args.workers or _default_workers(), epochs=args.epochs, model=model, device=device,
+        workers=args.workers or usable_cores(), epochs=args.epochs, model=model, device=device,
         pipelines=tuple(args.pipelines.split(",")),
     )
     result = run_bench(cfg, _progress)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import platform
 import sys
 
@@ -76,10 +75,12 @@ def collect_info() -> dict[str, str]:
     """Versions, hardware and backends as (name, value) text."""
     import torch
 
+    from .workers import usable_cores
+
     info = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "cpu cores (usable)": str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()),
+        "cpu cores (usable)": str(usable_cores()),
         "gpufeed": _version("gpufeed"),
         "torch": torch.__version__,
         "torchvision": _version("torchvision"),

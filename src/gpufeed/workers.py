@@ -397,7 +397,11 @@ def _shutdown(procs: list, tasks: Any, blocks: list) -> None:
             pass
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, which containers and torchrun narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def default_num_workers(local_world_size: int = 1) -> int:
     """One worker per core available to this process, shared among the ranks of this node."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, local_world_size))
+    return max(1, usable_cores() // max(1, local_world_size))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
+
+from .fused import normalize_constants
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -26,6 +28,7 @@ class Normalize:
     std: Sequence[float] = IMAGENET_STD
     dtype: torch.dtype = torch.float32
     channels_last: bool = False
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -35,11 +38,18 @@ class Normalize:
         if any(s <= 0 for s in self.std):
             raise ValueError(f"std must be > 0, got {list(self.std)}")
 
+    def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(3,) float32 scale and shift on ``device``, made once per device rather than per batch
+        (on CUDA each would otherwise be a small blocking host-to-device copy on the hot path)."""
+        if device not in self._cache:
+            scale, shift = normalize_constants(self.mean, self.std)
+            self._cache[device] = (torch.tensor(scale, device=device), torch.tensor(shift, device=device))
+        return self._cache[device]
+
     def images(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[-1] != 3:
             raise ValueError(f"expected (B, H, W, 3) uint8, got {tuple(x.shape)} {x.dtype}")
-        scale = torch.tensor([1.0 / (255.0 * s) for s in self.std], device=x.device)
-        shift = torch.tensor([-m / s for m, s in zip(self.mean, self.std)], device=x.device)
+        scale, shift = self._constants(x.device)
         # Arithmetic in float32, then one cast: bf16/fp16 round once, not at every step.
         if self.channels_last:
             # NHWC bytes are the channels_last layout already: convert in place, no transpose.

@@ -25,6 +25,7 @@ from ..loader import ImageLoader
 from ..transfer import prefetch
 from ..synth import create_synthetic_dataset
 from .baseline import create_baseline_loader
+from ..workers import usable_cores
 from .monitor import Monitor
 
 PIPELINES = ("baseline", "baseline+prefetch", "gpufeed", "gpufeed-cpu", "gpufeed-gpu")
@@ -166,8 +167,7 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
 
 
 def machine_description() -> dict[str, Any]:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    desc = {"host": platform.node(), "cpu_cores": cores, "python": sys.version.split()[0],
+    desc = {"host": platform.node(), "cpu_cores": usable_cores(), "python": sys.version.split()[0],
             "torch": torch.__version__, "gpu": None}
     if torch.cuda.is_available():
         desc["gpu"] = torch.cuda.get_device_name()
