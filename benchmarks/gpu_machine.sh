@@ -22,7 +22,7 @@ python3 -m gpufeed synth $DATA --n 10000 --seed 0 > /dev/null
 python3 benchmarks/decode_only.py $DATA > "$OUT/decode.txt" 2>&1
 W=$(nproc)
 B="python3 -m gpufeed bench --data $DATA --device cuda --workers $W --batch-size 256 --epochs ${EPOCHS:-3}"
-$B --model none --pipelines ${LOADER_PIPES:-baseline,gpufeed-cpu,gpufeed-gpu} --json "$OUT/loader.json" > "$OUT/bench.txt" 2>&1
+$B --model none --pipelines ${LOADER_PIPES:-baseline,gpufeed-cpu,gpufeed-gpu,gpufeed-gpu-only} --json "$OUT/loader.json" > "$OUT/bench.txt" 2>&1
 for m in ${MODELS:-resnet50 resnet18}; do
   $B --model $m --pipelines ${MODEL_PIPES:-baseline,baseline+prefetch,gpufeed-cpu,gpufeed-gpu} --json "$OUT/$m.json" >> "$OUT/bench.txt" 2>&1
 done

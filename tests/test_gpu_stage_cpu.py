@@ -11,7 +11,8 @@ from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.gpu_stage import EncodedBatch, GpuDecodeAugment
 from gpufeed.sources import folder_source
 from gpufeed.ring import KIND_BYTES, KIND_PIXELS
-from gpufeed.workers import PipelineSpec, WorkerPool
+from gpufeed.loader import _ShareControl
+from gpufeed.workers import PipelineSpec, WorkerPool, on_cpu_share
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -24,10 +25,17 @@ class CpuStandIn:
     def __init__(self, refuse=()):
         self.refuse, self.cpu, self.calls = set(refuse), CpuDecoder(), 0
 
-    def decode(self, datas, stream):
+    def decode_into(self, datas, outs, stream):
         self.calls += 1
-        return [None if d in self.refuse else torch.from_numpy(self.cpu.decode(d, "x", fast=True).copy())
-                for d in datas]
+        ok = []
+        for d, out in zip(datas, outs):
+            d = d.tobytes()
+            ok.append(d not in self.refuse)
+            if ok[-1]:
+                out.copy_(torch.from_numpy(self.cpu.decode(d, "x", fast=True).copy()))
+            else:
+                out.fill_(255)  # a refused image's place holds garbage; the stage must overwrite it
+        return ok
 
 
 @pytest.fixture()
@@ -41,11 +49,11 @@ def coloured(tmp_path):
     return tmp_path
 
 
-def _pool_batch(root, capacity=1 << 20, size=16):
+def _pool_batch(root, capacity=1 << 20, size=16, cpu_share=0.0):
     src = folder_source(root)
     spec = PipelineSpec(src, AugmentSpec(image_size=size, resize_size=size), 10**8, gpu_bytes_capacity=capacity)
     pool = WorkerPool(spec, num_workers=2, num_slots=2, batch_size=len(src))
-    pool.submit(0, 0, 0, 0, list(range(len(src))))
+    pool.submit(0, 0, 0, 0, list(range(len(src))), cpu_share=cpu_share)
     view, failures = pool.collect(0)
     assert failures == []
     return src, pool, view
@@ -71,8 +79,8 @@ def test_files_over_the_capacity_are_decoded_by_the_workers(coloured):
     pool.close()
 
 
-def _stage_output(root, decoder, budget=None):
-    src, pool, view = _pool_batch(root)
+def _stage_output(root, decoder, budget=None, cpu_share=0.0):
+    src, pool, view = _pool_batch(root, cpu_share=cpu_share)
     kw = dict(device=torch.device("cpu"), image_size=16, mean=MEAN, std=STD, dtype=torch.float32,
               channels_last=False, max_pixels=10**8)
     if budget:
@@ -105,3 +113,36 @@ def test_stage_splits_batches_over_the_pixel_budget(coloured):
     sliced, labels2, _ = _stage_output(coloured, decoder, budget=8000)
     assert decoder.calls - calls > 2  # several slices
     assert torch.equal(labels, labels2) and torch.allclose(whole, sliced)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.1, 0.25, 0.5, 0.9, 1.0])
+def test_cpu_share_positions_are_that_fraction_spread_through_the_batch(share):
+    chosen = [k for k in range(256) if on_cpu_share(k, share)]
+    assert len(chosen) == int(256 * share)
+    if 0 < share < 1:  # evenly spread: no two chunks of 32 differ by more than one
+        per_chunk = [sum(k // 32 == c for k in chosen) for c in range(8)]
+        assert max(per_chunk) - min(per_chunk) <= 1, per_chunk
+
+
+def test_stage_with_a_cpu_share_keeps_labels_aligned(coloured):
+    refuse = {open(p, "rb").read() for p in sorted(coloured.glob("c0/*.jpg"))[:1]}
+    images, labels, stage = _stage_output(coloured, CpuStandIn(refuse), cpu_share=0.5)
+    assert torch.equal(_colour_index(images), labels)
+    # 6 of 13 positions by the workers (the PNG may be one of them), the refused JPEG after the GPU
+    assert stage.decoded_by["cpu"] in (6, 7, 8) and stage.decoded_by["cpu"] + stage.decoded_by["gpu:standin"] == 13
+
+
+def test_share_control_moves_towards_the_side_that_waits():
+    auto = _ShareControl("auto")
+    for _ in range(10):
+        auto.update(collect_wait=0.0, put_wait=0.0)  # GPU stage is the bottleneck: CPU takes more
+    assert auto.value == pytest.approx(10 / 128)
+    auto.update(collect_wait=0.02, put_wait=0.0)  # workers late
+    auto.update(collect_wait=0.0, put_wait=0.02)  # consumer slower: the engines alone suffice
+    assert auto.value == pytest.approx(8 / 128)
+    for _ in range(200):
+        auto.update(0.0, 0.0)
+    assert auto.value == _ShareControl.MAX
+    fixed = _ShareControl(0.3)
+    fixed.update(0.0, 0.0)
+    assert fixed.value == 0.3

@@ -1,4 +1,5 @@
 import os
+import re
 import signal
 import time
 
@@ -113,9 +114,10 @@ def test_rank_shards(synth_root):
     (dict(batch_size=0), "batch_size must be an integer >= 1, got 0"),
     (dict(device="tpu"), "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
     (dict(num_workers=0), "num_workers must be >= 1 or None, got 0"),
+    (dict(cpu_share=1.5), "cpu_share must be 'auto' or a fraction in [0, 1], got 1.5"),
 ])
 def test_bad_arguments_fail_before_any_work(synth_root, kw, message):
-    with pytest.raises(ValueError, match=message.replace("(", "\\(").replace(")", "\\)")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         make(synth_root, **kw)
 
 
@@ -209,3 +211,16 @@ def test_source_class_from_a_notebook_is_a_clear_error(synth_root, monkeypatch):
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # no __file__, as in Jupyter
     with pytest.raises(ValueError, match="'NotebookSource' is defined in an interactive session"):
         ImageLoader(Notebook(src.paths, src.labels), batch_size=4, image_size=16, num_workers=1, device="cpu")
+
+
+def test_workers_run_at_a_lower_priority_than_the_training_process(synth_root):
+    from gpufeed.workers import WORKER_NICE
+
+    loader = make(synth_root)
+    next(iter(loader))
+    want = [min(19, os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICE)] * 2
+    deadline = time.monotonic() + 30  # a worker that took no batch yet may still be starting
+    while (got := [os.getpriority(os.PRIO_PROCESS, pid) for pid in loader.worker_pids]) != want:
+        assert time.monotonic() < deadline, got
+        time.sleep(0.05)
+    loader.close()

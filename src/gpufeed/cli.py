@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", help="'cuda' or 'cpu' (default: cuda when available)")
     b.add_argument("--pipelines", default="baseline,gpufeed",
                    help="comma-separated, from: baseline, baseline+prefetch, gpufeed (decode where 'auto' puts "
-                        "it), gpufeed-cpu, gpufeed-gpu")
+                        "it), gpufeed-cpu, gpufeed-gpu (GPU decode + the CPU share cpu_share='auto' settles on), "
+                        "gpufeed-gpu-only (GPU decoders alone)")
     b.add_argument("--json", help="write all numbers to this JSON file")
     b.add_argument("--chart", help="write a PNG bar chart to this file")
     b.set_defaults(fn=_cmd_bench)

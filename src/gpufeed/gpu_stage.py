@@ -2,14 +2,20 @@
 
 Input is an ``EncodedBatch`` that CPU workers filled: per sample either the
 JPEG bytes and crop box (``kind == KIND_BYTES``) or pixels they already
-cropped because no GPU decoder takes that file (``KIND_PIXELS``). It runs as
-the Prefetcher's transform, on its side stream, in its background thread; the
-consumer's stream waits on the event recorded after the kernel.
+cropped (``KIND_PIXELS``: files no GPU decoder takes, and the CPU's share of
+the batch). It runs as the Prefetcher's transform, on its side stream, in its
+background thread; the consumer's stream waits on the event recorded after
+the kernel.
 
-    bytes ──GPU decoders (threads, GIL released)──► (h, w, 3) uint8 ─┐
-    refused by the GPU ──CPU decode + crop (here)──► (S, S, 3) ───────┼─► pack ─► fused kernel ─► (B, 3, S, S)
-    odd files, cropped by the workers ────────────► (S, S, 3) ───────┘
+    one flat uint8 buffer on the device, laid out from the workers' headers:
+    [ pre-cropped S x S rows | image 0 (h0, w0, 3) | image 1 ... ]
+          ▲ one H2D copy         ▲ GPU decoders write here directly (threads, own streams)
+                                 ▲ a file the GPU refuses: CPU decode + crop here, copied in
+    ──► one fused crop/resize/flip/normalise kernel ──► (B, 3, S, S)
 
+Decoding straight into place (no per-image tensors, no packing copy) and
+handing nvImageCodec numpy views of the shared ring (no bytes copies) is what
+made this stage 2x faster on the H200 (benchmarks/profile_gpu_stage.py).
 A pre-cropped image enters the kernel as an S x S image with box (0, 0, S, S),
 which the kernel copies exactly while normalising. Batches whose images
 together exceed ``max_batch_pixels`` go through in consecutive slices, so
@@ -19,6 +25,7 @@ decode memory stays bounded.
 from __future__ import annotations
 
 import collections
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -27,7 +34,7 @@ import numpy as np
 import torch
 
 from .augment.cpu import crop_resize_into
-from .augment.fused import normalize_constants, pack_images, resized_crop_reference, resized_crop_triton, triton
+from .augment.fused import normalize_constants, resized_crop_reference, resized_crop_triton, triton
 from .augment.params import CropBox
 from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
@@ -40,7 +47,7 @@ DEFAULT_MAX_BATCH_PIXELS = 256 * 1024 * 1024
 class EncodedBatch:
     """One batch before GPU decode (host side; only ``labels`` is moved by the Prefetcher).
 
-    labels (B,) int64; meta (B, 9) int64 (``workers.META_FIELDS``); arena (B, capacity)
+    labels (B,) int64; meta (B, 9) int64 (``ring.META_FIELDS``); arena (B, capacity)
     uint8 with sample i's bytes in ``arena[i, :meta[i, 1]]``; pixels (B, S, S, 3) uint8 for
     ``KIND_PIXELS`` rows; ``path(i)`` names sample i's file for error messages.
     """
@@ -64,7 +71,11 @@ def _slices(sizes: Sequence[tuple[int, int]], budget: int) -> list[range]:
 
 
 class GpuDecodeAugment:
-    """EncodedBatch -> ((B, 3, S, S) ``dtype`` normalised on ``device``, (B,) int64 labels)."""
+    """EncodedBatch -> ((B, 3, S, S) ``dtype`` normalised on ``device``, (B,) int64 labels).
+
+    ``decoders``: one or more GPU decoders (``decode_into``); with several, each decodes a part of
+    every batch from its own thread on its own CUDA stream.
+    """
 
     def __init__(self, decoders: Sequence, *, device: torch.device, image_size: int, mean, std,
                  dtype: torch.dtype, channels_last: bool, max_pixels: int,
@@ -72,95 +83,124 @@ class GpuDecodeAugment:
                  on_skip: Callable[[str, str], None] | None = None) -> None:
         self.decoders = list(decoders)
         self.name = self.decoders[0].name
-        self._threads = ThreadPoolExecutor(len(self.decoders), thread_name_prefix="gpufeed-decode")
+        self._threads = (ThreadPoolExecutor(len(self.decoders), thread_name_prefix="gpufeed-decode")
+                         if len(self.decoders) > 1 else None)
+        cuda = device.type == "cuda"
+        self._streams = [torch.cuda.Stream(device) if cuda else None for _ in self.decoders]
         self.cpu = CpuDecoder(max_pixels=max_pixels)
         self.device, self.size, self.dtype, self.channels_last = device, image_size, dtype, channels_last
         self.scale, self.shift = normalize_constants(mean, std)
-        self._scale_t = torch.tensor(self.scale)
-        self._shift_t = torch.tensor(self.shift)
+        self._scale_t = torch.tensor(self.scale, device=device)
+        self._shift_t = torch.tensor(self.shift, device=device)
         self.max_batch_pixels = max_batch_pixels
         self.on_skip = on_skip  # None: a file no decoder reads raises DecodeError; else it is dropped and reported
         self.decoded_by: collections.Counter = collections.Counter()  # "gpu:<name>", "cpu" -> images
+        self.stage_seconds = 0.0  # host time of the last call (the loader's cpu_share control reads it)
+        self.done: torch.cuda.Event | None = None  # after the last call: the GPU no longer reads its input
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        t0 = time.perf_counter()
         n, s = len(batch.meta), self.size
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         out = torch.empty((n, 3, s, s), dtype=self.dtype, device=self.device, memory_format=fmt)
-        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        meta = batch.meta
-        sizes = [(int(w), int(h)) if k == KIND_BYTES else (s, s) for k, w, h in meta[:, [0, 2, 3]]]
+        encoded = batch.meta[:, 0] == KIND_BYTES
+        # decoded extents: the header's for encoded samples, S x S for pre-cropped ones
+        heights = np.where(encoded, batch.meta[:, 3], s)
+        widths = np.where(encoded, batch.meta[:, 2], s)
         dropped: list[int] = []
-        for r in _slices(sizes, self.max_batch_pixels):
-            images, rows = self._decode(batch, r, stream, dropped)
-            flat, offsets = pack_images(images)
-            table = torch.tensor(rows, dtype=torch.int64)
-            table[:, 0] = torch.tensor(offsets, dtype=torch.int64)
-            dst = out[r.start : r.stop]
-            if triton is not None and self.device.type == "cuda":
-                resized_crop_triton(flat, self._upload(table), s, self.scale, self.shift, dst)
-            else:
-                resized_crop_reference(flat, table.to(self.device), s, self._scale_t.to(self.device),
-                                       self._shift_t.to(self.device), dst)
+        for r in _slices(list(zip(widths.tolist(), heights.tolist())), self.max_batch_pixels):
+            self._slice(batch, r, encoded[r.start : r.stop], heights[r.start : r.stop].copy(),
+                        widths[r.start : r.stop].copy(), out[r.start : r.stop], dropped)
+        if self.device.type == "cuda":
+            self.done = torch.cuda.Event()
+            self.done.record(torch.cuda.current_stream(self.device))
+        labels = batch.labels
         if dropped:
             keep = torch.tensor([i for i in range(n) if i not in set(dropped)], device=self.device)
-            return out.index_select(0, keep), batch.labels.index_select(0, keep)
-        return out, batch.labels
+            out, labels = out.index_select(0, keep), labels.index_select(0, keep)
+        self.stage_seconds = time.perf_counter() - t0
+        return out, labels
 
-    def _decode(self, batch: EncodedBatch, r: range, stream, dropped: list[int]):
-        """Images for samples ``r`` (on the device) and their kernel rows (offset filled later).
-        Samples that no decoder reads are appended to ``dropped`` (skip policy) and get a 1x1 stand-in."""
-        meta, s = batch.meta, self.size
-        gpu_ids = [i for i in r if meta[i, 0] == KIND_BYTES]
-        decoded = dict(zip(gpu_ids, self._decode_gpu([batch.arena[i, : meta[i, 1]].tobytes() for i in gpu_ids],
-                                                     stream)))
-        images, rows, pixel_rows = {}, {}, []
-        for i in r:
-            kind, _, fw, fh, x, y, bw, bh, flip = (int(v) for v in meta[i])
-            img = decoded.get(i)
-            if img is not None:
-                h, w = img.shape[0], img.shape[1]
-                sx, sy = w / fw, h / fh  # 1 unless a decoder returned another size
-                images[i] = img
-                rows[i] = [0, h, w, round(x * sx), round(y * sy), max(1, round(bw * sx)), max(1, round(bh * sy)),
-                           flip]
-                continue
-            if kind == KIND_BYTES:  # the GPU refused it: decode and crop here, into the slot's pixel row
-                data = batch.arena[i, : meta[i, 1]].tobytes()
-                path = batch.path(i)
-                try:
-                    _, _, fast = self.cpu.header(data, path)
-                    pixels = self.cpu.decode(data, path, fast=fast)
-                except DecodeError as e:
-                    if self.on_skip is None:
-                        raise
-                    self.on_skip(path, e.reason)
-                    dropped.append(i)
-                    images[i] = torch.zeros((1, 1, 3), dtype=torch.uint8, device=self.device)
-                    rows[i] = [0, 1, 1, 0, 0, 1, 1, 0]
-                    continue
-                crop_resize_into(pixels, CropBox(x, y, bw, bh, bool(flip)), (fw, fh), batch.pixels[i])
-            pixel_rows.append(i)
-            rows[i] = [0, s, s, 0, 0, s, s, 0]
-        if pixel_rows:
-            dev = self._upload(torch.from_numpy(batch.pixels[pixel_rows]))  # fancy indexing: one copy for all
-            for j, i in enumerate(pixel_rows):
-                images[i] = dev[j]
-            self.decoded_by["cpu"] += len(pixel_rows)
-        self.decoded_by[f"gpu:{self.name}"] += len(decoded) - sum(v is None for v in decoded.values())
-        return [images[i] for i in r], [rows[i] for i in r]
+    def _slice(self, batch: EncodedBatch, r: range, encoded: np.ndarray, h: np.ndarray, w: np.ndarray,
+               dst: torch.Tensor, dropped: list[int]) -> None:
+        """Decode and augment samples ``r`` of ``batch`` into ``dst`` (local row j is sample r.start + j)."""
+        s, px = self.size, self.size * self.size * 3
+        local = np.arange(len(r))
+        pre, enc = local[~encoded], local[encoded]
+        # Encoded images get at least S x S x 3 bytes, so a GPU refusal cropped on the CPU fits in its place.
+        room = np.where(encoded, np.maximum(h * w * 3, px), px)
+        order = np.concatenate([pre, enc])
+        offset = np.empty(len(r), np.int64)
+        offset[order] = np.concatenate([[0], np.cumsum(room[order])[:-1]])
+        flat = torch.empty(int(room.sum()), dtype=torch.uint8, device=self.device)
+        meta = batch.meta[r.start : r.stop]
+        rows = np.empty((len(r), 8), np.int64)
+        rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3:] = offset, h, w, meta[:, 4:]
+        rows[pre, 1:] = (s, s, 0, 0, s, s, 0)
+        if len(pre):  # the pre-cropped rows lie together at the front: one copy for all of them
+            flat[: len(pre) * px].copy_(self._host(batch.pixels[r.start + pre]).view(-1), non_blocking=True)
+            self.decoded_by["cpu"] += len(pre)
+        ok = self._decode_gpu(batch, r.start + enc, [flat[o : o + n].view(hh, ww, 3) for o, n, hh, ww in
+                                                     zip(offset[enc], (h * w * 3)[enc], h[enc], w[enc])])
+        self.decoded_by[f"gpu:{self.name}"] += sum(ok)
+        for j in (int(j) for j, good in zip(enc, ok) if not good):
+            self._finish_on_cpu(batch, r.start + j, rows[j], flat, dropped)
+        table = torch.from_numpy(rows)
+        if self.device.type == "cuda" and triton is not None:
+            resized_crop_triton(flat, self._host(table).to(self.device, non_blocking=True), s, self.scale,
+                                self.shift, dst)
+        else:
+            resized_crop_reference(flat, table.to(self.device), s, self._scale_t, self._shift_t, dst)
 
-    def _upload(self, t: torch.Tensor) -> torch.Tensor:
-        if self.device.type != "cuda":
-            return t.to(self.device)
-        return t.pin_memory().to(self.device, non_blocking=True)
+    def _finish_on_cpu(self, batch: EncodedBatch, i: int, row: np.ndarray, flat: torch.Tensor,
+                       dropped: list[int]) -> None:
+        """Sample ``i`` that the GPU refused: decode and crop it here, into its place in ``flat``."""
+        s = self.size
+        data = batch.arena[i, : batch.meta[i, 1]].tobytes()
+        path = batch.path(i)
+        try:
+            _, _, fast = self.cpu.header(data, path)
+            pixels = self.cpu.decode(data, path, fast=fast)
+        except DecodeError as e:
+            if self.on_skip is None:
+                raise
+            self.on_skip(path, e.reason)
+            dropped.append(i)
+            row[1:] = (1, 1, 0, 0, 1, 1, 0)  # any valid row: the output is dropped
+            return
+        _, _, fw, fh, x, y, bw, bh, flip = (int(v) for v in batch.meta[i])
+        crop_resize_into(pixels, CropBox(x, y, bw, bh, bool(flip)), (fw, fh), batch.pixels[i])
+        off = int(row[0])
+        flat[off : off + s * s * 3].copy_(self._host(batch.pixels[i]).view(-1), non_blocking=True)
+        row[1:] = (s, s, 0, 0, s, s, 0)
+        self.decoded_by["cpu"] += 1
 
-    def _decode_gpu(self, datas: list[bytes], stream) -> list[torch.Tensor | None]:
-        if not datas:
+    def _host(self, a) -> torch.Tensor:
+        """A host tensor for an H2D copy: pinned (the caching host allocator keeps it until the copy ran)."""
+        t = torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+        return t.pin_memory() if self.device.type == "cuda" else t
+
+    def _decode_gpu(self, batch: EncodedBatch, ids: np.ndarray, outs: list[torch.Tensor]) -> list[bool]:
+        """Decode samples ``ids`` into ``outs`` ((h, w, 3) uint8 views of the flat buffer); which worked."""
+        if not len(ids):
             return []
+        datas = [batch.arena[i, : batch.meta[i, 1]] for i in ids]
+        if self.device.type != "cuda":
+            return list(self.decoders[0].decode_into(datas, outs, None))
+        side = torch.cuda.current_stream(self.device)
         parts = len(self.decoders)
         step = -(-len(datas) // parts)
-        chunks = [datas[i : i + step] for i in range(0, len(datas), step)]
-        if len(chunks) == 1:
-            return self.decoders[0].decode(chunks[0], stream)
-        futures = [self._threads.submit(dec.decode, chunk, stream) for dec, chunk in zip(self.decoders, chunks)]
-        return [img for f in futures for img in f.result()]
+        jobs = [(dec, st, slice(k * step, (k + 1) * step)) for k, (dec, st) in enumerate(zip(self.decoders,
+                                                                                           self._streams))]
+        jobs = [(dec, st, sl) for dec, st, sl in jobs if sl.start < len(datas)]
+        for _, st, _ in jobs:
+            st.wait_stream(side)  # the flat buffer was allocated (and maybe just freed and reused) on `side`
+
+        def run(job):
+            dec, st, sl = job
+            return dec.decode_into(datas[sl], outs[sl], st)
+
+        results = [run(jobs[0])] if len(jobs) == 1 else list(self._threads.map(run, jobs))
+        for _, st, _ in jobs:
+            side.wait_stream(st)
+        return [good for part in results for good in part]

@@ -18,6 +18,7 @@ import collections
 import itertools
 import logging
 import os
+import time
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -97,6 +98,12 @@ class ImageLoader:
     ``sample_timeout`` (seconds) bounds one sample's decode; a worker over it
     is replaced. ``exif_orientation=True`` applies EXIF rotation (default:
     ignored, as torchvision does).
+
+    ``cpu_share`` (GPU decode only): the fraction of each batch that the CPU
+    workers decode beside the GPU decoders. "auto" adapts it batch by batch:
+    up while the GPU stage is what everyone waits for, down while the workers
+    are late or the training step is the slower side (the GPU engines cost no
+    CPU). ``loader.stats["cpu_share"]`` gives the current value.
     """
 
     def __init__(
@@ -123,6 +130,7 @@ class ImageLoader:
         on_error: str = "raise",
         exif_orientation: bool = False,
         sample_timeout: float | None = None,
+        cpu_share: float | str = "auto",
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -132,6 +140,9 @@ class ImageLoader:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if sample_timeout is not None and sample_timeout <= 0:
             raise ValueError(f"sample_timeout must be > 0 seconds or None, got {sample_timeout}")
+        if not (cpu_share == "auto" or (isinstance(cpu_share, (int, float)) and 0 <= cpu_share <= 1)):
+            raise ValueError(f"cpu_share must be 'auto' or a fraction in [0, 1], got {cpu_share!r}")
+        self._share = _ShareControl(cpu_share)
         self.on_error, self.sample_timeout = on_error, sample_timeout
         self._consumed: collections.deque = collections.deque()
         self._skipped: list[tuple[str | None, str]] = []
@@ -209,6 +220,7 @@ class ImageLoader:
         ``on_error="skip"`` the number of skipped samples and (path, reason) for the first 10,000."""
         by = dict(self._gpu_stage.decoded_by) if self._gpu_stage is not None else {}
         return {"decode_backend": self.decode_backend, "decode_reason": self.decode_reason, "decoded_by": by,
+                "cpu_share": round(self._share.value, 3) if self._gpu_stage is not None else 1.0,
                 "skipped_count": self._skipped_total, "skipped": list(self._skipped)}
 
     def __enter__(self) -> "ImageLoader":
@@ -252,13 +264,15 @@ class ImageLoader:
                 while len(free) > 1 and full(min(size, len(order) - cursor)):  # keep one slot for the consumer
                     idx = order[cursor : cursor + size]
                     bid, slot = next(ids), free.popleft()
-                    pool.submit(bid, slot, seed, epoch, idx)
+                    pool.submit(bid, slot, seed, epoch, idx, cpu_share=self._share.value)
                     inflight.append((bid, slot, idx))
                     cursor += len(idx)
                 if not inflight:
                     return
                 bid, slot, idx = inflight.popleft()
+                t0 = time.perf_counter()
                 view, failures = pool.collect(bid)
+                collect_wait = time.perf_counter() - t0
                 consumed, positions = len(idx), list(idx)
                 if failures:
                     pool.cancel()
@@ -276,8 +290,16 @@ class ImageLoader:
                 if view.meta is None:
                     yield torch.from_numpy(view.images), labels
                 else:
-                    yield EncodedBatch(labels, view.meta, view.arena, view.images,
-                                       lambda i, p=positions: self.source.path(p[i]))
+                    batch = EncodedBatch(labels, view.meta, view.arena, view.images,
+                                         lambda i, p=positions: self.source.path(p[i]))
+                    t0 = time.perf_counter()
+                    yield batch
+                    # Back here when the Prefetcher wants the next batch: it ran the GPU stage on this one
+                    # (stage_seconds) and then waited for room in its queue (the consumer is slower).
+                    put_wait = time.perf_counter() - t0 - self._gpu_stage.stage_seconds
+                    self._share.update(collect_wait, put_wait)
+                    if self._gpu_stage.done is not None:
+                        self._gpu_stage.done.synchronize()  # the GPU reads this slot's bytes until then
                 free.append(slot)
         finally:
             if self._pool is not None:
@@ -320,3 +342,27 @@ class ImageLoader:
         self._skipped_epoch += 1
         if len(self._skipped) < _MAX_SKIPS_LISTED:
             self._skipped.append((path, reason))
+
+
+class _ShareControl:
+    """The CPU workers' share of each GPU-path batch: fixed, or adapted per batch ("auto").
+
+    After each batch: the workers were late (the batch was not ready when asked for) -> less CPU;
+    the consumer was the slower side (the finished batch waited for room) -> less CPU too, since
+    the GPU engines keep up alone and cost no CPU; neither -> the GPU stage is the bottleneck -> more
+    CPU. Steps of 1/128: a change reaches batches submitted from then on, a few batches later.
+    """
+
+    STEP, MAX, LATE_S = 1 / 128, 0.9, 0.001
+
+    def __init__(self, setting: float | str) -> None:
+        self.auto = setting == "auto"
+        self.value = 0.0 if self.auto else float(setting)
+
+    def update(self, collect_wait: float, put_wait: float) -> None:
+        if not self.auto:
+            return
+        if collect_wait > self.LATE_S or put_wait > self.LATE_S:
+            self.value = max(0.0, self.value - self.STEP)
+        else:
+            self.value = min(self.MAX, self.value + self.STEP)

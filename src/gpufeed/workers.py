@@ -104,15 +104,23 @@ def load_sample_into(
     return spec.source.label(index)
 
 
+def on_cpu_share(k: int, share: float) -> bool:
+    """Whether batch position ``k`` is one of the ``share`` fraction the CPU workers decode on the GPU
+    path; the chosen positions are spread evenly through the batch, so every chunk gets its part."""
+    return int((k + 1) * share) > int(k * share)
+
+
 def encode_sample_into(
-    spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, ring: "Ring", slot: int, k: int
+    spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, ring: "Ring", slot: int, k: int,
+    on_cpu: bool = False,
 ) -> int:
     """GPU path: put sample ``index``'s JPEG bytes and crop box in the slot for GPU decode; what no GPU
     decoder should take (not JPEG, CMYK, larger than the capacity, failing ``gpu_safe_jpeg``: truncated,
-    corrupt, progressive; or EXIF-rotated when rotation is on) is finished here by the strict CPU decoder."""
+    corrupt, progressive; or EXIF-rotated when rotation is on) is finished here by the strict CPU decoder,
+    as is every sample with ``on_cpu`` (the CPU's share of a batch, beside the GPU decoders)."""
     path, data = _read(spec, index)
     width, height, fast = decoder.header(data, path)
-    gpu = (fast and len(data) <= spec.gpu_bytes_capacity and gpu_safe_jpeg(data)
+    gpu = (not on_cpu and fast and len(data) <= spec.gpu_bytes_capacity and gpu_safe_jpeg(data)
            and not (spec.exif_orientation and read_orientation(data) != 1))
     if gpu:
         box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
@@ -137,6 +145,7 @@ def _worker_main(
 ) -> None:
     """Serve chunks until None arrives. ``progress[worker_id]`` holds (batch, chunk, position, start
     time) of the sample in hand, so the main process can name it if this process dies or hangs."""
+    _lower_priority()
     shm = shared_memory.SharedMemory(name=shm_name)
     ring = Ring(shm, *ring_shape, spec.gpu_bytes_capacity)
     decoder = CpuDecoder(max_pixels=spec.max_pixels)
@@ -146,14 +155,15 @@ def _worker_main(
             task = tasks.get()
             if task is None:
                 return
-            gen, batch_id, chunk_id, slot, seed, epoch, start, indices = task
+            gen, batch_id, chunk_id, slot, seed, epoch, start, indices, cpu_share = task
             failures = []
             if gen == generation.value:  # stale chunks of an abandoned epoch are acknowledged, not decoded
                 for k, index in enumerate(indices, start):
                     mine[:] = (batch_id, chunk_id, k, time.monotonic())
                     try:
                         if spec.gpu_bytes_capacity:
-                            ring.labels[slot, k] = encode_sample_into(spec, decoder, seed, epoch, index, ring, slot, k)
+                            ring.labels[slot, k] = encode_sample_into(spec, decoder, seed, epoch, index, ring, slot, k,
+                                                                      on_cpu_share(k, cpu_share))
                         else:
                             ring.labels[slot, k] = load_sample_into(spec, decoder, seed, epoch, index,
                                                                     ring.images[slot, k])
@@ -169,6 +179,16 @@ def _worker_main(
     finally:
         del ring
         shm.close()
+
+
+WORKER_NICE = 5
+
+
+def _lower_priority() -> None:
+    """Workers run at a lower CPU priority than the process that trains: when there are as many workers
+    as cores, the training loop's own thread (which launches the GPU's work) still gets a core at once."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(WORKER_NICE)
 
 
 def check_source_importable(source: Source) -> None:
@@ -271,7 +291,10 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs if p.pid is not None]
 
-    def submit(self, batch_id: int, slot: int, seed: int, epoch: int, indices: list[int], start: int = 0) -> None:
+    def submit(self, batch_id: int, slot: int, seed: int, epoch: int, indices: list[int], start: int = 0,
+               cpu_share: float = 0.0) -> None:
+        """Queue samples ``indices`` for slot positions ``start...``; on the GPU path the ``cpu_share``
+        fraction of positions (``on_cpu_share``) is decoded here rather than left encoded."""
         chunks = [indices[i : i + self._chunk] for i in range(0, len(indices), self._chunk)]
         gen = self._generation.value
         self._pending[batch_id] = {"left": set(range(len(chunks))), "n": start + len(indices), "slot": slot,
@@ -279,7 +302,7 @@ class WorkerPool:
         for c, chunk in enumerate(chunks):
             first = start + c * self._chunk
             self._pending[batch_id]["chunks"][c] = (first, chunk)
-            self._tasks.put((gen, batch_id, c, slot, seed, epoch, first, chunk))
+            self._tasks.put((gen, batch_id, c, slot, seed, epoch, first, chunk, cpu_share))
 
     def collect(self, batch_id: int) -> tuple["SlotView", list["Failure"]]:
         entry = self._pending[batch_id]

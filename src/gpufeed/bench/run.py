@@ -28,9 +28,11 @@ from .baseline import create_baseline_loader
 from ..workers import usable_cores
 from .monitor import Monitor
 
-PIPELINES = ("baseline", "baseline+prefetch", "gpufeed", "gpufeed-cpu", "gpufeed-gpu")
-# gpufeed: decode where ImageLoader's "auto" puts it; -cpu / -gpu force the CPU workers / a GPU decoder.
-_DECODE = {"gpufeed": "auto", "gpufeed-cpu": "cpu", "gpufeed-gpu": "gpu"}
+PIPELINES = ("baseline", "baseline+prefetch", "gpufeed", "gpufeed-cpu", "gpufeed-gpu", "gpufeed-gpu-only")
+# gpufeed: decode where ImageLoader's "auto" puts it; -cpu / -gpu force the CPU workers / a GPU decoder
+# (with the workers decoding the share of each batch that cpu_share="auto" settles on); -gpu-only: the GPU
+# decoders alone (cpu_share=0, apart from files they refuse).
+_DECODE = {"gpufeed": "auto", "gpufeed-cpu": "cpu", "gpufeed-gpu": "gpu", "gpufeed-gpu-only": "gpu"}
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,9 @@ def _make_loader(name: str, root: str, cfg: BenchConfig, device: torch.device) -
     if name == "baseline+prefetch":
         return prefetch(create_baseline_loader(root, batch_size=cfg.batch_size, num_workers=cfg.workers), device)
     loader = ImageLoader(root, batch_size=cfg.batch_size, num_workers=cfg.workers, device=device,
-                         channels_last=cfg.model is not None, decode=_DECODE[name])
-    if name == "gpufeed-gpu" and loader.decode_backend == "cpu":
+                         channels_last=cfg.model is not None, decode=_DECODE[name],
+                         cpu_share=0.0 if name == "gpufeed-gpu-only" else "auto")
+    if name.startswith("gpufeed-gpu") and loader.decode_backend == "cpu":
         loader.close()
         raise ValueError(f"pipeline gpufeed-gpu: no GPU decoder works here ({loader.decode_reason})")
     return loader
@@ -150,6 +153,8 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
     steady = epochs[1:]
     busy = [e["gpu_busy"] for e in steady if e["gpu_busy"] is not None]
     label = name if stats is None else f"{name} ({stats['decode_backend']} decode)"
+    if stats is not None and stats["decode_backend"] != "cpu":
+        label = f"{name} ({stats['decode_backend']} decode, CPU share {stats['cpu_share']:.2f})"
     gpu_added = [e["gpu_mem_peak_bytes"] - epochs[0]["gpu_mem_start_bytes"] for e in epochs
                  if e["gpu_mem_peak_bytes"] is not None]
     return {

@@ -1,8 +1,9 @@
 """GPU decode through nvImageCodec: the NVJPG hardware engines first, nvJPEG's CUDA decoder after.
 
-``decode`` takes encoded bytes and returns one (h, w, 3) uint8 CUDA tensor per
-image, or None where nvImageCodec could not decode it (the caller sends those
-to the CPU decoder). Work is queued on the caller's CUDA stream.
+``decode_into`` takes encoded bytes (numpy views of the shared ring, not
+copied) and decodes each image straight into the caller's (h, w, 3) uint8
+CUDA buffer, saying which ones failed (the caller sends those to the CPU
+decoder). Work is queued on the caller's CUDA stream.
 
 The 0.9 spelling is ``Decoder(backends=[Backend(BackendKind.HW_GPU_ONLY, load_hint=...)])``.
 With ``load_hint=1.0`` on the hardware backend every image the engines accept goes
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 
@@ -48,26 +50,46 @@ class NvImageCodecDecoder:
                                            backends=backends, options=":fancy_upsampling=1")
         self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB,
                                                allow_any_depth=False, sample_format=nvimgcodec.SampleFormat.I_RGB)
+        self._in_place = True  # decode into the caller's buffers (nvImageCodec >= 0.9); else decode + copy
 
-    def decode(self, datas: Sequence[bytes], stream: torch.cuda.Stream) -> list[torch.Tensor | None]:
-        streams, where = [], []
+    def decode_into(self, datas: Sequence[np.ndarray], outs: Sequence[torch.Tensor],
+                    stream: torch.cuda.Stream) -> list[bool]:
+        """Decode encoded ``datas`` (uint8 arrays, read during the call) into ``outs`` ((h, w, 3) uint8
+        CUDA tensors of the image's exact size), in ``stream``'s order. Returns which images were decoded;
+        the others' ``outs`` hold nothing meaningful."""
+        nv, cuda_stream = self._nv, stream.cuda_stream
+        codes, where = [], []
         for i, d in enumerate(datas):
             try:
-                streams.append(self._nv.CodeStream(d))
+                codes.append(nv.CodeStream(d))
                 where.append(i)
             except Exception:  # unparseable for nvImageCodec: the CPU decoder decides
                 pass
-        out: list[torch.Tensor | None] = [None] * len(datas)
-        if not streams:
-            return out
-        images = self._decoder.decode(streams, params=self._params, cuda_stream=stream.cuda_stream)
-        if len(images) != len(streams):
+        ok = [False] * len(datas)
+        if not codes:
+            return ok
+        if self._in_place:
+            try:
+                targets = [nv.as_image(outs[i], cuda_stream) for i in where]
+                images = self._decode(codes, targets, cuda_stream)
+            except (RuntimeError, TypeError, ValueError):
+                self._in_place = False  # this version cannot decode into given buffers: decode, then copy
+        if not self._in_place:
+            images = self._decode(codes, None, cuda_stream)
+        with torch.cuda.stream(stream):
+            for i, img in zip(where, images):
+                if img is None or tuple(img.shape) != tuple(outs[i].shape):
+                    continue
+                if not self._in_place:
+                    outs[i].copy_(torch.as_tensor(img, device=self.device))
+                ok[i] = True
+        return ok
+
+    def _decode(self, codes: list, targets: list | None, cuda_stream: int) -> list:
+        images = self._decoder.decode(codes, images=targets, params=self._params, cuda_stream=cuda_stream)
+        if len(images) != len(codes):
             # Some nvImageCodec versions drop failed entries instead of returning None, which would
-            # shift every later image onto the wrong label: decode one at a time to know which failed.
-            images = [self._decoder.decode(cs, params=self._params, cuda_stream=stream.cuda_stream) for cs in streams]
-        for i, img in zip(where, images):
-            if img is not None:
-                t = torch.as_tensor(img, device=self.device)
-                if t.dim() == 3 and t.shape[2] == 3 and t.dtype == torch.uint8:
-                    out[i] = t
-        return out
+            # shift every later image onto the wrong sample: decode one at a time to know which failed.
+            images = [self._decoder.decode(cs, image=None if targets is None else targets[k], params=self._params,
+                                           cuda_stream=cuda_stream) for k, cs in enumerate(codes)]
+        return images

@@ -7,12 +7,13 @@ import torch
 DECODE_CHOICES = ("auto", "cpu", "gpu", "nvimgcodec", "torchvision")
 
 
-def create_gpu_decoder(choice: str, device: torch.device, *, threads: int = 1):
+def create_gpu_decoder(choice: str, device: torch.device, *, threads: int = 2):
     """Return (list of ``threads`` decoders, or None; reason). None means: decode on the CPU (workers).
 
-    Several decoders decode parts of a batch at once from as many threads (their
-    decode calls release the GIL). Default 1: on the H200 machine one nvImageCodec
-    decoder gave 15,011 images/s and two in two threads 11,945 (BENCHMARKS.md).
+    Several nvImageCodec decoders decode parts of a batch at once, each from its
+    own thread on its own CUDA stream (their decode calls release the GIL). On
+    the H200 machine, hardware engine only: one decoder 15,420 images/s, two
+    17,392, three 16,718 (benchmarks/profile_gpu_stage.py, BENCHMARKS.md).
 
     "gpu" tries nvImageCodec, then torchvision's nvJPEG decode. "auto" is the
     CPU workers for now, on any device: on the 16-core H200 machine they fed
@@ -33,7 +34,8 @@ def create_gpu_decoder(choice: str, device: torch.device, *, threads: int = 1):
         try:
             from .nvimgcodec import NvImageCodecDecoder
 
-            return [NvImageCodecDecoder(device) for _ in range(threads)], "nvImageCodec (hardware engine, then CUDA)"
+            return ([NvImageCodecDecoder(device) for _ in range(threads)],
+                    f"nvImageCodec (hardware engine, then CUDA), {threads} decoder threads")
         except Exception as e:  # missing wheel, no nvJPEG, decoder creation failure: all mean "not here"
             reasons.append(f"nvImageCodec unavailable: {type(e).__name__}: {e}")
             if choice == "nvimgcodec":

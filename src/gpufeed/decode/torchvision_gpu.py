@@ -2,13 +2,14 @@
 
 Used when nvImageCodec is not installed. torchvision fails a whole batch when
 one image is bad, without saying which, so a failed batch is retried one image
-at a time and the failures come back as None (the CPU decoder takes them).
+at a time and the failures are reported as not decoded (the CPU decoder takes them).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 
@@ -22,8 +23,11 @@ class TorchvisionGpuDecoder:
         self._mode = ImageReadMode.RGB
         self.device = device
 
-    def decode(self, datas: Sequence[bytes], stream: torch.cuda.Stream) -> list[torch.Tensor | None]:
-        inputs = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
+    def decode_into(self, datas: Sequence[np.ndarray], outs: Sequence[torch.Tensor],
+                    stream: torch.cuda.Stream) -> list[bool]:
+        """Decode ``datas`` (uint8 arrays) into ``outs`` ((h, w, 3) uint8 CUDA tensors of each image's size)
+        in ``stream``'s order; returns which images were decoded."""
+        inputs = [torch.from_numpy(np.array(d, dtype=np.uint8, copy=True)) for d in datas]
         with torch.cuda.stream(stream):
             try:
                 chw = self._decode_jpeg(inputs, mode=self._mode, device=self.device)
@@ -34,4 +38,10 @@ class TorchvisionGpuDecoder:
                         chw.append(self._decode_jpeg(t, mode=self._mode, device=self.device))
                     except RuntimeError:
                         chw.append(None)
-            return [None if x is None else x.permute(1, 2, 0) for x in chw]
+            ok = []
+            for x, out in zip(chw, outs):
+                good = x is not None and tuple(x.shape) == (3, *out.shape[:2])
+                if good:
+                    out.copy_(x.permute(1, 2, 0))
+                ok.append(good)
+            return ok
