@@ -83,6 +83,32 @@ def main() -> None:
     reuse = [dec.decode(css[r], params=params, cuda_stream=s) for r in range(2)]
     timed("decode(256) reusing Images", lambda r: dec.decode(css[r], images=reuse[r % 2], params=params,
                                                               cuda_stream=s), nb, res)
+    from gpufeed.decode.nvimgcodec import _DeviceView
+
+    views0 = [t.view(t.shape) for t in all_t[0]]
+    timed("as_image(torch view) x256", lambda r: [n.as_image(v, s) for v in views0], nb, res)
+    timed("as_image(_DeviceView) x256", lambda r: [n.as_image(_DeviceView(v), s) for v in views0], nb, res)
+    # GIL: how much a Python thread gets done while decode() runs, against the same time idle
+    counts = []
+
+    def spin(stop, out):
+        k = 0
+        while not stop.is_set():
+            k += 1
+        out.append(k)
+
+    for label, fn in (("idle", lambda: time.sleep(0.1)),
+                      ("decode()", lambda: [dec.decode(css[r], params=params, cuda_stream=s) for r in range(nb)])):
+        stop, out = threading.Event(), []
+        th = threading.Thread(target=spin, args=(stop, out))
+        th.start()
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        stop.set()
+        th.join()
+        counts.append((label, out[0] / dt))
+    print(f"GIL: a spinning Python thread ran at {counts[1][1] / counts[0][1]:.0%} of its idle rate during decode()")
     ext_ok = "no"
     try:
         flat, offs = pack_images(all_t[0])

@@ -2,6 +2,7 @@
 stand-in decoder, and the workers' GPU-path output (bytes + boxes in the ring)."""
 
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -12,7 +13,8 @@ from gpufeed.gpu_stage import EncodedBatch, GpuDecodeAugment
 from gpufeed.sources import folder_source
 from gpufeed.ring import KIND_BYTES, KIND_PIXELS
 from gpufeed.loader import _ShareControl
-from gpufeed.workers import PipelineSpec, WorkerPool, on_cpu_share
+from gpufeed.gpu_stage import _runs
+from gpufeed.workers import PipelineSpec, WorkerPool
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -49,11 +51,11 @@ def coloured(tmp_path):
     return tmp_path
 
 
-def _pool_batch(root, capacity=1 << 20, size=16, cpu_share=0.0):
+def _pool_batch(root, capacity=1 << 20, size=16, cpu_rows=0):
     src = folder_source(root)
     spec = PipelineSpec(src, AugmentSpec(image_size=size, resize_size=size), 10**8, gpu_bytes_capacity=capacity)
     pool = WorkerPool(spec, num_workers=2, num_slots=2, batch_size=len(src))
-    pool.submit(0, 0, 0, 0, list(range(len(src))), cpu_share=cpu_share)
+    pool.submit(0, 0, 0, 0, list(range(len(src))), cpu_rows=cpu_rows)
     view, failures = pool.collect(0)
     assert failures == []
     return src, pool, view
@@ -79,8 +81,8 @@ def test_files_over_the_capacity_are_decoded_by_the_workers(coloured):
     pool.close()
 
 
-def _stage_output(root, decoder, budget=None, cpu_share=0.0):
-    src, pool, view = _pool_batch(root, cpu_share=cpu_share)
+def _stage_output(root, decoder, budget=None, cpu_rows=0):
+    src, pool, view = _pool_batch(root, cpu_rows=cpu_rows)
     kw = dict(device=torch.device("cpu"), image_size=16, mean=MEAN, std=STD, dtype=torch.float32,
               channels_last=False, max_pixels=10**8)
     if budget:
@@ -115,34 +117,43 @@ def test_stage_splits_batches_over_the_pixel_budget(coloured):
     assert torch.equal(labels, labels2) and torch.allclose(whole, sliced)
 
 
-@pytest.mark.parametrize("share", [0.0, 0.1, 0.25, 0.5, 0.9, 1.0])
-def test_cpu_share_positions_are_that_fraction_spread_through_the_batch(share):
-    chosen = [k for k in range(256) if on_cpu_share(k, share)]
-    assert len(chosen) == int(256 * share)
-    if 0 < share < 1:  # evenly spread: no two chunks of 32 differ by more than one
-        per_chunk = [sum(k // 32 == c for k in chosen) for c in range(8)]
-        assert max(per_chunk) - min(per_chunk) <= 1, per_chunk
+def test_the_cpu_share_is_decoded_by_the_workers_at_the_front_of_the_slot(coloured):
+    src, pool, view = _pool_batch(coloured, cpu_rows=5)
+    kinds = view.meta[:, 0].tolist()
+    assert kinds[:5] == [KIND_PIXELS] * 5
+    png = [i for i in range(len(src)) if src.path(i).endswith("png.jpg")][0]
+    assert all(k == (KIND_PIXELS if i < 5 or i == png else KIND_BYTES) for i, k in enumerate(kinds))
+    assert (view.images[:5].reshape(5, -1).max(axis=1) > 0).all()  # decoded and cropped there
+    pool.close()
 
 
 def test_stage_with_a_cpu_share_keeps_labels_aligned(coloured):
-    refuse = {open(p, "rb").read() for p in sorted(coloured.glob("c0/*.jpg"))[:1]}
-    images, labels, stage = _stage_output(coloured, CpuStandIn(refuse), cpu_share=0.5)
+    refuse = {open(p, "rb").read() for p in sorted(coloured.glob("c2/*.jpg"))[-1:]}
+    images, labels, stage = _stage_output(coloured, CpuStandIn(refuse), cpu_rows=6)
     assert torch.equal(_colour_index(images), labels)
-    # 6 of 13 positions by the workers (the PNG may be one of them), the refused JPEG after the GPU
-    assert stage.decoded_by["cpu"] in (6, 7, 8) and stage.decoded_by["cpu"] + stage.decoded_by["gpu:standin"] == 13
+    # 6 rows by the workers, the PNG (if not among them) and the refused JPEG after the GPU
+    assert stage.decoded_by["cpu"] in (7, 8) and stage.decoded_by["cpu"] + stage.decoded_by["gpu:standin"] == 13
 
 
-def test_share_control_moves_towards_the_side_that_waits():
+def test_runs_of_consecutive_rows():
+    assert _runs(np.array([0, 1, 2, 5, 6, 9])) == [(0, 3), (5, 7), (9, 10)]
+    assert _runs(np.array([], dtype=np.int64)) == []
+
+
+def test_share_control_gives_the_workers_what_they_keep_up_with():
     auto = _ShareControl("auto")
-    for _ in range(10):
-        auto.update(collect_wait=0.0, put_wait=0.0)  # GPU stage is the bottleneck: CPU takes more
-    assert auto.value == pytest.approx(10 / 128)
-    auto.update(collect_wait=0.02, put_wait=0.0)  # workers late
-    auto.update(collect_wait=0.0, put_wait=0.02)  # consumer slower: the engines alone suffice
-    assert auto.value == pytest.approx(8 / 128)
+    start = auto.value
+    for _ in range(5):
+        auto.update(collect_wait=0.0)  # the batch was ready: the workers can take more
+    assert auto.value == pytest.approx(start + 5 / 32)
+    auto.update(collect_wait=0.02)  # the workers were late: less for them
+    assert auto.value == pytest.approx(start + 4 / 32)
     for _ in range(200):
-        auto.update(0.0, 0.0)
-    assert auto.value == _ShareControl.MAX
+        auto.update(0.0)
+    assert auto.value == 1.0
+    for _ in range(200):
+        auto.update(0.5)
+    assert auto.value == 0.0
     fixed = _ShareControl(0.3)
-    fixed.update(0.0, 0.0)
+    fixed.update(0.0)
     assert fixed.value == 0.3

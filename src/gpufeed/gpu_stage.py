@@ -59,6 +59,14 @@ class EncodedBatch:
     path: Callable[[int], str]
 
 
+def _runs(ids: np.ndarray) -> list[tuple[int, int]]:
+    """[start, stop) runs of consecutive values in sorted ``ids``: [0, 1, 2, 5, 6] -> [(0, 3), (5, 7)]."""
+    if not len(ids):
+        return []
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    return [(int(g[0]), int(g[-1]) + 1) for g in np.split(ids, breaks)]
+
+
 def _slices(sizes: Sequence[tuple[int, int]], budget: int) -> list[range]:
     out, start, acc = [], 0, 0
     for i, (w, h) in enumerate(sizes):
@@ -96,7 +104,6 @@ class GpuDecodeAugment:
         self.on_skip = on_skip  # None: a file no decoder reads raises DecodeError; else it is dropped and reported
         self.decoded_by: collections.Counter = collections.Counter()  # "gpu:<name>", "cpu" -> images
         self.stage_seconds = 0.0  # host time of the last call (the loader's cpu_share control reads it)
-        self.done: torch.cuda.Event | None = None  # after the last call: the GPU no longer reads its input
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
@@ -111,9 +118,6 @@ class GpuDecodeAugment:
         for r in _slices(list(zip(widths.tolist(), heights.tolist())), self.max_batch_pixels):
             self._slice(batch, r, encoded[r.start : r.stop], heights[r.start : r.stop].copy(),
                         widths[r.start : r.stop].copy(), out[r.start : r.stop], dropped)
-        if self.device.type == "cuda":
-            self.done = torch.cuda.Event()
-            self.done.record(torch.cuda.current_stream(self.device))
         labels = batch.labels
         if dropped:
             keep = torch.tensor([i for i in range(n) if i not in set(dropped)], device=self.device)
@@ -127,19 +131,19 @@ class GpuDecodeAugment:
         s, px = self.size, self.size * self.size * 3
         local = np.arange(len(r))
         pre, enc = local[~encoded], local[encoded]
-        # Encoded images get at least S x S x 3 bytes, so a GPU refusal cropped on the CPU fits in its place.
+        # In batch order; encoded images get at least S x S x 3 bytes, so a GPU refusal cropped on the CPU
+        # fits in its place. Consecutive pre-cropped rows lie together, as they do in the slot.
         room = np.where(encoded, np.maximum(h * w * 3, px), px)
-        order = np.concatenate([pre, enc])
-        offset = np.empty(len(r), np.int64)
-        offset[order] = np.concatenate([[0], np.cumsum(room[order])[:-1]])
+        offset = np.concatenate([[0], np.cumsum(room)[:-1]])
         flat = torch.empty(int(room.sum()), dtype=torch.uint8, device=self.device)
         meta = batch.meta[r.start : r.stop]
         rows = np.empty((len(r), 8), np.int64)
         rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3:] = offset, h, w, meta[:, 4:]
         rows[pre, 1:] = (s, s, 0, 0, s, s, 0)
-        if len(pre):  # the pre-cropped rows lie together at the front: one copy for all of them
-            flat[: len(pre) * px].copy_(self._host(batch.pixels[r.start + pre]).view(-1), non_blocking=True)
-            self.decoded_by["cpu"] += len(pre)
+        for a, b in _runs(pre):  # one copy per run of pre-cropped rows (the CPU's share is one run)
+            flat[offset[a] : offset[a] + (b - a) * px].copy_(
+                self._host(batch.pixels[r.start + a : r.start + b]).view(-1), non_blocking=True)
+        self.decoded_by["cpu"] += len(pre)
         ok = self._decode_gpu(batch, r.start + enc, [flat[o : o + n].view(hh, ww, 3) for o, n, hh, ww in
                                                      zip(offset[enc], (h * w * 3)[enc], h[enc], w[enc])])
         self.decoded_by[f"gpu:{self.name}"] += sum(ok)
@@ -176,9 +180,10 @@ class GpuDecodeAugment:
         self.decoded_by["cpu"] += 1
 
     def _host(self, a) -> torch.Tensor:
-        """A host tensor for an H2D copy: pinned (the caching host allocator keeps it until the copy ran)."""
+        """A host tensor for an H2D copy: the ring's own page-locked memory when it is (the loader reuses
+        the slot after the copy), else a pinned copy (the caching host allocator keeps it until the copy ran)."""
         t = torch.from_numpy(a) if isinstance(a, np.ndarray) else a
-        return t.pin_memory() if self.device.type == "cuda" else t
+        return t if self.device.type != "cuda" or t.is_pinned() else t.pin_memory()
 
     def _decode_gpu(self, batch: EncodedBatch, ids: np.ndarray, outs: list[torch.Tensor]) -> list[bool]:
         """Decode samples ``ids`` into ``outs`` ((h, w, 3) uint8 views of the flat buffer); which worked."""

@@ -18,7 +18,6 @@ import collections
 import itertools
 import logging
 import os
-import time
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -101,9 +100,8 @@ class ImageLoader:
 
     ``cpu_share`` (GPU decode only): the fraction of each batch that the CPU
     workers decode beside the GPU decoders. "auto" adapts it batch by batch:
-    up while the GPU stage is what everyone waits for, down while the workers
-    are late or the training step is the slower side (the GPU engines cost no
-    CPU). ``loader.stats["cpu_share"]`` gives the current value.
+    the workers take as much as they keep up with, the GPU decoders the rest.
+    ``loader.stats["cpu_share"]`` gives the current value.
     """
 
     def __init__(
@@ -244,35 +242,41 @@ class ImageLoader:
         a prefix of the order minus the skipped ones, and ``state_dict`` stays exact. For each
         yielded batch the number of order entries it consumed is appended to ``self._consumed``.
 
-        A slot is reused only after the next batch is requested; by then the
-        Prefetcher has copied the previous one (to pinned memory or the device).
+        A slot is reused only after the Prefetcher issued its copies (it asks for the next batch) and,
+        on CUDA, once those copies completed: the slots are page-locked, so the GPU reads them directly.
         """
         if self._pool is None or self._pool.closed:
             self._pool = WorkerPool(self.spec, num_workers=self.num_workers, num_slots=self._num_slots,
                                     batch_size=self.batch_size, sample_timeout=self.sample_timeout)
+            if self.device.type == "cuda":
+                self._pool.pin_images()
         pool = self._pool
         pool.cancel()  # an earlier, abandoned iteration may have batches in flight
         self._consumed.clear()
         order, seed, epoch, size = self.sampler.remaining(), self.sampler.seed, self.sampler.epoch, self.batch_size
         full = lambda n: n == size or (n > 0 and not self.drop_last)
         free = collections.deque(range(self._num_slots))
+        reading: collections.deque = collections.deque()  # (slot, CUDA event): handed over, maybe still copied
         inflight: collections.deque = collections.deque()  # (batch id, slot, sample indices)
         ids = itertools.count()
         cursor = 0  # entries of `order` handed to the workers
         try:
             while True:
+                while reading and (len(free) <= 1 or reading[0][1].query()):
+                    slot, event = reading.popleft()
+                    event.synchronize()
+                    free.append(slot)
                 while len(free) > 1 and full(min(size, len(order) - cursor)):  # keep one slot for the consumer
                     idx = order[cursor : cursor + size]
                     bid, slot = next(ids), free.popleft()
-                    pool.submit(bid, slot, seed, epoch, idx, cpu_share=self._share.value)
+                    pool.submit(bid, slot, seed, epoch, idx, cpu_rows=round(self._share.value * len(idx)))
                     inflight.append((bid, slot, idx))
                     cursor += len(idx)
                 if not inflight:
                     return
                 bid, slot, idx = inflight.popleft()
-                t0 = time.perf_counter()
                 view, failures = pool.collect(bid)
-                collect_wait = time.perf_counter() - t0
+                collect_wait = pool.last_wait
                 consumed, positions = len(idx), list(idx)
                 if failures:
                     pool.cancel()
@@ -290,18 +294,21 @@ class ImageLoader:
                 if view.meta is None:
                     yield torch.from_numpy(view.images), labels
                 else:
-                    batch = EncodedBatch(labels, view.meta, view.arena, view.images,
-                                         lambda i, p=positions: self.source.path(p[i]))
-                    t0 = time.perf_counter()
-                    yield batch
-                    # Back here when the Prefetcher wants the next batch: it ran the GPU stage on this one
-                    # (stage_seconds) and then waited for room in its queue (the consumer is slower).
-                    put_wait = time.perf_counter() - t0 - self._gpu_stage.stage_seconds
-                    self._share.update(collect_wait, put_wait)
-                    if self._gpu_stage.done is not None:
-                        self._gpu_stage.done.synchronize()  # the GPU reads this slot's bytes until then
-                free.append(slot)
+                    yield EncodedBatch(labels, view.meta, view.arena, view.images,
+                                       lambda i, p=positions: self.source.path(p[i]))
+                    self._share.update(collect_wait)
+                # Back here when the Prefetcher wants the next batch: it has issued this one's copies (and
+                # GPU stage) on its stream, which may still be reading the slot.
+                stream = self._prefetcher._stream
+                if stream is None:
+                    free.append(slot)
+                else:
+                    event = torch.cuda.Event()
+                    event.record(stream)
+                    reading.append((slot, event))
         finally:
+            for _, event in reading:
+                event.synchronize()  # the next iteration's workers may write these slots at once
             if self._pool is not None:
                 if self._pool.closed:  # stopped by an error: the next iteration starts fresh workers
                     self._pool = None
@@ -347,22 +354,23 @@ class ImageLoader:
 class _ShareControl:
     """The CPU workers' share of each GPU-path batch: fixed, or adapted per batch ("auto").
 
-    After each batch: the workers were late (the batch was not ready when asked for) -> less CPU;
-    the consumer was the slower side (the finished batch waited for room) -> less CPU too, since
-    the GPU engines keep up alone and cost no CPU; neither -> the GPU stage is the bottleneck -> more
-    CPU. Steps of 1/128: a change reaches batches submitted from then on, a few batches later.
+    The workers take as much as they can: after each batch, if they were late (the GPU stage had to
+    wait for the batch) the share goes down, else up. This puts every image the CPU cores can decode
+    on them and the rest on the GPU decoders: when training is the slower side, a GPU decode would
+    only spend the training process's time (its Python thread and the GIL) that the worker processes
+    do not touch. Steps of 1/32; a change reaches batches submitted from then on, a few batches later.
     """
 
-    STEP, MAX, LATE_S = 1 / 128, 0.9, 0.001
+    STEP, LATE_S = 1 / 32, 0.002
 
     def __init__(self, setting: float | str) -> None:
         self.auto = setting == "auto"
-        self.value = 0.0 if self.auto else float(setting)
+        self.value = 0.5 if self.auto else float(setting)
 
-    def update(self, collect_wait: float, put_wait: float) -> None:
+    def update(self, collect_wait: float) -> None:
         if not self.auto:
             return
-        if collect_wait > self.LATE_S or put_wait > self.LATE_S:
+        if collect_wait > self.LATE_S:
             self.value = max(0.0, self.value - self.STEP)
         else:
-            self.value = min(self.MAX, self.value + self.STEP)
+            self.value = min(1.0, self.value + self.STEP)

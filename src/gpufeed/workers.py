@@ -104,12 +104,6 @@ def load_sample_into(
     return spec.source.label(index)
 
 
-def on_cpu_share(k: int, share: float) -> bool:
-    """Whether batch position ``k`` is one of the ``share`` fraction the CPU workers decode on the GPU
-    path; the chosen positions are spread evenly through the batch, so every chunk gets its part."""
-    return int((k + 1) * share) > int(k * share)
-
-
 def encode_sample_into(
     spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, ring: "Ring", slot: int, k: int,
     on_cpu: bool = False,
@@ -155,7 +149,7 @@ def _worker_main(
             task = tasks.get()
             if task is None:
                 return
-            gen, batch_id, chunk_id, slot, seed, epoch, start, indices, cpu_share = task
+            gen, batch_id, chunk_id, slot, seed, epoch, start, indices, cpu_rows = task
             failures = []
             if gen == generation.value:  # stale chunks of an abandoned epoch are acknowledged, not decoded
                 for k, index in enumerate(indices, start):
@@ -163,7 +157,7 @@ def _worker_main(
                     try:
                         if spec.gpu_bytes_capacity:
                             ring.labels[slot, k] = encode_sample_into(spec, decoder, seed, epoch, index, ring, slot, k,
-                                                                      on_cpu_share(k, cpu_share))
+                                                                      on_cpu=k < cpu_rows)
                         else:
                             ring.labels[slot, k] = load_sample_into(spec, decoder, seed, epoch, index,
                                                                     ring.images[slot, k])
@@ -258,6 +252,7 @@ class WorkerPool:
         self.num_slots, self.batch_size, self.size = num_slots, batch_size, size
         self.sample_timeout = sample_timeout
         self._chunk = max(1, -(-batch_size // (2 * num_workers)))  # ~2 chunks per worker per batch
+        self.last_wait = 0.0
         self._ctx = ctx = _default_context()
         capacity = spec.gpu_bytes_capacity
         check_shm_space(Ring.nbytes(num_slots, batch_size, size, 0) + num_slots * batch_size * min(capacity, 512 << 10))
@@ -275,7 +270,8 @@ class WorkerPool:
         self._spec = spec
         self._pending: dict[int, dict[str, Any]] = {}
         self._procs = [self._start(i) for i in range(num_workers)]
-        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._tasks, self._blocks)
+        self._unpin: list = []  # cudaHostUnregister calls, run before the memory is unmapped
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._tasks, self._blocks, self._unpin)
 
     def _start(self, i: int):
         p = self._ctx.Process(
@@ -292,9 +288,11 @@ class WorkerPool:
         return [p.pid for p in self._procs if p.pid is not None]
 
     def submit(self, batch_id: int, slot: int, seed: int, epoch: int, indices: list[int], start: int = 0,
-               cpu_share: float = 0.0) -> None:
-        """Queue samples ``indices`` for slot positions ``start...``; on the GPU path the ``cpu_share``
-        fraction of positions (``on_cpu_share``) is decoded here rather than left encoded."""
+               cpu_rows: int = 0) -> None:
+        """Queue samples ``indices`` for slot positions ``start...``. On the GPU path, positions below
+        ``cpu_rows`` (the CPU's share) are decoded here rather than left encoded: they lie together at
+        the front of the slot, so they reach the GPU in one copy. Chunks are taken from one queue in
+        order, so the slower CPU-decoded chunks start first and idle workers even out the rest."""
         chunks = [indices[i : i + self._chunk] for i in range(0, len(indices), self._chunk)]
         gen = self._generation.value
         self._pending[batch_id] = {"left": set(range(len(chunks))), "n": start + len(indices), "slot": slot,
@@ -302,11 +300,14 @@ class WorkerPool:
         for c, chunk in enumerate(chunks):
             first = start + c * self._chunk
             self._pending[batch_id]["chunks"][c] = (first, chunk)
-            self._tasks.put((gen, batch_id, c, slot, seed, epoch, first, chunk, cpu_share))
+            self._tasks.put((gen, batch_id, c, slot, seed, epoch, first, chunk, cpu_rows))
 
     def collect(self, batch_id: int) -> tuple["SlotView", list["Failure"]]:
+        """Wait for batch ``batch_id``; its slot's views and failures. ``last_wait``: seconds spent waiting
+        for the workers' results (about 0 when the batch was ready)."""
         entry = self._pending[batch_id]
         self._check_workers()  # a dead worker is reported even if others finish its share
+        self.last_wait = 0.0
         while entry["left"]:
             self._receive_one()
         del self._pending[batch_id]
@@ -337,11 +338,14 @@ class WorkerPool:
     def _receive_one(self) -> None:
         """Take one result, or, after a quiet poll interval, check the workers (which may settle a
         chunk by itself when one died); callers loop until what they wait for is done."""
+        t0 = time.perf_counter()
         try:
             gen, batch_id, chunk_id, failures = self._results.get(timeout=_POLL_S)
         except queue.Empty:
+            self.last_wait += time.perf_counter() - t0
             self._check_workers()
             return
+        self.last_wait += time.perf_counter() - t0
         entry = self._pending.get(batch_id)
         if entry is None or chunk_id not in entry["left"]:
             return
@@ -379,6 +383,20 @@ class WorkerPool:
             self._progress[i][:] = [-1.0, -1.0, -1.0, 0.0]
             self._procs[i] = self._start(i)  # the finalizer holds this same list
 
+    def pin_images(self) -> bool:
+        """Page-lock the ring's image slots for CUDA (``cudaHostRegister``), so that host-to-device
+        copies read a finished slot directly instead of through a staging copy. Returns whether it
+        worked (it needs CUDA; without it copies stage through pinned buffers as before). A pinned
+        slot is reused only after the copies that read it completed (the caller's events)."""
+        import torch
+
+        images = self._ring.images
+        rt = torch.cuda.cudart()
+        if int(rt.cudaHostRegister(images.ctypes.data, images.nbytes, 0)) != 0:
+            return False
+        self._unpin.append(lambda ptr=images.ctypes.data: rt.cudaHostUnregister(ptr))
+        return True
+
     def close(self) -> None:
         """Stop the workers and free the shared memory (idempotent)."""
         self._finalizer()
@@ -395,7 +413,10 @@ class Failure:
     traceback: str = ""
 
 
-def _shutdown(procs: list, tasks: Any, blocks: list) -> None:
+def _shutdown(procs: list, tasks: Any, blocks: list, unpin: list) -> None:
+    for undo in unpin:
+        with contextlib.suppress(Exception):  # CUDA may already be shut down at interpreter exit
+            undo()
     for p in procs:
         if p.is_alive():
             try:

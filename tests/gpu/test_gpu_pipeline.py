@@ -136,3 +136,35 @@ def test_odd_kinds_on_the_gpu_path_match_the_cpu_path(tmp_path, kind):
     (xc, _), = list(cpu)
     assert _psnr(_uint8(xg)[0], _uint8(xc)[0]) >= 30.0, kind
     gpu.close(), cpu.close()
+
+
+def test_cpu_decode_to_cuda_from_the_page_locked_ring_is_exact(synth):
+    """Slots are page-locked and copied to the GPU directly, then reused: every batch of two epochs must
+    equal the CPU device's (same pipeline), with the GPU kept busy so copies lag behind."""
+    kw = dict(batch_size=8, num_workers=2, seed=3, decode="cpu")
+    gpu, cpu = ImageLoader(synth, device="cuda", **kw), ImageLoader(synth, device="cpu", **kw)
+    for epoch in range(2):
+        for (xg, yg), (xc, yc) in zip(gpu, cpu):
+            if epoch == 0:
+                assert torch.from_numpy(gpu._pool._ring.images).is_pinned()  # page-locked: no staging copy
+            torch.cuda._sleep(2_000_000)  # the consumer's stream lags; the next copies run meanwhile
+            torch.testing.assert_close(xg.cpu(), xc, atol=1e-5, rtol=0)  # same pixels; normalised on each device
+            assert torch.equal(yg.cpu(), yc)
+    gpu.close(), cpu.close()
+
+
+@pytest.mark.parametrize("share", [0.5, 1.0])
+def test_gpu_decode_with_a_cpu_share_matches_the_cpu_path(synth, share):
+    kw = dict(batch_size=32, num_workers=2, seed=7)
+    gpu = ImageLoader(synth, device="cuda", decode="gpu", cpu_share=share, **kw)
+    cpu = ImageLoader(synth, device="cpu", **kw)
+    scores = []
+    for (xg, yg), (xc, yc) in zip(gpu, cpu):
+        assert torch.equal(yg.cpu(), yc)
+        a, b = _uint8(xg), _uint8(xc)
+        scores += [_psnr(a[i], b[i]) for i in range(len(a))]
+        rows = round(share * 32)
+        assert np.abs(a[:rows] - b[:rows]).max() < 0.5  # the workers' rows: the CPU path's pixels
+    assert min(scores) >= 30.0
+    assert gpu.stats["decoded_by"]["cpu"] == round(share * 32) * 3 and gpu.stats["cpu_share"] == share
+    gpu.close(), cpu.close()
