@@ -19,14 +19,16 @@ grep -i "decode\|nvimg\|gpu 0" "$OUT/info.txt"
 timeout 300 python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests} > "$OUT/pytest.txt" 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.txt" | tail -8
 DATA=/tmp/synth10k
 python3 -m gpufeed synth $DATA --n 10000 --seed 0 > /dev/null
-python3 benchmarks/decode_only.py $DATA > "$OUT/decode.txt" 2>&1
-python3 benchmarks/profile_gpu_stage.py $DATA 2>&1 | grep -v -i "nvjpeg2k\|nvtiff" > "$OUT/profile.txt"
+if [ -z "${SKIP_DECODE:-}" ]; then  # SKIP_DECODE=1: the loader and training benchmarks only
+  python3 benchmarks/decode_only.py $DATA > "$OUT/decode.txt" 2>&1
+  python3 benchmarks/profile_gpu_stage.py $DATA 2>&1 | grep -v -i "nvjpeg2k\|nvtiff" > "$OUT/profile.txt"
+fi
 W=$(nproc)
 B="python3 -m gpufeed bench --data $DATA --device cuda --workers $W --batch-size 256 --epochs ${EPOCHS:-3}"
 $B --model none --pipelines ${LOADER_PIPES:-baseline,gpufeed-cpu,gpufeed-gpu,gpufeed-gpu-only} --json "$OUT/loader.json" > "$OUT/bench.txt" 2>&1
 for m in ${MODELS:-resnet50 resnet18}; do
   $B --model $m --pipelines ${MODEL_PIPES:-baseline,baseline+prefetch,gpufeed-cpu,gpufeed-gpu} --json "$OUT/$m.json" >> "$OUT/bench.txt" 2>&1
 done
-grep -E "^\| (as_image|decode\(256\) into|[0-9] decoder)|^GIL|^decode into" "$OUT/profile.txt"
-grep -A12 "^[0-9]* files, batch" "$OUT/decode.txt"
+[ -z "${SKIP_DECODE:-}" ] && grep -E "^\| (as_image|decode\(256\) into|[0-9] decoder)|^GIL|^decode into" "$OUT/profile.txt"
+[ -z "${SKIP_DECODE:-}" ] && grep -A12 "^[0-9]* files, batch" "$OUT/decode.txt"
 grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/bench.txt" | cut -c1-230

@@ -224,3 +224,60 @@ def test_workers_run_at_a_lower_priority_than_the_training_process(synth_root):
         assert time.monotonic() < deadline, got
         time.sleep(0.05)
     loader.close()
+
+
+def _epoch(loader):
+    return [(x, y) for x, y in loader]
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(torch.equal(x, p) and torch.equal(y, q) for (x, y), (p, q) in zip(a, b))
+
+
+def test_next_epoch_starts_early_and_equals_a_fresh_start(synth_root):
+    """The next epoch's first batches go to the workers while this one ends; what comes out is exactly
+    what a loader started at that epoch gives."""
+    with make(synth_root, seed=5, num_workers=2) as loader:
+        first = _epoch(loader)
+        assert loader._ahead is not None and loader._ahead.epoch == 1 and loader._ahead.inflight
+        second = _epoch(loader)  # adopts them
+        loader.set_epoch(2)  # the epoch it moved to by itself: still adopted
+        assert loader._ahead is not None and loader._ahead.epoch == 2
+        third = _epoch(loader)
+    for e, got in enumerate((first, second, third)):
+        with make(synth_root, seed=5, num_workers=2) as fresh:
+            fresh.set_epoch(e)
+            assert _same(got, _epoch(fresh)), e
+
+
+def test_early_start_is_dropped_when_another_epoch_or_state_follows(synth_root):
+    with make(synth_root, seed=5) as loader, make(synth_root, seed=5) as fresh:
+        _epoch(loader)  # epoch 1 now started early
+        loader.set_epoch(7)
+        fresh.set_epoch(7)
+        assert _same(_epoch(loader), _epoch(fresh))
+        fresh.set_epoch(3)
+        for i, _ in enumerate(fresh):
+            if i == 1:
+                break
+        state = fresh.state_dict()  # epoch 3 after two batches
+        loader.load_state_dict(state)  # loader had epoch 8 started early
+        rest = _epoch(loader)
+        fresh.load_state_dict(state)
+        assert len(rest) == len(loader) - 2 and _same(rest, _epoch(fresh))
+
+
+def test_skips_at_an_epoch_end_with_the_next_epoch_started(tmp_path):
+    """A bad file in the last batch cancels the early-started next epoch; both epochs stay exact."""
+    for c, colour in enumerate(COLOURS[:2]):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(10):
+            Image.new("RGB", (48, 40), colour).save(tmp_path / f"c{c}" / f"{i}.jpg")
+    (tmp_path / "c1" / "zz_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    with make(tmp_path, batch_size=4, drop_last=False, on_error="skip", train=False) as loader:
+        for epoch in range(3):
+            got = _epoch(loader)
+            labels = torch.cat([y for _, y in got])
+            assert len(labels) == 20, epoch
+            assert all(torch.equal(_colour_labels(x), y) for x, y in got)
+        assert loader.stats["skipped_count"] == 3

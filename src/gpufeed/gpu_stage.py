@@ -104,6 +104,8 @@ class GpuDecodeAugment:
         self.on_skip = on_skip  # None: a file no decoder reads raises DecodeError; else it is dropped and reported
         self.decoded_by: collections.Counter = collections.Counter()  # "gpu:<name>", "cpu" -> images
         self.stage_seconds = 0.0  # host time of the last call (the loader's cpu_share control reads it)
+        self._flat: torch.Tensor | None = None
+        self._flat_stream: torch.cuda.Stream | None = None
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
@@ -135,7 +137,7 @@ class GpuDecodeAugment:
         # fits in its place. Consecutive pre-cropped rows lie together, as they do in the slot.
         room = np.where(encoded, np.maximum(h * w * 3, px), px)
         offset = np.concatenate([[0], np.cumsum(room)[:-1]])
-        flat = torch.empty(int(room.sum()), dtype=torch.uint8, device=self.device)
+        flat = self._buffer(int(room.sum()))
         meta = batch.meta[r.start : r.stop]
         rows = np.empty((len(r), 8), np.int64)
         rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3:] = offset, h, w, meta[:, 4:]
@@ -179,6 +181,21 @@ class GpuDecodeAugment:
         row[1:] = (s, s, 0, 0, s, s, 0)
         self.decoded_by["cpu"] += 1
 
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        """The decode buffer, reused by every batch (stream order keeps the next batch's decode after the
+        last kernel that read it), so GPU memory stays flat however the batches' sizes vary. It grows
+        to the largest batch seen, with room to spare, and never shrinks."""
+        if self.device.type == "cuda":
+            stream = torch.cuda.current_stream(self.device)
+            if self._flat_stream is not None and self._flat_stream != stream:
+                stream.wait_stream(self._flat_stream)  # called from another stream than last time
+            self._flat_stream = stream
+        if self._flat is None or self._flat.numel() < nbytes:
+            self._flat = None  # free the old one first
+            self._flat = torch.empty(-(-int(nbytes * 1.25) // (16 << 20)) * (16 << 20), dtype=torch.uint8,
+                                     device=self.device)
+        return self._flat[:nbytes]
+
     def _host(self, a) -> torch.Tensor:
         """A host tensor for an H2D copy: the ring's own page-locked memory when it is (the loader reuses
         the slot after the copy), else a pinned copy (the caching host allocator keeps it until the copy ran)."""
@@ -199,7 +216,7 @@ class GpuDecodeAugment:
                                                                                            self._streams))]
         jobs = [(dec, st, sl) for dec, st, sl in jobs if sl.start < len(datas)]
         for _, st, _ in jobs:
-            st.wait_stream(side)  # the flat buffer was allocated (and maybe just freed and reused) on `side`
+            st.wait_stream(side)  # the buffer's last reader (the previous kernel) and this batch's copies
 
         def run(job):
             dec, st, sl = job

@@ -18,6 +18,7 @@ import collections
 import itertools
 import logging
 import os
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -164,6 +165,7 @@ class ImageLoader:
                                  gpu_bytes_capacity=GPU_BYTES_CAPACITY if gpu_decoders else 0,
                                  on_error=on_error, exif_orientation=exif_orientation)
         self._pool: WorkerPool | None = None
+        self._ahead: _Run | None = None  # the next epoch's first batches, submitted at the end of this one
         self._num_slots = max(4, prefetch_depth + 2)
         if gpu_decoders is None:
             self.decode_backend = "cpu"
@@ -242,6 +244,12 @@ class ImageLoader:
         a prefix of the order minus the skipped ones, and ``state_dict`` stays exact. For each
         yielded batch the number of order entries it consumed is appended to ``self._consumed``.
 
+        Across epochs: once this epoch's last batches are with the workers, free slots take the first
+        batches of the next epoch (epoch + 1, from its start, where the loader moves on by itself), so
+        the next epoch starts without a pipeline bubble. They are kept if the next iteration is that
+        epoch from its start, and cancelled otherwise (``set_epoch`` elsewhere, ``load_state_dict``, a
+        ``break``).
+
         A slot is reused only after the Prefetcher issued its copies (it asks for the next batch) and,
         on CUDA, once those copies completed: the slots are page-locked, so the GPU reads them directly.
         """
@@ -250,44 +258,49 @@ class ImageLoader:
                                     batch_size=self.batch_size, sample_timeout=self.sample_timeout)
             if self.device.type == "cuda":
                 self._pool.pin_images()
-        pool = self._pool
-        pool.cancel()  # an earlier, abandoned iteration may have batches in flight
+            self._ahead = None
+        pool, sampler, size = self._pool, self.sampler, self.batch_size
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and (ahead.seed, ahead.epoch, 0) == (sampler.seed, sampler.epoch, sampler.position):
+            run, slots = ahead, ahead.slots  # this epoch's first batches are already with the workers
+        else:
+            pool.cancel()  # an earlier, abandoned iteration may have batches in flight
+            slots = _Slots(self._num_slots)
+            run = _Run(sampler.seed, sampler.epoch, sampler.remaining(), slots)
         self._consumed.clear()
-        order, seed, epoch, size = self.sampler.remaining(), self.sampler.seed, self.sampler.epoch, self.batch_size
         full = lambda n: n == size or (n > 0 and not self.drop_last)
-        free = collections.deque(range(self._num_slots))
-        reading: collections.deque = collections.deque()  # (slot, CUDA event): handed over, maybe still copied
-        inflight: collections.deque = collections.deque()  # (batch id, slot, sample indices)
-        ids = itertools.count()
-        cursor = 0  # entries of `order` handed to the workers
+        nxt: _Run | None = None  # the next epoch's run, started early
+        finished = False
         try:
             while True:
-                while reading and (len(free) <= 1 or reading[0][1].query()):
-                    slot, event = reading.popleft()
-                    event.synchronize()
-                    free.append(slot)
-                while len(free) > 1 and full(min(size, len(order) - cursor)):  # keep one slot for the consumer
-                    idx = order[cursor : cursor + size]
-                    bid, slot = next(ids), free.popleft()
-                    pool.submit(bid, slot, seed, epoch, idx, cpu_rows=round(self._share.value * len(idx)))
-                    inflight.append((bid, slot, idx))
-                    cursor += len(idx)
-                if not inflight:
+                slots.reclaim()
+                self._submit(run, full)
+                if nxt is None and not full(min(size, len(run.order) - run.cursor)):
+                    nxt = _Run(run.seed, run.epoch + 1, sampler.epoch_indices(run.epoch + 1), slots)
+                if nxt is not None:
+                    self._submit(nxt, full)
+                if not run.inflight:
+                    finished = True
                     return
-                bid, slot, idx = inflight.popleft()
+                bid, slot, idx = run.inflight.popleft()
                 view, failures = pool.collect(bid)
                 collect_wait = pool.last_wait
                 consumed, positions = len(idx), list(idx)
                 if failures:
-                    pool.cancel()
-                    for _, later_slot, later in inflight:
-                        free.append(later_slot)
-                        cursor -= len(later)
-                    inflight.clear()
-                    view, positions, extra, cursor = self._refill(pool, slot, view, positions, failures, order,
-                                                                  cursor, ids, seed, epoch)
+                    pool.cancel()  # drops every queued batch: this epoch's later ones and the next epoch's
+                    for later in (run, nxt):
+                        for _, later_slot, later_idx in later.inflight if later else ():
+                            slots.free.append(later_slot)
+                            later.cursor -= len(later_idx)
+                    run.inflight.clear()
+                    nxt = None
+                    view, positions, extra, run.cursor = self._refill(pool, slot, view, positions, failures,
+                                                                      run.order, run.cursor, slots.ids, run.seed,
+                                                                      run.epoch)
                     consumed += extra
                 if not full(len(positions)):
+                    slots.free.append(slot)
+                    finished = True
                     return  # the epoch's good samples ran out for a full batch (drop_last); the epoch ends
                 self._consumed.append(consumed)
                 labels = torch.from_numpy(view.labels.copy())  # tiny: never alias a slot that gets reused
@@ -299,21 +312,25 @@ class ImageLoader:
                     self._share.update(collect_wait)
                 # Back here when the Prefetcher wants the next batch: it has issued this one's copies (and
                 # GPU stage) on its stream, which may still be reading the slot.
-                stream = self._prefetcher._stream
-                if stream is None:
-                    free.append(slot)
-                else:
-                    event = torch.cuda.Event()
-                    event.record(stream)
-                    reading.append((slot, event))
+                slots.release(slot, self._prefetcher._stream)
         finally:
-            for _, event in reading:
-                event.synchronize()  # the next iteration's workers may write these slots at once
-            if self._pool is not None:
-                if self._pool.closed:  # stopped by an error: the next iteration starts fresh workers
-                    self._pool = None
-                else:
-                    self._pool.cancel()
+            slots.wait_reads()  # the next iteration's workers may write these slots at once
+            if self._pool is not None and self._pool.closed:  # stopped by an error: fresh workers next time
+                self._pool = None
+            elif finished and nxt is not None and nxt.inflight:
+                self._ahead = nxt
+            elif self._pool is not None:
+                self._pool.cancel()
+
+    def _submit(self, run: "_Run", full) -> None:
+        """Hand ``run``'s next whole batches to the workers while a slot is free (one kept for the consumer)."""
+        slots = run.slots
+        while len(slots.free) > 1 and full(min(self.batch_size, len(run.order) - run.cursor)):
+            idx = run.order[run.cursor : run.cursor + self.batch_size]
+            bid, slot = next(slots.ids), slots.free.popleft()
+            self._pool.submit(bid, slot, run.seed, run.epoch, idx, cpu_rows=round(self._share.value * len(idx)))
+            run.inflight.append((bid, slot, idx))
+            run.cursor += len(idx)
 
     def _refill(self, pool, slot, view, positions, failures, order, cursor, ids, seed, epoch):
         """Drop failed samples from a slot, move the rest to the front, top it up from ``order``."""
@@ -349,6 +366,49 @@ class ImageLoader:
         self._skipped_epoch += 1
         if len(self._skipped) < _MAX_SKIPS_LISTED:
             self._skipped.append((path, reason))
+
+
+class _Slots:
+    """The ring's slots as one iteration sees them: free, or handed over and maybe still read by the GPU."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.free: collections.deque = collections.deque(range(num_slots))
+        self.reading: collections.deque = collections.deque()  # (slot, CUDA event after its copies)
+        self.ids = itertools.count()  # batch ids for the pool
+
+    def release(self, slot: int, stream: torch.cuda.Stream | None) -> None:
+        if stream is None:
+            self.free.append(slot)
+            return
+        event = torch.cuda.Event()
+        event.record(stream)
+        self.reading.append((slot, event))
+
+    def reclaim(self) -> None:
+        """Free the slots whose copies finished; wait for the oldest when fewer than two are free."""
+        while self.reading and (len(self.free) <= 1 or self.reading[0][1].query()):
+            slot, event = self.reading.popleft()
+            event.synchronize()
+            self.free.append(slot)
+
+    def wait_reads(self) -> None:
+        while self.reading:
+            slot, event = self.reading.popleft()
+            event.synchronize()
+            self.free.append(slot)
+
+
+@dataclass
+class _Run:
+    """One epoch's order as it is handed to the workers: ``cursor`` entries so far, ``inflight``
+    (batch id, slot, indices) submitted and not yet collected."""
+
+    seed: int
+    epoch: int
+    order: list[int]
+    slots: _Slots
+    cursor: int = 0
+    inflight: collections.deque = field(default_factory=collections.deque)
 
 
 class _ShareControl:

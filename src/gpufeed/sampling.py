@@ -75,12 +75,12 @@ class ShardedSampler:
             self.epoch = epoch
             self.position = 0
 
-    def epoch_indices(self) -> list[int]:
-        """All of this rank's indices for the current epoch, in order."""
+    def epoch_indices(self, epoch: int | None = None) -> list[int]:
+        """All of this rank's indices for ``epoch`` (default: the current one), in order."""
         n = self.num_samples_total
         if self.shuffle:
             g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
+            g.manual_seed(self.seed + (self.epoch if epoch is None else epoch))
             order = torch.randperm(n, generator=g).tolist()
         else:
             order = list(range(n))

@@ -34,7 +34,7 @@ def synth(tmp_path_factory):
 @pytest.mark.parametrize("decode", ["gpu", "torchvision"])
 def test_gpu_matches_cpu_for_the_same_crops(synth, decode):
     kw = dict(batch_size=32, num_workers=2, seed=7)
-    gpu = ImageLoader(synth, device="cuda", decode=decode, **kw)
+    gpu = ImageLoader(synth, device="cuda", decode=decode, cpu_share=0.0, **kw)  # every image on the GPU
     cpu = ImageLoader(synth, device="cpu", **kw)
     assert gpu.decode_backend != "cpu"
     scores = []
@@ -89,8 +89,9 @@ def test_odd_images_in_a_gpu_batch_fall_back_to_the_cpu(tmp_path):
     loader.close()
 
 
-def test_gpu_memory_flat_across_epochs(synth):
-    loader = ImageLoader(synth, device="cuda", batch_size=32, num_workers=2, decode="gpu")
+@pytest.mark.parametrize("share", ["auto", 0.0])
+def test_gpu_memory_flat_across_epochs(synth, share):
+    loader = ImageLoader(synth, device="cuda", batch_size=32, num_workers=2, decode="gpu", cpu_share=share)
     reserved = []
     for _ in range(20):
         for x, y in loader:
