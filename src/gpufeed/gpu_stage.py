@@ -192,8 +192,8 @@ class GpuDecodeAugment:
             self._flat_stream = stream
         if self._flat is None or self._flat.numel() < nbytes:
             self._flat = None  # free the old one first
-            self._flat = torch.empty(-(-int(nbytes * 1.25) // (16 << 20)) * (16 << 20), dtype=torch.uint8,
-                                     device=self.device)
+            grain = 32 << 20
+            self._flat = torch.empty(-(-int(nbytes * 1.5) // grain) * grain, dtype=torch.uint8, device=self.device)
         return self._flat[:nbytes]
 
     def _host(self, a) -> torch.Tensor:
