@@ -102,7 +102,6 @@ def test_gpu_memory_flat_across_epochs(synth, share):
     # consumer stream has not yet passed it, record_stream keeps it from the next allocation).
     out_bytes = 32 * 3 * 224 * 224 * 4
     assert max(reserved[2:]) - reserved[2] <= out_bytes + (2 << 20), reserved
-    assert reserved[-1] == max(reserved[10:]) or max(reserved[10:]) - reserved[10] <= out_bytes + (2 << 20), reserved
     loader.close()
 
 
