@@ -95,7 +95,11 @@ def test_slices_respect_the_pixel_budget():
 
 def test_decoder_placement_on_the_cpu():
     assert create_gpu_decoder("auto", torch.device("cpu"))[0] is None
-    assert create_gpu_decoder("auto", torch.device("cuda", 0))[0] is None  # auto is the CPU workers for now
+    decoders, why = create_gpu_decoder("auto", torch.device("cuda", 0))
+    if decoders is None:  # no GPU or no nvImageCodec here: the CPU workers, and the reason says why
+        assert why.startswith("decode='auto': nvImageCodec unavailable") and "CPU workers" in why
+    else:
+        assert decoders[0].name == "nvimgcodec"  # never torchvision's decoder
     assert create_gpu_decoder("cpu", torch.device("cpu"))[0] is None
     with pytest.raises(ValueError, match="decode='nvimgcodec' needs a CUDA device"):
         create_gpu_decoder("nvimgcodec", torch.device("cpu"))

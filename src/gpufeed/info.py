@@ -110,7 +110,8 @@ def collect_info() -> dict[str, str]:
     info["decode: torchvision (GPU)"] = _probe_gpu_decode("torchvision")
     from .decode.placement import create_gpu_decoder
 
-    info["ImageLoader decode='auto' uses"] = create_gpu_decoder("auto", torch.device("cpu"))[1]
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    info["ImageLoader decode='auto' uses"] = create_gpu_decoder("auto", device)[1]
     return info
 
 

@@ -77,10 +77,11 @@ class ImageLoader:
     horizontal flip, a new order each epoch; ``train=False``: resize the
     shorter side to ``resize_size``, centre-crop, fixed order.
 
-    ``decode``: "cpu" (and, for now, "auto") decodes in CPU worker processes;
-    "gpu" decodes on the GPU with nvImageCodec (hardware engines, then CUDA),
-    else torchvision's nvJPEG; "nvimgcodec" or "torchvision" force one (an
-    impossible choice raises). ``loader.decode_backend`` says which was used,
+    ``decode``: "cpu" decodes in CPU worker processes; "gpu" decodes on the
+    GPU with nvImageCodec (hardware engines, then CUDA), else torchvision's
+    nvJPEG; "nvimgcodec" or "torchvision" force one (an impossible choice
+    raises); "auto" (default) is nvImageCodec on a CUDA device where it works,
+    else the CPU workers. ``loader.decode_backend`` says which was used,
     ``loader.decode_reason`` why, and ``loader.stats`` how many images each
     decoder handled.
 

@@ -15,22 +15,27 @@ def create_gpu_decoder(choice: str, device: torch.device, *, threads: int = 2):
     the H200 machine, hardware engine only: one decoder 15,420 images/s, two
     17,392, three 16,718 (benchmarks/profile_gpu_stage.py, BENCHMARKS.md).
 
-    "gpu" tries nvImageCodec, then torchvision's nvJPEG decode. "auto" is the
-    CPU workers for now, on any device: on the 16-core H200 machine they fed
-    ResNet-50 at 94% of its own rate against 75% for GPU decode (BENCHMARKS.md);
-    GPU decode led only for light models. An explicit GPU choice that cannot
-    work raises ValueError saying why.
+    "gpu" tries nvImageCodec, then torchvision's nvJPEG decode. "auto" is
+    nvImageCodec on a CUDA device when it works, else the CPU workers; it does
+    not take torchvision's decoder, whose chroma upsampling differs from the CPU
+    path's (28 dB against the CPU decode, where nvImageCodec gives 88). With the
+    loader's cpu_share="auto" the workers still decode every image they keep up
+    with, so the GPU path is never behind the CPU one by much and far ahead for
+    light models: on the 16-core H200 machine (BENCHMARKS.md, session 2)
+    ResNet-50 98.2% of its own rate against 98.8% on CPU workers alone, ResNet-18
+    61.2% against 46.8%, loader alone 10,419 images/s against 6,546. An
+    explicit GPU choice that cannot work raises ValueError saying why.
     """
     if choice not in DECODE_CHOICES:
         raise ValueError(f"decode must be one of {DECODE_CHOICES}, got {choice!r}")
     if choice == "cpu":
         return None, "decode='cpu' asked for"
-    if choice == "auto":
-        return None, "decode='auto': CPU workers (measured faster end to end than GPU decode on heavy models)"
     if device.type != "cuda":
+        if choice == "auto":
+            return None, f"decode='auto' on {device}: CPU workers"
         raise ValueError(f"decode={choice!r} needs a CUDA device, got device={str(device)!r}")
     reasons = []
-    if choice in ("gpu", "nvimgcodec"):
+    if choice in ("auto", "gpu", "nvimgcodec"):
         try:
             from .nvimgcodec import NvImageCodecDecoder
 
@@ -40,6 +45,8 @@ def create_gpu_decoder(choice: str, device: torch.device, *, threads: int = 2):
             reasons.append(f"nvImageCodec unavailable: {type(e).__name__}: {e}")
             if choice == "nvimgcodec":
                 raise ValueError(reasons[-1]) from None
+            if choice == "auto":
+                return None, f"decode='auto': {reasons[-1]}; CPU workers (pip install gpufeed[nvimgcodec-cu13])"
     try:
         from .torchvision_gpu import TorchvisionGpuDecoder
 
