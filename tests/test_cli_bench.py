@@ -1,4 +1,5 @@
 import json
+import os
 import re
 
 from PIL import Image
@@ -48,6 +49,7 @@ def test_bench_smoke_writes_table_json_and_chart(tmp_path, synth_root, capsys):
     for r in rows.values():
         assert [e["images"] for e in r["epochs"]] == [40, 40]
         assert r["images_per_s"] > 0 and r["peak_rss_bytes"] > 0
+        assert 0.05 < r["cpu_cores_busy"] < 2 * os.cpu_count() + 1  # decoding took CPU; a core count, not %
     assert rows["baseline"]["vs_baseline"] == 1.0
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
 

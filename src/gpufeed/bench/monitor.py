@@ -1,4 +1,4 @@
-"""Sampled during a run: GPU utilisation (NVML, every 50 ms) and host RSS of the process tree."""
+"""Sampled during a run: GPU utilisation (NVML, every 50 ms), host RSS and CPU time of the process tree."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ class Monitor:
     after another in one process, so the main process carries what earlier
     ones left (PyTorch's pinned-memory cache, for one): ``peak - start`` of the
     first epoch is what a pipeline added.
+    cores_busy: CPU time (user + system) used by the process tree between
+    ``start()`` and ``stop()``, divided by the wall time: the number of cores
+    the pipeline kept busy (worker processes that exited count once reaped).
     """
 
     def __init__(self, gpu_index: int | None, interval: float = 0.05) -> None:
@@ -39,10 +42,15 @@ class Monitor:
         self.gpu_mem_start: int | None = None  # NVML "used" when start() was called
         self.gpu_mem_peak: int | None = None
         self.peak_rss = 0
+        self.cores_busy: float | None = None
+        self._cpu0: float | None = None
+        self._t0 = 0.0
 
     def start(self) -> None:
         self.util, self.peak_rss, self._stop = [], 0, threading.Event()
         self.start_rss = self._sample_rss()
+        self.cores_busy = None
+        self._cpu0, self._t0 = _tree_cpu_seconds(), time.perf_counter()
         self.gpu_mem_start = self.gpu_mem_peak = self._gpu_used()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -51,6 +59,9 @@ class Monitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        cpu = _tree_cpu_seconds()
+        if cpu is not None and self._cpu0 is not None:
+            self.cores_busy = (cpu - self._cpu0) / max(time.perf_counter() - self._t0, 1e-9)
 
     def _gpu_used(self) -> int | None:
         if self._nvml is None:
@@ -91,6 +102,23 @@ def _tree_rss(proc, psutil) -> int:
     for p in [proc, *proc.children(recursive=True)]:
         try:
             total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+def _tree_cpu_seconds() -> float | None:
+    """User + system CPU seconds of this process and its descendants, including reaped children."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    me = psutil.Process(os.getpid())
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return total

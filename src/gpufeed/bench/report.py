@@ -16,7 +16,8 @@ def format_table(result: dict[str, Any]) -> str:
             f"batch {c['batch_size']}, {c['workers']} workers, {c['epochs']} epochs, "
             f"model {c['model'] or 'none (loader only)'}; NVML: {result['nvml']}\n"
             f"data: {result['dataset']}\n")
-    cols = ["pipeline", "epoch 1 s", "steady s", "images/s", "vs baseline", "of ceiling", "GPU busy", "host RSS GB", "RSS added GB", "GPU mem added GB"]
+    cols = ["pipeline", "epoch 1 s", "steady s", "images/s", "vs baseline", "of ceiling", "GPU busy", "CPU cores busy",
+            "host RSS GB", "RSS added GB", "GPU mem added GB"]
     rows = []
     for r in result["rows"]:
         rows.append([
@@ -27,6 +28,7 @@ def format_table(result: dict[str, Any]) -> str:
             _fmt(r.get("vs_baseline"), ".2f", "x"),
             _fmt(None if r.get("of_ceiling") is None else 100 * r["of_ceiling"], ".1f", "%"),
             _fmt(r.get("gpu_busy"), ".0f", "%"),
+            _fmt(r.get("cpu_cores_busy"), ".1f"),
             _fmt(None if not r.get("peak_rss_bytes") else r["peak_rss_bytes"] / 1e9, ".2f"),
             _fmt(None if r.get("added_rss_bytes") is None else r["added_rss_bytes"] / 1e9, ".2f"),
             _fmt(None if r.get("gpu_mem_added_bytes") is None else r["gpu_mem_added_bytes"] / 1e9, ".2f"),

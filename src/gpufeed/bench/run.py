@@ -104,7 +104,7 @@ def measure_ceiling(step: Callable, batch_size: int, device: torch.device, monit
     dt = time.perf_counter() - t0
     monitor.stop()
     return {"pipeline": "GPU-resident tensors (ceiling)", "images_per_s": steps * batch_size / dt,
-            "gpu_busy": monitor.gpu_busy, "epochs": []}
+            "gpu_busy": monitor.gpu_busy, "cpu_cores_busy": monitor.cores_busy, "epochs": []}
 
 
 def _make_loader(name: str, root: str, cfg: BenchConfig, device: torch.device) -> Iterable:
@@ -143,6 +143,7 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
         monitor.stop()
         bar.close()
         epochs.append({"seconds": dt, "images": n, "images_per_s": n / dt, "gpu_busy": monitor.gpu_busy,
+                       "cpu_cores_busy": monitor.cores_busy,
                        "peak_rss_bytes": monitor.peak_rss, "start_rss_bytes": monitor.start_rss,
                        "gpu_mem_start_bytes": monitor.gpu_mem_start, "gpu_mem_peak_bytes": monitor.gpu_mem_peak})
     stats = getattr(loader, "stats", None)
@@ -152,6 +153,7 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
     del loader
     steady = epochs[1:]
     busy = [e["gpu_busy"] for e in steady if e["gpu_busy"] is not None]
+    cores = [e["cpu_cores_busy"] for e in steady if e["cpu_cores_busy"] is not None]
     label = name if stats is None else f"{name} ({stats['decode_backend']} decode)"
     if stats is not None and stats["decode_backend"] != "cpu":
         label = f"{name} ({stats['decode_backend']} decode, CPU share {stats['cpu_share']:.2f})"
@@ -166,6 +168,7 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
         "steady_epoch_s": statistics.median(e["seconds"] for e in steady),
         "images_per_s": statistics.median(e["images_per_s"] for e in steady),
         "gpu_busy": statistics.median(busy) if busy else None,
+        "cpu_cores_busy": statistics.median(cores) if cores else None,
         "peak_rss_bytes": max(e["peak_rss_bytes"] for e in epochs),
         "added_rss_bytes": max(e["peak_rss_bytes"] for e in epochs) - epochs[0]["start_rss_bytes"],
     }
