@@ -76,10 +76,10 @@ def main() -> None:
     timed("decode(256) hw engine, to sync", decode_only, nb, res)
     res.append(("  of which the decode() call returning", statistics.median(host)))
     imgs = [dec.decode(css[r], params=params, cuda_stream=s) for r in range(nb)]
-    tens = timed("torch.as_tensor x256", lambda r: [torch.as_tensor(im, device=dev) for im in imgs[r]], nb, res)
+    timed("torch.as_tensor x256", lambda r: [torch.as_tensor(im, device=dev) for im in imgs[r]], nb, res)
     timed("dlpack x256", lambda r: [torch.from_dlpack(im) for im in imgs[r]], nb, res)
     all_t = [[torch.as_tensor(im, device=dev) for im in imgs[r]] for r in range(nb)]
-    packed = timed("pack_images (torch.cat)", lambda r: pack_images(all_t[r]), nb, res)
+    timed("pack_images (torch.cat)", lambda r: pack_images(all_t[r]), nb, res)
     reuse = [dec.decode(css[r], params=params, cuda_stream=s) for r in range(2)]
     timed("decode(256) reusing Images", lambda r: dec.decode(css[r], images=reuse[r % 2], params=params,
                                                               cuda_stream=s), nb, res)
@@ -137,7 +137,7 @@ def main() -> None:
     timed("rows table build + upload", lambda r: table(r)[1], nb, res)
     timed("fused kernel (full image -> 224)", lambda r: resized_crop_triton(prepared[r][0], prepared[r][1], 224,
           [1.0] * 3, [0.0] * 3, out), nb, res)
-    imgs = all_t = reuse = packed = tens = prepared = None  # free them before timing frees
+    imgs = all_t = reuse = prepared = None  # free them before timing frees
 
     def free(r):
         im = dec.decode(css[r], params=params, cuda_stream=s)
