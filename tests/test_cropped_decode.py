@@ -48,3 +48,21 @@ def test_damaged_files_still_refused(kind):
     assert dec.decode_region(data, "bad.jpg", (0, 0, 8, 8), 1) is None  # structural check: full strict decode
     with pytest.raises(DecodeError, match="bad.jpg"):
         dec.decode(data, "bad.jpg", fast=True)
+
+
+def test_entropy_check_in_c_equals_the_numpy_form():
+    from gpufeed.decode import jpeg_check
+
+    assert jpeg_check._entropy_ok_c is not None
+    rng = np.random.default_rng(0)
+    alphabet = np.array([0x00, 0x12, 0xD0, 0xD7, 0xD8, 0xD9, 0xC4, 0xFF, 0xFF, 0xFF], np.uint8)
+    cases = [b"", b"\xff", b"\x00\xff", b"\xff\x00", b"\xff\xff\x00", b"\xff\xd3\x01", b"\xff\xd9", b"\x01\xff\xc4\x00"]
+    cases += [alphabet[rng.integers(0, len(alphabet), int(rng.integers(1, 12)))].tobytes() for _ in range(3000)]
+    for data in cases:
+        for start, end in ((0, len(data)), (1, len(data)), (0, max(0, len(data) - 1))):
+            if start <= end:
+                assert jpeg_check._entropy_ok_c(data, start, end) == jpeg_check.entropy_ok_numpy(data, start, end), \
+                    (data.hex(), start, end)
+    assert jpeg_check.entropy_ok(b"\x00\x00", 2, 1) is False
+    with pytest.raises(ValueError, match="outside"):
+        jpeg_check._entropy_ok_c(b"\x00", 0, 5)

@@ -8,6 +8,11 @@
  *   the scaled image; the caller takes its exact crop from them.
  *
  * Strict: any libjpeg warning (corrupt or truncated data) raises ValueError, as simplejpeg(strict=True) does.
+ *
+ * entropy_ok(data, start, end) -> bool
+ *   Whether data[start:end], a scan's entropy-coded bytes, holds 0xFF only as stuffed bytes (FF 00), restart
+ *   markers (FF D0-D7) or fill (FF FF), and does not end on 0xFF: jpeg_check.gpu_safe_jpeg's scan test,
+ *   about 6x faster than its numpy form (memchr finds the few 0xFF bytes). Releases the GIL.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -97,8 +102,35 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Niiii)", out, (int)width, height, (int)left, y0);
 }
 
+static PyObject *entropy_ok(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "y*nn", &data, &start, &end)) return NULL;
+    if (start < 0 || end > data.len || start > end) {
+        PyBuffer_Release(&data);
+        PyErr_Format(PyExc_ValueError, "range [%zd, %zd) outside the %zd bytes given", start, end, data.len);
+        return NULL;
+    }
+    const unsigned char *p = (const unsigned char *)data.buf + start;
+    const unsigned char *stop = (const unsigned char *)data.buf + end;
+    int ok = 1;
+    Py_BEGIN_ALLOW_THREADS
+    while (p < stop) {
+        const unsigned char *ff = memchr(p, 0xFF, (size_t)(stop - p));
+        if (ff == NULL) break;
+        if (ff + 1 >= stop) { ok = 0; break; }  /* ends inside a marker */
+        unsigned char next = ff[1];
+        if (!(next == 0x00 || next == 0xFF || (next >= 0xD0 && next <= 0xD7))) { ok = 0; break; }
+        p = ff + 1;  /* after FF FF the second FF is checked in turn */
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
     {"decode_crop", decode_crop, METH_VARARGS, "Decode only a crop of a JPEG (see the module source)."},
+    {"entropy_ok", entropy_ok, METH_VARARGS, "Check a scan's entropy-coded bytes (see the module source)."},
     {NULL, NULL, 0, NULL},
 };
 

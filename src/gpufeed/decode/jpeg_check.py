@@ -15,6 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
+try:  # the optional C extension (built with the cropped decoder): the same test, about 6x faster
+    from ._turbo_crop import entropy_ok as _entropy_ok_c
+except ImportError:
+    _entropy_ok_c = None
+
 _SOF_SEQUENTIAL = {0xC0, 0xC1}
 _STANDALONE = set(range(0xD0, 0xD8)) | {0x01}
 
@@ -49,10 +54,24 @@ def gpu_safe_jpeg(data: bytes) -> bool:
         if marker == 0xDA:
             if not seen_sof:
                 return False
-            scan = np.frombuffer(data, np.uint8, end - 2 - (i + 2 + length), i + 2 + length)
-            ff = np.flatnonzero(scan[:-1] == 0xFF)
-            follow = scan[ff + 1]
-            ok = (follow == 0x00) | ((follow >= 0xD0) & (follow <= 0xD7)) | (follow == 0xFF)
-            return bool(ok.all()) and (len(scan) == 0 or scan[-1] != 0xFF)
+            return entropy_ok(data, i + 2 + length, end - 2)
         i += 2 + length
     return False
+
+
+def entropy_ok(data: bytes, start: int, end: int) -> bool:
+    """Whether ``data[start:end]`` (a scan's entropy-coded bytes) holds 0xFF only as a stuffed byte (FF 00),
+    a restart marker (FF D0-D7) or fill (FF FF), and does not end on 0xFF."""
+    if start > end:
+        return False  # the scan header runs past the end of the data
+    if _entropy_ok_c is not None:
+        return _entropy_ok_c(data, start, end)
+    return entropy_ok_numpy(data, start, end)
+
+
+def entropy_ok_numpy(data: bytes, start: int, end: int) -> bool:
+    scan = np.frombuffer(data, np.uint8, max(0, end - start), start)
+    ff = np.flatnonzero(scan[:-1] == 0xFF)
+    follow = scan[ff + 1]
+    ok = (follow == 0x00) | ((follow >= 0xD0) & (follow <= 0xD7)) | (follow == 0xFF)
+    return bool(ok.all()) and (len(scan) == 0 or scan[-1] != 0xFF)
