@@ -25,7 +25,6 @@ decode memory stays bounded.
 from __future__ import annotations
 
 import collections
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -103,12 +102,10 @@ class GpuDecodeAugment:
         self.max_batch_pixels = max_batch_pixels
         self.on_skip = on_skip  # None: a file no decoder reads raises DecodeError; else it is dropped and reported
         self.decoded_by: collections.Counter = collections.Counter()  # "gpu:<name>", "cpu" -> images
-        self.stage_seconds = 0.0  # host time of the last call (the loader's cpu_share control reads it)
         self._flat: torch.Tensor | None = None
         self._flat_stream: torch.cuda.Stream | None = None
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        t0 = time.perf_counter()
         n, s = len(batch.meta), self.size
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         out = torch.empty((n, 3, s, s), dtype=self.dtype, device=self.device, memory_format=fmt)
@@ -124,7 +121,6 @@ class GpuDecodeAugment:
         if dropped:
             keep = torch.tensor([i for i in range(n) if i not in set(dropped)], device=self.device)
             out, labels = out.index_select(0, keep), labels.index_select(0, keep)
-        self.stage_seconds = time.perf_counter() - t0
         return out, labels
 
     def _slice(self, batch: EncodedBatch, r: range, encoded: np.ndarray, h: np.ndarray, w: np.ndarray,
