@@ -93,8 +93,14 @@ def test_slices_respect_the_pixel_budget():
     assert _slices(sizes, 10**9) == [range(0, 8)]
 
 
-def test_decoder_placement_on_the_cpu():
+def test_decoder_placement_on_the_cpu(monkeypatch):
     assert create_gpu_decoder("auto", torch.device("cpu"))[0] is None
+    import gpufeed.augment.fused as fused
+
+    with monkeypatch.context() as m:
+        m.setattr(fused, "triton", None)
+        assert create_gpu_decoder("auto", torch.device("cuda", 0)) == (
+            None, "decode='auto': Triton is not installed (the fused GPU kernel needs it); CPU workers")
     decoders, why = create_gpu_decoder("auto", torch.device("cuda", 0))
     if decoders is None:  # no GPU or no nvImageCodec here: the CPU workers, and the reason says why
         assert why.startswith("decode='auto': nvImageCodec unavailable") and "CPU workers" in why

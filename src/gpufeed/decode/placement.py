@@ -34,6 +34,11 @@ def create_gpu_decoder(choice: str, device: torch.device, *, threads: int = 2):
         if choice == "auto":
             return None, f"decode='auto' on {device}: CPU workers"
         raise ValueError(f"decode={choice!r} needs a CUDA device, got device={str(device)!r}")
+    if choice == "auto":
+        from ..augment import fused
+
+        if fused.triton is None:  # the per-image torch fallback of the fused kernel is far too slow to pick
+            return None, "decode='auto': Triton is not installed (the fused GPU kernel needs it); CPU workers"
     reasons = []
     if choice in ("auto", "gpu", "nvimgcodec"):
         try:
