@@ -68,7 +68,7 @@ def main() -> None:
                 set_checks(on)
                 times[(path, on)].append(fn())
     set_checks(True)
-    del ring
+    ring = None  # drop the views before the block is closed
     shm.close()
     shm.unlink()
     print(f"{n} files from {args.data}, {args.rounds} interleaved rounds, median per-sample time")
