@@ -119,7 +119,8 @@ class GpuDecodeAugment:
                         widths[r.start : r.stop].copy(), out[r.start : r.stop], dropped)
         labels = batch.labels
         if dropped:
-            keep = torch.tensor([i for i in range(n) if i not in set(dropped)], device=self.device)
+            gone = set(dropped)
+            keep = torch.tensor([i for i in range(n) if i not in gone], device=self.device)
             out, labels = out.index_select(0, keep), labels.index_select(0, keep)
         return out, labels
 

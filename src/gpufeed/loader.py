@@ -289,15 +289,13 @@ class ImageLoader:
                 consumed, positions = len(idx), list(idx)
                 if failures:
                     pool.cancel()  # drops every queued batch: this epoch's later ones and the next epoch's
-                    for later in (run, nxt):
-                        for _, later_slot, later_idx in later.inflight if later else ():
-                            slots.free.append(later_slot)
-                            later.cursor -= len(later_idx)
+                    for _, later_slot, later_idx in run.inflight:
+                        slots.free.append(later_slot)
+                        run.cursor -= len(later_idx)
+                    slots.free.extend(later_slot for _, later_slot, _ in (nxt.inflight if nxt else ()))
                     run.inflight.clear()
                     nxt = None
-                    view, positions, extra, run.cursor = self._refill(pool, slot, view, positions, failures,
-                                                                      run.order, run.cursor, slots.ids, run.seed,
-                                                                      run.epoch)
+                    view, positions, extra = self._refill(slot, view, positions, failures, run)
                     consumed += extra
                 if not full(len(positions)):
                     slots.free.append(slot)
@@ -315,7 +313,7 @@ class ImageLoader:
                 # GPU stage) on its stream, which may still be reading the slot.
                 slots.release(slot, self._prefetcher._stream)
         finally:
-            slots.wait_reads()  # the next iteration's workers may write these slots at once
+            slots.reclaim(everything=True)  # the next iteration's workers may write these slots at once
             if self._pool is not None and self._pool.closed:  # stopped by an error: fresh workers next time
                 self._pool = None
             elif finished and nxt is not None and nxt.inflight:
@@ -333,9 +331,10 @@ class ImageLoader:
             run.inflight.append((bid, slot, idx))
             run.cursor += len(idx)
 
-    def _refill(self, pool, slot, view, positions, failures, order, cursor, ids, seed, epoch):
-        """Drop failed samples from a slot, move the rest to the front, top it up from ``order``."""
-        target, extra = len(positions), 0
+    def _refill(self, slot, view, positions, failures, run: "_Run"):
+        """Drop failed samples from a slot, move the rest to the front, top it up from ``run``'s order
+        (advancing its cursor); returns the slot's view, its samples' positions and the entries taken."""
+        pool, target, extra = self._pool, len(positions), 0
         while failures:
             bad = {f.position for f in failures}
             retry = [positions[f.position] for f in failures if f.reason == "retry"]
@@ -347,20 +346,20 @@ class ImageLoader:
                 if arr is not None:
                     arr[: len(keep)] = arr[keep]
             positions = [positions[k] for k in keep]
-            fresh = order[cursor : cursor + max(0, target - len(positions) - len(retry))]
-            cursor += len(fresh)
+            fresh = run.order[run.cursor : run.cursor + max(0, target - len(positions) - len(retry))]
+            run.cursor += len(fresh)
             extra += len(fresh)
             take = retry + fresh
             if not take:
                 break
-            bid = next(ids)
-            pool.submit(bid, slot, seed, epoch, take, start=len(positions))
+            bid = next(run.slots.ids)
+            pool.submit(bid, slot, run.seed, run.epoch, take, start=len(positions))
             view, failures = pool.collect(bid)
             positions += take
         n = len(positions)
         view = SlotView(view.images[:n], view.labels[:n], None if view.meta is None else view.meta[:n],
                         None if view.arena is None else view.arena[:n])
-        return view, positions, extra, cursor
+        return view, positions, extra
 
     def _record_skip(self, path: str | None, reason: str) -> None:
         self._skipped_total += 1
@@ -385,15 +384,10 @@ class _Slots:
         event.record(stream)
         self.reading.append((slot, event))
 
-    def reclaim(self) -> None:
-        """Free the slots whose copies finished; wait for the oldest when fewer than two are free."""
-        while self.reading and (len(self.free) <= 1 or self.reading[0][1].query()):
-            slot, event = self.reading.popleft()
-            event.synchronize()
-            self.free.append(slot)
-
-    def wait_reads(self) -> None:
-        while self.reading:
+    def reclaim(self, everything: bool = False) -> None:
+        """Free the slots whose copies finished; wait for the oldest when fewer than two are free, or
+        for all of them with ``everything``."""
+        while self.reading and (everything or len(self.free) <= 1 or self.reading[0][1].query()):
             slot, event = self.reading.popleft()
             event.synchronize()
             self.free.append(slot)

@@ -77,9 +77,10 @@ def _read(spec: PipelineSpec, index: int) -> tuple[str, bytes]:
 
 
 def _finish_on_cpu(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, path: str,
-                   data: bytes, out: np.ndarray) -> None:
-    """Decode, orient, crop, resize and flip one sample into ``out`` ((S, S, 3) uint8)."""
-    width, height, fast = decoder.header(data, path)
+                   data: bytes, out: np.ndarray, header: tuple[int, int, bool] | None = None) -> None:
+    """Decode, orient, crop, resize and flip one sample into ``out`` ((S, S, 3) uint8). ``header``:
+    ``decoder.header(data, path)`` when the caller has it already."""
+    width, height, fast = header or decoder.header(data, path)
     orientation = read_orientation(data) if spec.exif_orientation else 1
     if swaps_axes(orientation):
         width, height = height, width
@@ -113,7 +114,7 @@ def encode_sample_into(
     corrupt, progressive; or EXIF-rotated when rotation is on) is finished here by the strict CPU decoder,
     as is every sample with ``on_cpu`` (the CPU's share of a batch, beside the GPU decoders)."""
     path, data = _read(spec, index)
-    width, height, fast = decoder.header(data, path)
+    header = width, height, fast = decoder.header(data, path)
     gpu = (not on_cpu and fast and len(data) <= spec.gpu_bytes_capacity and gpu_safe_jpeg(data)
            and not (spec.exif_orientation and read_orientation(data) != 1))
     if gpu:
@@ -122,7 +123,7 @@ def encode_sample_into(
         ring.meta[slot, k] = (KIND_BYTES, len(data), width, height, box.x, box.y, box.width, box.height,
                               int(box.flip))
     else:
-        _finish_on_cpu(spec, decoder, seed, epoch, index, path, data, ring.images[slot, k])
+        _finish_on_cpu(spec, decoder, seed, epoch, index, path, data, ring.images[slot, k], header)
         ring.meta[slot, k] = (KIND_PIXELS, 0, width, height, 0, 0, 0, 0, 0)
     return spec.source.label(index)
 
@@ -360,10 +361,8 @@ class WorkerPool:
             if p.is_alive() and not (busy and self.sample_timeout and now - started > self.sample_timeout):
                 continue
             entry = self._pending.get(int(batch_id)) if busy else None
-            path = None
-            if entry is not None and int(chunk_id) in entry["chunks"]:
-                first, chunk = entry["chunks"][int(chunk_id)]
-                path = self._spec.source.path(chunk[int(k) - first])
+            first, chunk = entry["chunks"].get(int(chunk_id), (0, None)) if entry is not None else (0, None)
+            path = self._spec.source.path(chunk[int(k) - first]) if chunk is not None else None
             if p.is_alive():
                 p.kill()
                 p.join(5)
@@ -376,7 +375,6 @@ class WorkerPool:
                 self.close()
                 raise WorkerError(f"gpufeed worker {i} (pid {p.pid}) {why}{where}")
             # skip: that sample fails, the rest of its chunk is retried, a new worker takes over
-            first, chunk = entry["chunks"][int(chunk_id)]
             entry["left"].discard(int(chunk_id))
             entry["failures"].append(Failure(int(k), path, f"worker {why}", ""))
             entry["failures"] += [Failure(j, None, "retry", "") for j in range(int(k) + 1, first + len(chunk))]

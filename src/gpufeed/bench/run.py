@@ -154,9 +154,10 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
     steady = epochs[1:]
     busy = [e["gpu_busy"] for e in steady if e["gpu_busy"] is not None]
     cores = [e["cpu_cores_busy"] for e in steady if e["cpu_cores_busy"] is not None]
-    label = name if stats is None else f"{name} ({stats['decode_backend']} decode)"
-    if stats is not None and stats["decode_backend"] != "cpu":
-        label = f"{name} ({stats['decode_backend']} decode, CPU share {stats['cpu_share']:.2f})"
+    label = name
+    if stats is not None:
+        share = "" if stats["decode_backend"] == "cpu" else f", CPU share {stats['cpu_share']:.2f}"
+        label = f"{name} ({stats['decode_backend']} decode{share})"
     gpu_added = [e["gpu_mem_peak_bytes"] - epochs[0]["gpu_mem_start_bytes"] for e in epochs
                  if e["gpu_mem_peak_bytes"] is not None]
     return {
