@@ -76,6 +76,14 @@ except ImportError:  # no Triton: the reference path is used
 if triton is not None:
 
     @triton.jit
+    def _bilinear(p00, p01, p10, p11, w00, w01, w10, w11, mask):
+        """One channel of one tap: the four neighbours' weighted sum, in float32."""
+        return (tl.load(p00, mask=mask, other=0).to(tl.float32) * w00
+                + tl.load(p01, mask=mask, other=0).to(tl.float32) * w01
+                + tl.load(p10, mask=mask, other=0).to(tl.float32) * w10
+                + tl.load(p11, mask=mask, other=0).to(tl.float32) * w11)
+
+    @triton.jit
     def _resized_crop_kernel(
         src_ptr, meta_ptr, out_ptr,
         scale0, scale1, scale2, shift0, shift1, shift2,
@@ -128,18 +136,9 @@ if triton is not None:
                 w01 = (1 - wy) * wx
                 w10 = wy * (1 - wx)
                 w11 = wy * wx
-                acc0 += (tl.load(p00, mask=mask, other=0).to(tl.float32) * w00
-                         + tl.load(p01, mask=mask, other=0).to(tl.float32) * w01
-                         + tl.load(p10, mask=mask, other=0).to(tl.float32) * w10
-                         + tl.load(p11, mask=mask, other=0).to(tl.float32) * w11)
-                acc1 += (tl.load(p00 + 1, mask=mask, other=0).to(tl.float32) * w00
-                         + tl.load(p01 + 1, mask=mask, other=0).to(tl.float32) * w01
-                         + tl.load(p10 + 1, mask=mask, other=0).to(tl.float32) * w10
-                         + tl.load(p11 + 1, mask=mask, other=0).to(tl.float32) * w11)
-                acc2 += (tl.load(p00 + 2, mask=mask, other=0).to(tl.float32) * w00
-                         + tl.load(p01 + 2, mask=mask, other=0).to(tl.float32) * w01
-                         + tl.load(p10 + 2, mask=mask, other=0).to(tl.float32) * w10
-                         + tl.load(p11 + 2, mask=mask, other=0).to(tl.float32) * w11)
+                acc0 += _bilinear(p00, p01, p10, p11, w00, w01, w10, w11, mask)
+                acc1 += _bilinear(p00 + 1, p01 + 1, p10 + 1, p11 + 1, w00, w01, w10, w11, mask)
+                acc2 += _bilinear(p00 + 2, p01 + 2, p10 + 2, p11 + 2, w00, w01, w10, w11, mask)
         inv = 1.0 / (k * k)
         dst = out_ptr + b.to(tl.int64) * stride_b + (idx // S) * stride_y + ox_i * stride_x
         ty_out = out_ptr.dtype.element_ty
