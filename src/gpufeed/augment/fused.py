@@ -84,6 +84,16 @@ if triton is not None:
                 + tl.load(p11, mask=mask, other=0).to(tl.float32) * w11)
 
     @triton.jit
+    def _neighbours(start, o, t, k, step, last):
+        """Along one axis, tap ``t`` of output ``o``: the two source neighbours (clamped to [0, last])
+        and the weight of the second."""
+        f = start + (o + (t + 0.5) / k) * step - 0.5
+        f = tl.minimum(tl.maximum(f, 0.0), last.to(tl.float32))
+        f0 = tl.floor(f)
+        i0 = f0.to(tl.int32)
+        return i0, tl.minimum(i0 + 1, last), f - f0
+
+    @triton.jit
     def _resized_crop_kernel(
         src_ptr, meta_ptr, out_ptr,
         scale0, scale1, scale2, shift0, shift1, shift2,
@@ -108,26 +118,14 @@ if triton is not None:
         ox = tl.where(flip != 0, S - 1 - ox_i, ox_i).to(tl.float32)
         sy = bh / S
         sx = bw / S
-        hmax = (h - 1).to(tl.float32)
-        wmax = (w - 1).to(tl.float32)
         acc0 = tl.zeros([BLOCK], dtype=tl.float32)
         acc1 = tl.zeros([BLOCK], dtype=tl.float32)
         acc2 = tl.zeros([BLOCK], dtype=tl.float32)
         ki = k.to(tl.int32)
         for ty in range(0, ki):
-            fy = by + (oy + (ty + 0.5) / k) * sy - 0.5
-            fy = tl.minimum(tl.maximum(fy, 0.0), hmax)
-            y0f = tl.floor(fy)
-            wy = fy - y0f
-            y0 = y0f.to(tl.int32)
-            y1 = tl.minimum(y0 + 1, h - 1)
+            y0, y1, wy = _neighbours(by, oy, ty, k, sy, h - 1)
             for tx in range(0, ki):
-                fx = bx + (ox + (tx + 0.5) / k) * sx - 0.5
-                fx = tl.minimum(tl.maximum(fx, 0.0), wmax)
-                x0f = tl.floor(fx)
-                wx = fx - x0f
-                x0 = x0f.to(tl.int32)
-                x1 = tl.minimum(x0 + 1, w - 1)
+                x0, x1, wx = _neighbours(bx, ox, tx, k, sx, w - 1)
                 p00 = src_ptr + off + (y0 * w + x0).to(tl.int64) * 3
                 p01 = src_ptr + off + (y0 * w + x1).to(tl.int64) * 3
                 p10 = src_ptr + off + (y1 * w + x0).to(tl.int64) * 3
