@@ -26,8 +26,6 @@ import torch
 
 MAX_TAPS = 4
 
-META_COLUMNS = ("offset", "h", "w", "x", "y", "bw", "bh", "flip")
-
 
 def taps_for(box_w: int, box_h: int, size: int) -> int:
     """Samples per axis and output pixel: enough to cover the footprint when shrinking."""
