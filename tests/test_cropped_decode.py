@@ -50,6 +50,14 @@ def test_damaged_files_still_refused(kind):
         dec.decode(data, "bad.jpg", fast=True)
 
 
+def test_check_structure_off_lets_a_progressive_jpeg_take_the_cropped_decode():
+    # The switch that benchmarks/check_cost.py measures with: it turns off the structural test and nothing else.
+    data = DECODABLE["progressive"]()
+    assert CpuDecoder().decode_region(data, "p.jpg", (0, 0, 8, 8), 1) is None
+    region = CpuDecoder(check_structure=False).decode_region(data, "p.jpg", (0, 0, 8, 8), 1)
+    assert region is not None and region.shape == (8, 8, 3)
+
+
 def test_entropy_check_in_c_equals_the_numpy_form():
     from gpufeed.decode import jpeg_check
 

@@ -157,3 +157,21 @@ def test_share_control_gives_the_workers_what_they_keep_up_with():
     fixed = _ShareControl(0.3)
     fixed.update(0.0)
     assert fixed.value == 0.3
+
+
+def test_the_structural_check_keeps_progressive_jpegs_off_the_gpu_unless_switched_off(tmp_path):
+    (tmp_path / "a").mkdir()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 50, 3), np.uint8)).save(
+        tmp_path / "a" / "p.jpg", quality=90, progressive=True)
+    src = folder_source(tmp_path)
+    kinds = {}
+    for check in (True, False):
+        spec = PipelineSpec(src, AugmentSpec(image_size=16, resize_size=16), 10**8, gpu_bytes_capacity=1 << 20,
+                            check_structure=check)
+        pool = WorkerPool(spec, num_workers=1, num_slots=1, batch_size=1)
+        pool.submit(0, 0, 0, 0, [0])
+        view, failures = pool.collect(0)
+        assert failures == []
+        kinds[check] = int(view.meta[0, 0])
+        pool.close()
+    assert kinds == {True: KIND_PIXELS, False: KIND_BYTES}

@@ -66,6 +66,9 @@ class PipelineSpec:
     gpu_bytes_capacity: int = 0  # > 0: leave JPEGs encoded for GPU decode, up to this many bytes each
     on_error: str = "raise"  # "raise": stop at the first bad sample; "skip": report it and go on
     exif_orientation: bool = False  # apply EXIF orientation (default: ignore it, as torchvision does)
+    # The structural JPEG check before a cropped or GPU decode. False only to measure what it costs
+    # (benchmarks/check_cost.py): damaged JPEGs could then reach decoders that fill damage in silently.
+    check_structure: bool = True
 
 
 def _read(spec: PipelineSpec, index: int) -> tuple[str, bytes]:
@@ -115,7 +118,8 @@ def encode_sample_into(
     as is every sample with ``on_cpu`` (the CPU's share of a batch, beside the GPU decoders)."""
     path, data = _read(spec, index)
     header = width, height, fast = decoder.header(data, path)
-    gpu = (not on_cpu and fast and len(data) <= spec.gpu_bytes_capacity and gpu_safe_jpeg(data)
+    gpu = (not on_cpu and fast and len(data) <= spec.gpu_bytes_capacity
+           and (not spec.check_structure or gpu_safe_jpeg(data))
            and not (spec.exif_orientation and read_orientation(data) != 1))
     if gpu:
         box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
@@ -143,7 +147,7 @@ def _worker_main(
     _lower_priority()
     shm = shared_memory.SharedMemory(name=shm_name)
     ring = Ring(shm, *ring_shape, spec.gpu_bytes_capacity)
-    decoder = CpuDecoder(max_pixels=spec.max_pixels)
+    decoder = CpuDecoder(max_pixels=spec.max_pixels, check_structure=spec.check_structure)
     mine = progress[worker_id]
     try:
         while True:

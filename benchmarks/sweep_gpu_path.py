@@ -1,0 +1,124 @@
+"""Where the GPU path's loader-only throughput goes: worker count, CPU share, worker priority, decoders.
+
+    python3 benchmarks/sweep_gpu_path.py DATA_DIR [--epochs 3] [CONFIG ...]
+
+CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>]``, e.g. ``w16,auto,n5`` (the
+loader's defaults on a 16-core machine: 2 decoders, 4 slots) or ``w12,0.3,n10,d1,s6``. Per config: one ImageLoader(decode="gpu", batch 256), one warm-up
+epoch, then ``--epochs`` timed epochs (loader only: each batch reaches the device and is read once).
+Reported: images/s (median epoch), the CPU share at the end, the GPU stage's host time per batch (median;
+decode + kernel launch, in the prefetch thread), the wait for the workers per batch (median), and the
+cores the process tree kept busy. Worker priority is set on the running workers (``setpriority``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import time
+
+import torch
+
+import gpufeed.workers as workers
+from gpufeed import ImageLoader
+from gpufeed.bench.monitor import Monitor
+from gpufeed.decode.placement import create_gpu_decoder
+from gpufeed.gpu_stage import GpuDecodeAugment
+
+DEFAULT = ["w16,auto,n5", "w16,auto,n15", "w14,auto,n5", "w12,auto,n5", "w12,auto,n15", "w10,auto,n5",
+           "w16,0,n5", "w4,0,n5", "w16,0.3,n5", "w12,0.3,n5", "w16,auto,n5,d1", "w16,auto,n5,d3", "w16,auto,n5,s8", "w12,auto,n5,s8", "w16,auto,n5"]
+
+
+def parse(config: str) -> dict:
+    parts = config.split(",")
+    out = {"workers": int(parts[0][1:]), "share": parts[1] if parts[1] == "auto" else float(parts[1]),
+           "nice": int(parts[2][1:]), "decoders": 2, "slots": None}
+    for extra in parts[3:]:
+        out[{"d": "decoders", "s": "slots"}[extra[0]]] = int(extra[1:])
+    return out
+
+
+def run(data: str, config: str, epochs: int, device: torch.device, monitor: Monitor) -> str:
+    c = parse(config)
+    loader = ImageLoader(data, batch_size=256, num_workers=c["workers"], device=device, decode="gpu",
+                         cpu_share=c["share"])
+    if c["slots"]:
+        loader._num_slots = c["slots"]  # before the first epoch creates the ring
+    stage = loader._gpu_stage
+    if c["decoders"] != len(stage.decoders):
+        decoders, _ = create_gpu_decoder("gpu", device, threads=c["decoders"])
+        stage = GpuDecodeAugment(decoders, device=device, image_size=224, mean=loader.normalize.mean,
+                                 std=loader.normalize.std, dtype=torch.float32, channels_last=False,
+                                 max_pixels=loader.spec.max_pixels)
+        loader._gpu_stage = stage
+    stage_s: list[float] = []
+
+    def timed(batch):
+        t0 = time.perf_counter()
+        out = stage(batch)
+        stage_s.append(time.perf_counter() - t0)
+        return out
+
+    loader._prefetcher.transform = timed
+    waits: list[float] = []
+    collect = workers.WorkerPool.collect
+
+    def timed_collect(self, batch_id):
+        out = collect(self, batch_id)
+        waits.append(self.last_wait)
+        return out
+
+    workers.WorkerPool.collect = timed_collect
+    rates, busy = [], []
+    try:
+        for e in range(epochs + 1):
+            if e == 1:
+                for pid in loader.worker_pids:
+                    os.setpriority(os.PRIO_PROCESS, pid, c["nice"])
+                stage_s.clear()
+                waits.clear()
+                monitor.start()
+            n, t0 = 0, time.perf_counter()
+            for images, _ in loader:
+                images.sum()
+                n += images.shape[0]
+            torch.cuda.synchronize(device)
+            if e >= 1:
+                rates.append(n / (time.perf_counter() - t0))
+        monitor.stop()
+        busy = monitor.cores_busy
+    finally:
+        workers.WorkerPool.collect = collect
+        share = loader.stats["cpu_share"]
+        by = loader.stats["decoded_by"]
+        loader.close()
+    gpu = sum(v for k, v in by.items() if k.startswith("gpu")) / max(1, sum(by.values()))
+    return (f"| {config} | {statistics.median(rates):,.0f} | {share:.2f} | {gpu:.2f} | "
+            f"{1e3 * statistics.median(stage_s):.1f} | {1e3 * statistics.median(waits):.1f} | "
+            f"{busy:.1f} | {', '.join(f'{r:,.0f}' for r in rates)} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("data")
+    p.add_argument("configs", nargs="*", default=DEFAULT)
+    p.add_argument("--epochs", type=int, default=3)
+    args = p.parse_args()
+    device = torch.device("cuda", torch.cuda.current_device())
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
+    print("\n".join(l for l in lscpu if l.split(":")[0] in ("Model name", "Thread(s) per core", "Core(s) per socket",
+                                                            "Socket(s)", "CPU(s)", "L3 cache")))
+    print(f"{workers.usable_cores()} usable cores; GPU {torch.cuda.get_device_name(device)}")
+    print("| config | images/s | CPU share | GPU-decoded | stage host ms/batch | worker wait ms/batch | cores busy "
+          "| epochs |\n|---|---|---|---|---|---|---|---|")
+    monitor = Monitor(device.index)
+    for config in args.configs:
+        try:
+            print(run(args.data, config, args.epochs, device, monitor), flush=True)
+        except Exception as e:  # one config failing must not lose the others
+            print(f"| {config} | FAILED: {type(e).__name__}: {e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
