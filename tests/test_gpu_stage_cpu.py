@@ -81,13 +81,15 @@ def test_files_over_the_capacity_are_decoded_by_the_workers(coloured):
     pool.close()
 
 
-def _stage_output(root, decoder, budget=None, cpu_rows=0):
+def _stage_output(root, decoder, budget=None, cpu_rows=0, job_images=None):
     src, pool, view = _pool_batch(root, cpu_rows=cpu_rows)
     kw = dict(device=torch.device("cpu"), image_size=16, mean=MEAN, std=STD, dtype=torch.float32,
               channels_last=False, max_pixels=10**8)
     if budget:
         kw["max_batch_pixels"] = budget
-    stage = GpuDecodeAugment([decoder], **kw)
+    stage = GpuDecodeAugment(decoder if isinstance(decoder, list) else [decoder], **kw)
+    if job_images:
+        stage.job_images = job_images
     batch = EncodedBatch(torch.from_numpy(view.labels.copy()), view.meta, view.arena, view.images,
                          lambda i: src.path(i))
     images, labels = stage(batch)
@@ -105,6 +107,15 @@ def test_stage_labels_stay_aligned_with_gpu_refusals_and_cpu_rows(coloured):
     images, labels, stage = _stage_output(coloured, CpuStandIn(refuse))
     assert images.shape == (13, 3, 16, 16) and not torch.isnan(images).any()
     assert torch.equal(_colour_index(images), labels)
+    assert stage.decoded_by["cpu"] == 3 and stage.decoded_by["gpu:standin"] == 10
+
+
+def test_calls_of_a_few_images_dealt_to_several_decoders_keep_labels_aligned(coloured):
+    refuse = {open(p, "rb").read() for p in sorted(coloured.glob("c0/*.jpg"))[1:3]}
+    decoders = [CpuStandIn(refuse), CpuStandIn(refuse)]
+    images, labels, stage = _stage_output(coloured, decoders, job_images=2)
+    assert torch.equal(_colour_index(images), labels)
+    assert decoders[0].calls == 3 and decoders[1].calls == 3  # 12 JPEGs in 6 calls of 2, taken in turn
     assert stage.decoded_by["cpu"] == 3 and stage.decoded_by["gpu:standin"] == 10
 
 

@@ -25,7 +25,7 @@ decode memory stays bounded.
 from __future__ import annotations
 
 import collections
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -40,6 +40,9 @@ from .decode.cpu import CpuDecoder
 from .ring import KIND_BYTES
 
 DEFAULT_MAX_BATCH_PIXELS = 256 * 1024 * 1024
+# Images per decode call. A batch's GPU images go out in calls of about this many, taken in turn by the
+# decoders' threads, so one thread's host work (wrapping, parsing) overlaps another's decode on the engines.
+JOB_IMAGES = 48
 
 
 @dataclass
@@ -90,10 +93,12 @@ class GpuDecodeAugment:
                  on_skip: Callable[[str, str], None] | None = None) -> None:
         self.decoders = list(decoders)
         self.name = self.decoders[0].name
-        self._threads = (ThreadPoolExecutor(len(self.decoders), thread_name_prefix="gpufeed-decode")
-                         if len(self.decoders) > 1 else None)
         cuda = device.type == "cuda"
+        # one thread per decoder (a decoder's calls never overlap), each on its own stream
+        self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"gpufeed-decode-{k}") for k in
+                         range(len(self.decoders))] if cuda else []
         self._streams = [torch.cuda.Stream(device) if cuda else None for _ in self.decoders]
+        self.job_images = JOB_IMAGES
         self.cpu = CpuDecoder(max_pixels=max_pixels)
         self.device, self.size, self.dtype, self.channels_last = device, image_size, dtype, channels_last
         self.scale, self.shift = normalize_constants(mean, std)
@@ -143,8 +148,7 @@ class GpuDecodeAugment:
             flat[offset[a] : offset[a] + (b - a) * px].copy_(
                 self._host(batch.pixels[r.start + a : r.start + b]).view(-1), non_blocking=True)
         self.decoded_by["cpu"] += len(pre)
-        ok = self._decode_gpu(batch, r.start + enc, [flat[o : o + n].view(hh, ww, 3) for o, n, hh, ww in
-                                                     zip(offset[enc], (h * w * 3)[enc], h[enc], w[enc])])
+        ok = self._decode_gpu(batch, r.start + enc, flat, offset[enc], h[enc], w[enc])
         self.decoded_by[f"gpu:{self.name}"] += sum(ok)
         for j in (int(j) for j, good in zip(enc, ok) if not good):
             self._finish_on_cpu(batch, r.start + j, rows[j], flat, dropped)
@@ -199,27 +203,32 @@ class GpuDecodeAugment:
         t = torch.from_numpy(a) if isinstance(a, np.ndarray) else a
         return t if self.device.type != "cuda" or t.is_pinned() else t.pin_memory()
 
-    def _decode_gpu(self, batch: EncodedBatch, ids: np.ndarray, outs: list[torch.Tensor]) -> list[bool]:
-        """Decode samples ``ids`` into ``outs`` ((h, w, 3) uint8 views of the flat buffer); which worked."""
+    def _decode_gpu(self, batch: EncodedBatch, ids: np.ndarray, flat: torch.Tensor, offsets: np.ndarray,
+                    heights: np.ndarray, widths: np.ndarray) -> list[bool]:
+        """Decode samples ``ids`` into ``flat`` (sample ``ids[j]`` as an (heights[j], widths[j], 3) uint8
+        image at byte ``offsets[j]``); which worked. The images go out in calls of about ``job_images``
+        (at least one call per decoder), dealt in turn to the decoders (on CUDA each decoder in its own thread, on its own stream)."""
         if not len(ids):
             return []
-        datas = [batch.arena[i, : batch.meta[i, 1]] for i in ids]
+
+        def run(k: int, sl: slice) -> list[bool]:
+            datas = [batch.arena[i, : batch.meta[i, 1]] for i in ids[sl]]
+            outs = [flat[o : o + hh * ww * 3].view(hh, ww, 3) for o, hh, ww in
+                    zip(offsets[sl].tolist(), heights[sl].tolist(), widths[sl].tolist())]
+            return self.decoders[k].decode_into(datas, outs, self._streams[k])
+
+        step = -(-len(ids) // max(len(self.decoders), round(len(ids) / self.job_images)))
+        jobs = [(j % len(self.decoders), slice(a, a + step)) for j, a in enumerate(range(0, len(ids), step))]
         if self.device.type != "cuda":
-            return list(self.decoders[0].decode_into(datas, outs, None))
-        side = torch.cuda.current_stream(self.device)
-        parts = len(self.decoders)
-        step = -(-len(datas) // parts)
-        jobs = [(dec, st, slice(k * step, (k + 1) * step)) for k, (dec, st) in enumerate(zip(self.decoders,
-                                                                                           self._streams))]
-        jobs = [(dec, st, sl) for dec, st, sl in jobs if sl.start < len(datas)]
-        for _, st, _ in jobs:
-            st.wait_stream(side)  # the buffer's last reader (the previous kernel) and this batch's copies
-
-        def run(job):
-            dec, st, sl = job
-            return dec.decode_into(datas[sl], outs[sl], st)
-
-        results = [run(jobs[0])] if len(jobs) == 1 else list(self._threads.map(run, jobs))
-        for _, st, _ in jobs:
-            side.wait_stream(st)
+            results = [run(k, sl) for k, sl in jobs]
+        else:
+            side = torch.cuda.current_stream(self.device)
+            used = self._streams[: len(jobs)]
+            for st in used:
+                st.wait_stream(side)  # the buffer's last reader (the previous kernel) and this batch's copies
+            futures = [self._threads[k].submit(run, k, sl) for k, sl in jobs]
+            wait(futures)  # all of them, even when one failed: none may still write after an error is raised
+            results = [f.result() for f in futures]
+            for st in used:
+                side.wait_stream(st)
         return [good for part in results for good in part]

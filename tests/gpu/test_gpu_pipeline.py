@@ -31,10 +31,12 @@ def synth(tmp_path_factory):
     return create_synthetic_dataset(tmp_path_factory.mktemp("g"), n=96, num_classes=4, seed=2, workers=4)
 
 
-@pytest.mark.parametrize("decode", ["gpu", "torchvision"])
-def test_gpu_matches_cpu_for_the_same_crops(synth, decode):
+@pytest.mark.parametrize("decode, job_images", [("gpu", None), ("gpu", 3), ("torchvision", None)])
+def test_gpu_matches_cpu_for_the_same_crops(synth, decode, job_images):
     kw = dict(batch_size=32, num_workers=2, seed=7)
     gpu = ImageLoader(synth, device="cuda", decode=decode, cpu_share=0.0, **kw)  # every image on the GPU
+    if job_images:  # many small decode calls, dealt in turn to the decoder threads
+        gpu._gpu_stage.job_images = job_images
     cpu = ImageLoader(synth, device="cpu", **kw)
     assert gpu.decode_backend != "cpu"
     scores = []
