@@ -32,7 +32,7 @@ fi
 step sweep && timeout 300 python3 benchmarks/sweep_gpu_path.py $DATA > "$OUT/sweep.txt" 2>&1
 if step checks; then
   timeout 60 python3 benchmarks/check_cost.py $DATA --n 1000 > "$OUT/checks.txt" 2>&1
-  timeout 200 python3 benchmarks/check_cost.py $DATA --loader >> "$OUT/checks.txt" 2>&1
+  timeout 200 python3 benchmarks/check_cost.py $DATA --loader --rounds ${CHECK_ROUNDS:-5} >> "$OUT/checks.txt" 2>&1
 fi
 W=$(nproc)
 B="python3 -m gpufeed bench --data $DATA --device cuda --workers $W --batch-size 256 --epochs ${EPOCHS:-3}"
