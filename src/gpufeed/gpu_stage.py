@@ -7,8 +7,7 @@ the batch). It runs as the Prefetcher's transform, on its side stream, in its
 background thread; the consumer's stream waits on the event recorded after
 the kernel.
 
-    a flat uint8 buffer on the device (two, taken by alternate batches: a batch's decode waits only for
-    the kernel that read its buffer two batches ago), laid out from the workers' headers:
+    one flat uint8 buffer on the device, laid out from the workers' headers:
     [ pre-cropped S x S rows | image 0 (h0, w0, 3) | image 1 ... ]
           ▲ one H2D copy         ▲ GPU decoders write here directly (threads, own streams)
                                  ▲ a file the GPU refuses: CPU decode + crop here, copied in
@@ -108,12 +107,7 @@ class GpuDecodeAugment:
         self.max_batch_pixels = max_batch_pixels
         self.on_skip = on_skip  # None: a file no decoder reads raises DecodeError; else it is dropped and reported
         self.decoded_by: collections.Counter = collections.Counter()  # "gpu:<name>", "cpu" -> images
-        # Decode buffers, used in turn by consecutive batches, so one batch's decode need not wait for the
-        # previous batch's kernel; ``_free_after[i]``: event after the last kernel that read buffer i.
-        self.num_buffers = 2
-        self._bufs: dict[int, torch.Tensor] = {}
-        self._free_after: dict[int, torch.cuda.Event] = {}
-        self._turn = 0
+        self._flat: torch.Tensor | None = None
         self._flat_stream: torch.cuda.Stream | None = None
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,7 +139,7 @@ class GpuDecodeAugment:
         # fits in its place. Consecutive pre-cropped rows lie together, as they do in the slot.
         room = np.where(encoded, np.maximum(h * w * 3, px), px)
         offset = np.concatenate([[0], np.cumsum(room)[:-1]])
-        k, flat = self._buffer(int(room.sum()))
+        flat = self._buffer(int(room.sum()))
         meta = batch.meta[r.start : r.stop]
         rows = np.empty((len(r), 8), np.int64)
         rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3:] = offset, h, w, meta[:, 4:]
@@ -154,7 +148,7 @@ class GpuDecodeAugment:
             flat[offset[a] : offset[a] + (b - a) * px].copy_(
                 self._host(batch.pixels[r.start + a : r.start + b]).view(-1), non_blocking=True)
         self.decoded_by["cpu"] += len(pre)
-        ok = self._decode_gpu(batch, r.start + enc, flat, offset[enc], h[enc], w[enc], self._free_after.get(k))
+        ok = self._decode_gpu(batch, r.start + enc, flat, offset[enc], h[enc], w[enc])
         self.decoded_by[f"gpu:{self.name}"] += sum(ok)
         for j in (int(j) for j, good in zip(enc, ok) if not good):
             self._finish_on_cpu(batch, r.start + j, rows[j], flat, dropped)
@@ -164,8 +158,6 @@ class GpuDecodeAugment:
                                 self.shift, dst)
         else:
             resized_crop_reference(flat, table.to(self.device), s, self._scale_t, self._shift_t, dst)
-        if self.device.type == "cuda":
-            self._free_after[k] = torch.cuda.current_stream(self.device).record_event()
 
     def _finish_on_cpu(self, batch: EncodedBatch, i: int, row: np.ndarray, flat: torch.Tensor,
                        dropped: list[int]) -> None:
@@ -190,25 +182,20 @@ class GpuDecodeAugment:
         row[1:] = (s, s, 0, 0, s, s, 0)
         self.decoded_by["cpu"] += 1
 
-    def _buffer(self, nbytes: int) -> tuple[int, torch.Tensor]:
-        """(k, the first ``nbytes`` of decode buffer k): the buffers take turns, batch by batch. Each is
-        reused (its next decode waits for the kernel that last read it, an event; the copies into it
-        follow that kernel in stream order), so GPU memory stays flat however the batches' sizes vary.
-        A buffer grows to the largest batch it saw, with room to spare, and never shrinks."""
-        k = self._turn % self.num_buffers
-        self._turn += 1
-        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        if stream is not None:
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        """The decode buffer, reused by every batch (stream order keeps the next batch's decode after the
+        last kernel that read it), so GPU memory stays flat however the batches' sizes vary. It grows
+        to the largest batch seen, with room to spare, and never shrinks."""
+        if self.device.type == "cuda":
+            stream = torch.cuda.current_stream(self.device)
             if self._flat_stream is not None and self._flat_stream != stream:
                 stream.wait_stream(self._flat_stream)  # called from another stream than last time
             self._flat_stream = stream
-        if k not in self._bufs or self._bufs[k].numel() < nbytes:
-            self._bufs.pop(k, None)  # free the old one first
+        if self._flat is None or self._flat.numel() < nbytes:
+            self._flat = None  # free the old one first
             grain = 32 << 20
-            self._bufs[k] = torch.empty(-(-int(nbytes * 1.25) // grain) * grain, dtype=torch.uint8, device=self.device)
-            if stream is not None:  # fresh memory: the decoders start after what this stream queued before
-                self._free_after[k] = stream.record_event()
-        return k, self._bufs[k][:nbytes]
+            self._flat = torch.empty(-(-int(nbytes * 1.5) // grain) * grain, dtype=torch.uint8, device=self.device)
+        return self._flat[:nbytes]
 
     def _host(self, a) -> torch.Tensor:
         """A host tensor for an H2D copy: the ring's own page-locked memory when it is (the loader reuses
@@ -217,10 +204,9 @@ class GpuDecodeAugment:
         return t if self.device.type != "cuda" or t.is_pinned() else t.pin_memory()
 
     def _decode_gpu(self, batch: EncodedBatch, ids: np.ndarray, flat: torch.Tensor, offsets: np.ndarray,
-                    heights: np.ndarray, widths: np.ndarray, after: torch.cuda.Event | None = None) -> list[bool]:
+                    heights: np.ndarray, widths: np.ndarray) -> list[bool]:
         """Decode samples ``ids`` into ``flat`` (sample ``ids[j]`` as an (heights[j], widths[j], 3) uint8
-        image at byte ``offsets[j]``), on CUDA once ``after`` (the last reader of that memory) completed;
-        which worked. The images go out in calls of about ``job_images``
+        image at byte ``offsets[j]``); which worked. The images go out in calls of about ``job_images``
         (at least one call per decoder), dealt in turn to the decoders (on CUDA each decoder in its own thread, on its own stream)."""
         if not len(ids):
             return []
@@ -239,8 +225,7 @@ class GpuDecodeAugment:
             side = torch.cuda.current_stream(self.device)
             used = self._streams[: len(jobs)]
             for st in used:
-                if after is not None:
-                    st.wait_event(after)
+                st.wait_stream(side)  # the buffer's last reader (the previous kernel) and this batch's copies
             futures = [self._threads[k].submit(run, k, sl) for k, sl in jobs]
             wait(futures)  # all of them, even when one failed: none may still write after an error is raised
             results = [f.result() for f in futures]
