@@ -3,10 +3,8 @@
     python3 benchmarks/sweep_gpu_path.py DATA_DIR [--epochs 3] [CONFIG ...]
 
 CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>][,j<images per decode call>]
-[,old]``, e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or
-``w12,0.3,n10,d1,s6,j64``; d, s, j default to the loader's own settings. ``old`` replaces the "auto"
-share's rate climbing with session 2's rule (share down when the stage waited > 2 ms for the workers,
-else up, 1/32 per batch), for comparison. Per config: one ImageLoader(decode="gpu", batch 256), one warm-up
+[,l<late threshold ms>]``, e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or
+``w12,0.3,n10,d1,s6,j64``; d, s, j, l default to the loader's own settings. Per config: one ImageLoader(decode="gpu", batch 256), one warm-up
 epoch, then ``--epochs`` timed epochs (loader only: each batch reaches the device and is read once).
 Reported: images/s (median epoch), the CPU share at the end, the GPU stage's host time per batch (median;
 decode + kernel launch, in the prefetch thread), the wait for the workers per batch (median), and the
@@ -28,34 +26,20 @@ from gpufeed import ImageLoader
 from gpufeed.bench.monitor import Monitor
 from gpufeed.decode.placement import create_gpu_decoder
 from gpufeed.gpu_stage import GpuDecodeAugment
-from gpufeed.loader import _ShareControl
 
-DEFAULT = ["w16,auto,n5", "w16,auto,n5,old", "w16,0.3,n5", "w16,auto,n5", "w16,auto,n5,old", "w16,0.3,n5"]
+DEFAULT = ["w16,auto,n5", "w16,auto,n5,j9999", "w16,auto,n5,j32", "w16,auto,n5,j96", "w16,0,n5", "w16,0,n5,j9999",
+           "w16,auto,n5,l0.5", "w16,auto,n5,l1", "w16,0.2,n5", "w16,0.3,n5", "w16,auto,n5,d3", "w16,auto,n5"]
 
 
 def parse(config: str) -> dict:
     parts = config.split(",")
     out = {"workers": int(parts[0][1:]), "share": parts[1] if parts[1] == "auto" else float(parts[1]),
            "nice": int(parts[2][1:]), "decoders": 2, "slots": None, "job": None,
-           "old": False}
+           "late_ms": None}
     for extra in parts[3:]:
-        if extra == "old":
-            out["old"] = True
-        else:
-            out[{"d": "decoders", "s": "slots", "j": "job"}[extra[0]]] = int(extra[1:])
+        key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms"}[extra[0]]
+        out[key] = float(extra[1:]) if key == "late_ms" else int(extra[1:])
     return out
-
-
-class _ThresholdShare(_ShareControl):
-    """Session 2's "auto" rule: the workers' share down when the stage waited for them, else up."""
-
-    def __init__(self, loader: ImageLoader) -> None:
-        super().__init__("auto")
-        self.loader = loader
-
-    def update(self, period: float) -> None:
-        late = self.loader._pool.last_wait > 0.002
-        self.value = min(1.0, max(0.0, self.value + (-1 if late else 1) / 32))
 
 
 def run(data: str, config: str, epochs: int, device: torch.device, monitor: Monitor) -> str:
@@ -73,8 +57,8 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
         loader._gpu_stage = stage
     if c["job"]:
         stage.job_images = c["job"]
-    if c["old"]:
-        loader._share = _ThresholdShare(loader)
+    if c["late_ms"] is not None:
+        loader._share.LATE_S = c["late_ms"] / 1e3
     stage_s: list[float] = []
 
     def timed(batch):

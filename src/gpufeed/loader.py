@@ -18,8 +18,6 @@ import collections
 import itertools
 import logging
 import os
-import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -103,10 +101,9 @@ class ImageLoader:
     ignored, as torchvision does).
 
     ``cpu_share`` (GPU decode only): the fraction of each batch that the CPU
-    workers decode beside the GPU decoders. "auto" adapts it every few
-    batches to whatever delivers batches fastest (when training is the slower
-    side: as much as the workers keep up with). ``loader.stats["cpu_share"]``
-    gives the current value.
+    workers decode beside the GPU decoders. "auto" adapts it batch by batch:
+    the workers take as much as they keep up with, the GPU decoders the rest.
+    ``loader.stats["cpu_share"]`` gives the current value.
     """
 
     def __init__(
@@ -275,7 +272,6 @@ class ImageLoader:
         full = lambda n: n == size or (n > 0 and not self.drop_last)
         nxt: _Run | None = None  # the next epoch's run, started early
         finished = False
-        delivered: float | None = None  # when the previous batch was collected (for the CPU share)
         try:
             while True:
                 slots.reclaim()
@@ -289,6 +285,7 @@ class ImageLoader:
                     return
                 bid, slot, idx = run.inflight.popleft()
                 view, failures = pool.collect(bid)
+                collect_wait = pool.last_wait
                 consumed, positions = len(idx), list(idx)
                 if failures:
                     pool.cancel()  # drops every queued batch: this epoch's later ones and the next epoch's
@@ -309,12 +306,9 @@ class ImageLoader:
                 if view.meta is None:
                     yield torch.from_numpy(view.images), labels
                 else:
-                    now = time.perf_counter()
-                    if delivered is not None:
-                        self._share.update(now - delivered)
-                    delivered = now
                     yield EncodedBatch(labels, view.meta, view.arena, view.images,
                                        lambda i, p=positions: self.source.path(p[i]))
+                    self._share.update(collect_wait)
                 # Back here when the Prefetcher wants the next batch: it has issued this one's copies (and
                 # GPU stage) on its stream, which may still be reading the slot.
                 slots.release(slot, self._prefetcher._stream)
@@ -413,51 +407,25 @@ class _Run:
 
 
 class _ShareControl:
-    """The CPU workers' share of each GPU-path batch: fixed, or adapted ("auto") to deliver batches fastest.
+    """The CPU workers' share of each GPU-path batch: fixed, or adapted per batch ("auto").
 
-    "auto" climbs the delivered rate (perturb and observe). After each change it lets ``SETTLE`` batches
-    pass (batches already with the workers carry the old share), takes the median time between delivered
-    batches over the next ``WINDOW``, and compares it with the previous window's: worse (by more than
-    ``TOL``) turns the direction around, better keeps it, about the same moves toward the CPU workers (a
-    GPU decode spends the training process's own thread and GIL, a CPU decode does not). Then it steps,
-    by ``STEP``, or twice that from the third step in one direction on.
-    The time between batches is what the training loop sees, so this settles where the loader alone is
-    fastest when the loader is the bottleneck, and on the workers (share 1 if they keep up) when training is.
-
-    Why not balance the two sides (the workers' batch time against the GPU stage's): on the 16-core H200
-    machine the workers' CPU use slows the stage's host side, and fixed shares of 0.2-0.3 delivered 10-12%
-    more than the balance point (0.44-0.56) in two sweeps (benchmarks/sweep_gpu_path.py, BENCHMARKS.md).
+    The workers take as much as they can: after each batch, if they were late (the GPU stage had to
+    wait for the batch) the share goes down, else up. This puts every image the CPU cores can decode
+    on them and the rest on the GPU decoders: when training is the slower side, a GPU decode would
+    only spend the training process's time (its Python thread and the GIL) that the worker processes
+    do not touch. Steps of 1/32; a change reaches batches submitted from then on, a few batches later.
     """
 
-    STEP, SETTLE, WINDOW, TOL = 1 / 16, 2, 6, 0.02
+    STEP, LATE_S = 1 / 32, 0.002
 
     def __init__(self, setting: float | str) -> None:
         self.auto = setting == "auto"
         self.value = 0.5 if self.auto else float(setting)
-        self._direction, self._streak = 1, 0
-        self._previous: float | None = None
-        self._periods: list[float] = []
-        self._skip = self.SETTLE
 
-    def update(self, period: float) -> None:
-        """``period``: seconds since the previous batch was delivered."""
+    def update(self, collect_wait: float) -> None:
         if not self.auto:
             return
-        if self._skip:
-            self._skip -= 1
-            return
-        self._periods.append(period)
-        if len(self._periods) < self.WINDOW:
-            return
-        now = statistics.median(self._periods)
-        self._periods, self._skip = [], self.SETTLE
-        direction = self._direction
-        if self._previous is not None:
-            if now > self._previous * (1 + self.TOL):
-                direction = -direction
-            elif now >= self._previous * (1 - self.TOL):
-                direction = 1
-        self._streak = self._streak + 1 if direction == self._direction else 0
-        self._direction, self._previous = direction, now
-        step = self.STEP * (2 if self._streak >= 2 else 1)  # a third step the same way: bigger ones
-        self.value = min(1.0, max(0.0, self.value + direction * step))
+        if collect_wait > self.LATE_S:
+            self.value = max(0.0, self.value - self.STEP)
+        else:
+            self.value = min(1.0, self.value + self.STEP)
