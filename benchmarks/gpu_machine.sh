@@ -29,7 +29,7 @@ if step decode; then
   python3 benchmarks/decode_only.py $DATA > "$OUT/decode.txt" 2>&1
   python3 benchmarks/profile_gpu_stage.py $DATA 2>&1 | grep -v -i "nvjpeg2k\|nvtiff" > "$OUT/profile.txt"
 fi
-step sweep && timeout 300 python3 benchmarks/sweep_gpu_path.py $DATA > "$OUT/sweep.txt" 2>&1
+step sweep && timeout 300 python3 benchmarks/sweep_gpu_path.py $DATA ${SWEEP_ARGS:-} > "$OUT/sweep.txt" 2>&1
 if step checks; then
   timeout 60 python3 benchmarks/check_cost.py $DATA --n 1000 > "$OUT/checks.txt" 2>&1
   timeout 200 python3 benchmarks/check_cost.py $DATA --loader --rounds ${CHECK_ROUNDS:-5} >> "$OUT/checks.txt" 2>&1
