@@ -8,12 +8,16 @@ CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>][,j<images p
 epoch, then ``--epochs`` timed epochs (loader only: each batch reaches the device and is read once).
 Reported: images/s (median epoch), the CPU share at the end, the GPU stage's host time per batch (median;
 decode + kernel launch, in the prefetch thread), the wait for the workers per batch (median), and the
-cores the process tree kept busy. Worker priority is set on the running workers (``setpriority``).
+cores the process tree kept busy; then, per batch on average, where the stage's time goes: the decode
+phase (wall, all decoder threads), nvImageCodec's ``decode()`` calls and the rest of ``decode_into``
+(CodeStreams, target wrapping, result checks), both summed over the decoder threads, and the stage's time
+outside the decode phase (layout, copies, kernel launch). Worker priority is set on the running workers (``setpriority``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import subprocess
@@ -24,11 +28,11 @@ import torch
 import gpufeed.workers as workers
 from gpufeed import ImageLoader
 from gpufeed.bench.monitor import Monitor
+from gpufeed.decode.nvimgcodec import NvImageCodecDecoder
 from gpufeed.decode.placement import create_gpu_decoder
 from gpufeed.gpu_stage import GpuDecodeAugment
 
-DEFAULT = ["w16,auto,n5", "w16,auto,n5,j9999", "w16,auto,n5,j32", "w16,auto,n5,j96", "w16,0,n5", "w16,0,n5,j9999",
-           "w16,auto,n5,l0.5", "w16,auto,n5,l1", "w16,0.2,n5", "w16,0.3,n5", "w16,auto,n5,d3", "w16,auto,n5"]
+DEFAULT = ["w16,auto,n5", "w16,0.3,n5", "w16,0,n5", "w4,0,n5", "w16,auto,n5,l1", "w16,auto,n5", "w16,0.3,n5"]
 
 
 def parse(config: str) -> dict:
@@ -40,6 +44,20 @@ def parse(config: str) -> dict:
         key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms"}[extra[0]]
         out[key] = float(extra[1:]) if key == "late_ms" else int(extra[1:])
     return out
+
+
+def _timed(fn, into: list):
+    """``fn`` wrapped to append its wall time to ``into`` (from any thread); ``__wrapped__`` is ``fn``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            into.append(time.perf_counter() - t0)
+
+    return wrapper
 
 
 def run(data: str, config: str, epochs: int, device: torch.device, monitor: Monitor) -> str:
@@ -77,6 +95,10 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
         return out
 
     workers.WorkerPool.collect = timed_collect
+    phases = {"decode_gpu": [], "decode_into": [], "decode": []}
+    originals = [(GpuDecodeAugment, "_decode_gpu"), (NvImageCodecDecoder, "decode_into"), (NvImageCodecDecoder, "_decode")]
+    for cls, name in originals:
+        setattr(cls, name, _timed(getattr(cls, name), phases[name.lstrip("_")]))
     rates, busy = [], []
     try:
         for e in range(epochs + 1):
@@ -85,6 +107,8 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
                     os.setpriority(os.PRIO_PROCESS, pid, c["nice"])
                 stage_s.clear()
                 waits.clear()
+                for v in phases.values():
+                    v.clear()
                 monitor.start()
             n, t0 = 0, time.perf_counter()
             for images, _ in loader:
@@ -97,13 +121,18 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
         busy = monitor.cores_busy
     finally:
         workers.WorkerPool.collect = collect
+        for cls, name in originals:
+            setattr(cls, name, getattr(cls, name).__wrapped__)
         share = loader.stats["cpu_share"]
         by = loader.stats["decoded_by"]
         loader.close()
     gpu = sum(v for k, v in by.items() if k.startswith("gpu")) / max(1, sum(by.values()))
+    per = lambda times: 1e3 * sum(times) / max(1, len(stage_s))  # ms per batch
     return (f"| {config} | {statistics.median(rates):,.0f} | {share:.2f} | {gpu:.2f} | "
             f"{1e3 * statistics.median(stage_s):.1f} | {1e3 * statistics.median(waits):.1f} | "
-            f"{busy:.1f} | {', '.join(f'{r:,.0f}' for r in rates)} |")
+            f"{busy:.1f} | {', '.join(f'{r:,.0f}' for r in rates)} | {per(phases['decode_gpu']):.1f} | "
+            f"{per(phases['decode']):.1f} | {per(phases['decode_into']) - per(phases['decode']):.1f} | "
+            f"{per(stage_s) - per(phases['decode_gpu']):.1f} |")
 
 
 def main() -> None:
@@ -118,7 +147,8 @@ def main() -> None:
                                                             "Socket(s)", "CPU(s)", "L3 cache")))
     print(f"{workers.usable_cores()} usable cores; GPU {torch.cuda.get_device_name(device)}")
     print("| config | images/s | CPU share | GPU-decoded | stage host ms/batch | worker wait ms/batch | cores busy "
-          "| epochs |\n|---|---|---|---|---|---|---|---|")
+          "| epochs | decode phase ms | decode() calls ms | rest of decode_into ms | stage outside decode ms |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
     monitor = Monitor(device.index)
     for config in args.configs:
         try:
