@@ -109,10 +109,13 @@ def test_crop_resize_writes_every_pixel():
     np.testing.assert_array_equal(out, ref[:, ::-1])
 
 
+@pytest.mark.parametrize("contiguous", [True, False])
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_normalize_values_layout_and_dtype(channels_last, dtype):
+def test_normalize_values_layout_and_dtype(channels_last, dtype, contiguous):
     x = torch.randint(0, 256, (4, 16, 16, 3), dtype=torch.uint8)
+    if not contiguous:  # the same values through an NCHW tensor's NHWC view
+        x = x.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1)
     out = Normalize(dtype=dtype, channels_last=channels_last).images(x)
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
