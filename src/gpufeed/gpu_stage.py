@@ -40,8 +40,9 @@ from .decode.cpu import CpuDecoder
 from .ring import KIND_BYTES
 
 DEFAULT_MAX_BATCH_PIXELS = 256 * 1024 * 1024
-# Images per decode call. A batch's GPU images go out in calls of about this many, taken in turn by the
-# decoders' threads, so one thread's host work (wrapping, parsing) overlaps another's decode on the engines.
+# Images per decode call: a batch's GPU images go out in calls of about this many, taken in turn by the
+# decoders' threads (one thread's host work may overlap another's decode). On the H200 this measured within
+# noise of one call per decoder (BENCHMARKS.md, session 3, S3-2).
 JOB_IMAGES = 48
 
 
@@ -207,7 +208,8 @@ class GpuDecodeAugment:
                     heights: np.ndarray, widths: np.ndarray) -> list[bool]:
         """Decode samples ``ids`` into ``flat`` (sample ``ids[j]`` as an (heights[j], widths[j], 3) uint8
         image at byte ``offsets[j]``); which worked. The images go out in calls of about ``job_images``
-        (at least one call per decoder), dealt in turn to the decoders (on CUDA each decoder in its own thread, on its own stream)."""
+        (at least one call per decoder), dealt in turn to the decoders (on CUDA each decoder in its own
+        thread, on its own stream)."""
         if not len(ids):
             return []
 
