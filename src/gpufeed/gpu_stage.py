@@ -32,12 +32,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .augment.cpu import crop_resize_into
 from .augment.fused import normalize_constants, resized_crop_reference, resized_crop_triton, triton
 from .augment.params import CropBox
 from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
 from .ring import KIND_BYTES
+from .workers import decode_box_into
 
 DEFAULT_MAX_BATCH_PIXELS = 256 * 1024 * 1024
 # Images per decode call: a batch's GPU images go out in calls of about this many, taken in turn by the
@@ -166,9 +166,9 @@ class GpuDecodeAugment:
         s = self.size
         data = batch.arena[i, : batch.meta[i, 1]].tobytes()
         path = batch.path(i)
-        try:
-            _, _, fast = self.cpu.header(data, path)
-            pixels = self.cpu.decode(data, path, fast=fast)
+        _, _, fw, fh, x, y, bw, bh, flip = (int(v) for v in batch.meta[i])
+        try:  # the workers left it encoded: a plain JPEG (header read, box drawn, orientation 1)
+            decode_box_into(self.cpu, data, path, CropBox(x, y, bw, bh, bool(flip)), (fw, fh), True, batch.pixels[i])
         except DecodeError as e:
             if self.on_skip is None:
                 raise
@@ -176,8 +176,6 @@ class GpuDecodeAugment:
             dropped.append(i)
             row[1:] = (1, 1, 0, 0, 1, 1, 0)  # any valid row: the output is dropped
             return
-        _, _, fw, fh, x, y, bw, bh, flip = (int(v) for v in batch.meta[i])
-        crop_resize_into(pixels, CropBox(x, y, bw, bh, bool(flip)), (fw, fh), batch.pixels[i])
         off = int(row[0])
         flat[off : off + s * s * 3].copy_(self._host(batch.pixels[i]).view(-1), non_blocking=True)
         row[1:] = (s, s, 0, 0, s, s, 0)

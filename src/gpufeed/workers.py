@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .augment.cpu import crop_bounds, crop_resize_into, reduction_for, resize_flip_into
-from .augment.params import AugmentSpec
+from .augment.params import AugmentSpec, CropBox
 from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
 from .decode.exif import apply_orientation, read_orientation, swaps_axes
@@ -47,7 +47,8 @@ from .ring import KIND_BYTES, KIND_PIXELS, Ring, SlotView, check_shm_space
 from .sources.base import FileSource, Source
 from .sources.shared import SharedFileSource
 
-__all__ = ["PipelineSpec", "SlotView", "WorkerError", "WorkerPool", "encode_sample_into", "load_sample_into"]
+__all__ = ["PipelineSpec", "SlotView", "WorkerError", "WorkerPool", "decode_box_into", "encode_sample_into",
+           "load_sample_into"]
 
 _POLL_S = 0.5
 
@@ -80,14 +81,25 @@ def _read(spec: PipelineSpec, index: int) -> tuple[str, bytes]:
 
 
 def _finish_on_cpu(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, path: str,
-                   data: bytes, out: np.ndarray, header: tuple[int, int, bool] | None = None) -> None:
-    """Decode, orient, crop, resize and flip one sample into ``out`` ((S, S, 3) uint8). ``header``:
-    ``decoder.header(data, path)`` when the caller has it already."""
+                   data: bytes, out: np.ndarray, header: tuple[int, int, bool] | None = None,
+                   orientation: int | None = None) -> None:
+    """Decode, orient, crop, resize and flip one sample into ``out`` ((S, S, 3) uint8). ``header``
+    (``decoder.header(data, path)``) and ``orientation`` when the caller has them already."""
     width, height, fast = header or decoder.header(data, path)
-    orientation = read_orientation(data) if spec.exif_orientation else 1
+    if orientation is None:
+        orientation = read_orientation(data) if spec.exif_orientation else 1
     if swaps_axes(orientation):
         width, height = height, width
     box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
+    decode_box_into(decoder, data, path, box, (width, height), fast, out, orientation)
+
+
+def decode_box_into(decoder: CpuDecoder, data: bytes, path: str, box: CropBox, size: tuple[int, int], fast: bool,
+                    out: np.ndarray, orientation: int = 1) -> None:
+    """Decode ``data`` (a ``size`` = (width, height) image as displayed after ``orientation``) and write
+    crop ``box`` into ``out`` ((S, S, 3) uint8), resized and flipped. Plain JPEGs decode at the DCT
+    reduction the output allows, and only the crop's rows and columns where the cropped decoder can."""
+    width, height = size
     reduce = reduction_for(box, out.shape[0]) if fast and orientation == 1 else 1
     if fast and orientation == 1:
         scaled = (-(-width // reduce), -(-height // reduce))  # libjpeg's ceil(W / k) x ceil(H / k)
@@ -118,16 +130,16 @@ def encode_sample_into(
     as is every sample with ``on_cpu`` (the CPU's share of a batch, beside the GPU decoders)."""
     path, data = _read(spec, index)
     header = width, height, fast = decoder.header(data, path)
-    gpu = (not on_cpu and fast and len(data) <= spec.gpu_bytes_capacity
-           and (not spec.check_structure or gpu_safe_jpeg(data))
-           and not (spec.exif_orientation and read_orientation(data) != 1))
+    orientation = read_orientation(data) if spec.exif_orientation else 1
+    gpu = (not on_cpu and fast and orientation == 1 and len(data) <= spec.gpu_bytes_capacity
+           and (not spec.check_structure or gpu_safe_jpeg(data)))
     if gpu:
         box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
         ring.arena[slot, k, : len(data)] = np.frombuffer(data, np.uint8)
         ring.meta[slot, k] = (KIND_BYTES, len(data), width, height, box.x, box.y, box.width, box.height,
                               int(box.flip))
     else:
-        _finish_on_cpu(spec, decoder, seed, epoch, index, path, data, ring.images[slot, k], header)
+        _finish_on_cpu(spec, decoder, seed, epoch, index, path, data, ring.images[slot, k], header, orientation)
         ring.meta[slot, k] = (KIND_PIXELS, 0, width, height, 0, 0, 0, 0, 0)
     return spec.source.label(index)
 
