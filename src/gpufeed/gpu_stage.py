@@ -121,8 +121,8 @@ class GpuDecodeAugment:
         widths = np.where(encoded, batch.meta[:, 2], s)
         dropped: list[int] = []
         for r in _slices(list(zip(widths.tolist(), heights.tolist())), self.max_batch_pixels):
-            self._slice(batch, r, encoded[r.start : r.stop], heights[r.start : r.stop].copy(),
-                        widths[r.start : r.stop].copy(), out[r.start : r.stop], dropped)
+            self._slice(batch, r, encoded[r.start : r.stop], heights[r.start : r.stop], widths[r.start : r.stop],
+                        out[r.start : r.stop], dropped)
         labels = batch.labels
         if dropped:
             gone = set(dropped)
