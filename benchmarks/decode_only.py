@@ -35,6 +35,13 @@ def _decoders(device):
         out.append(("nvimgcodec hw then cuda, 3 threads", [NvImageCodecDecoder(device) for _ in range(3)]))
     except Exception as e:
         print(f"nvimgcodec unavailable: {e}")
+    try:
+        from gpufeed.decode.nvjpeg_hw import NvJpegHwDecoder
+
+        for k in (1, 2, 3):
+            out.append((f"nvjpeg hw direct, {k} thread{'s' * (k > 1)}", [NvJpegHwDecoder(device) for _ in range(k)]))
+    except Exception as e:
+        print(f"nvjpeg hw direct unavailable: {e}")
     from gpufeed.decode.torchvision_gpu import TorchvisionGpuDecoder
 
     out.append(("torchvision nvjpeg", [TorchvisionGpuDecoder(device)]))

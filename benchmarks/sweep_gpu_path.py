@@ -3,8 +3,8 @@
     python3 benchmarks/sweep_gpu_path.py DATA_DIR [--epochs 3] [CONFIG ...]
 
 CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>][,j<images per decode call>]
-[,l<late threshold ms>]``, e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or
-``w12,0.3,n10,d1,s6,j64``; d, s, j, l default to the loader's own settings. Per config: one ImageLoader(decode="gpu", batch 256), one warm-up
+[,l<late threshold ms>][,v<decode choice>]``, e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or
+``w12,0.3,n10,d1,s6,j64,vnvjpeg``; d, s, j, l default to the loader's own settings, v to "gpu". Per config: one ImageLoader(decode="gpu", batch 256), one warm-up
 epoch, then ``--epochs`` timed epochs (loader only: each batch reaches the device and is read once).
 Reported: images/s (median epoch), the CPU share at the end, the GPU stage's host time per batch (median;
 decode + kernel launch, in the prefetch thread), the wait for the workers per batch (median), and the
@@ -29,6 +29,7 @@ import gpufeed.workers as workers
 from gpufeed import ImageLoader
 from gpufeed.bench.monitor import Monitor
 from gpufeed.decode.nvimgcodec import NvImageCodecDecoder
+from gpufeed.decode.nvjpeg_hw import NvJpegHwDecoder
 from gpufeed.decode.placement import create_gpu_decoder
 from gpufeed.gpu_stage import GpuDecodeAugment
 
@@ -39,10 +40,10 @@ def parse(config: str) -> dict:
     parts = config.split(",")
     out = {"workers": int(parts[0][1:]), "share": parts[1] if parts[1] == "auto" else float(parts[1]),
            "nice": int(parts[2][1:]), "decoders": 2, "slots": None, "job": None,
-           "late_ms": None}
+           "late_ms": None, "via": "gpu"}
     for extra in parts[3:]:
-        key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms"}[extra[0]]
-        out[key] = float(extra[1:]) if key == "late_ms" else int(extra[1:])
+        key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms", "v": "via"}[extra[0]]
+        out[key] = extra[1:] if key == "via" else float(extra[1:]) if key == "late_ms" else int(extra[1:])
     return out
 
 
@@ -62,13 +63,13 @@ def _timed(fn, into: list):
 
 def run(data: str, config: str, epochs: int, device: torch.device, monitor: Monitor) -> str:
     c = parse(config)
-    loader = ImageLoader(data, batch_size=256, num_workers=c["workers"], device=device, decode="gpu",
+    loader = ImageLoader(data, batch_size=256, num_workers=c["workers"], device=device, decode=c["via"],
                          cpu_share=c["share"])
     if c["slots"]:
         loader._num_slots = c["slots"]  # before the first epoch creates the ring
     stage = loader._gpu_stage
     if c["decoders"] != len(stage.decoders):
-        decoders, _ = create_gpu_decoder("gpu", device, threads=c["decoders"])
+        decoders, _ = create_gpu_decoder(c["via"], device, threads=c["decoders"])
         stage = GpuDecodeAugment(decoders, device=device, image_size=224, mean=loader.normalize.mean,
                                  std=loader.normalize.std, dtype=torch.float32, channels_last=False,
                                  max_pixels=loader.spec.max_pixels)
@@ -96,9 +97,11 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
 
     workers.WorkerPool.collect = timed_collect
     phases = {"decode_gpu": [], "decode_into": [], "decode": []}
-    originals = [(GpuDecodeAugment, "_decode_gpu"), (NvImageCodecDecoder, "decode_into"), (NvImageCodecDecoder, "_decode")]
-    for cls, name in originals:
-        setattr(cls, name, _timed(getattr(cls, name), phases[name.lstrip("_")]))
+    originals = [(GpuDecodeAugment, "_decode_gpu", "decode_gpu"), (NvImageCodecDecoder, "decode_into", "decode_into"),
+                 (NvImageCodecDecoder, "_decode", "decode"), (NvJpegHwDecoder, "decode_packed", "decode_into"),
+                 (NvJpegHwDecoder, "_batched", "decode")]
+    for cls, name, phase in originals:
+        setattr(cls, name, _timed(getattr(cls, name), phases[phase]))
     rates, busy = [], []
     try:
         for e in range(epochs + 1):
@@ -121,7 +124,7 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
         busy = monitor.cores_busy
     finally:
         workers.WorkerPool.collect = collect
-        for cls, name in originals:
+        for cls, name, _ in originals:
             setattr(cls, name, getattr(cls, name).__wrapped__)
         share = loader.stats["cpu_share"]
         by = loader.stats["decoded_by"]

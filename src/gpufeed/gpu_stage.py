@@ -99,7 +99,9 @@ class GpuDecodeAugment:
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"gpufeed-decode-{k}") for k in
                          range(len(self.decoders))] if cuda else []
         self._streams = [torch.cuda.Stream(device) if cuda else None for _ in self.decoders]
-        self.job_images = JOB_IMAGES
+        self.job_images = getattr(self.decoders[0], "job_images", JOB_IMAGES)
+        # decoders taking whole arrays of addresses (nvJPEG direct) need only a host pointer to the ring
+        self._packed = all(hasattr(d, "decode_packed") for d in self.decoders)
         self.cpu = CpuDecoder(max_pixels=max_pixels)
         self.device, self.size, self.dtype, self.channels_last = device, image_size, dtype, channels_last
         self.scale, self.shift = normalize_constants(mean, std)
@@ -211,7 +213,15 @@ class GpuDecodeAugment:
         if not len(ids):
             return []
 
+        if self._packed:  # addresses for the whole list at once: no Python per image
+            src = (batch.arena.ctypes.data + ids * batch.arena.strides[0]).astype(np.uint64)
+            lengths = batch.meta[ids, 1].astype(np.uint64)
+            dst = (flat.data_ptr() + offsets).astype(np.uint64)
+
         def run(k: int, sl: slice) -> list[bool]:
+            if self._packed:
+                return self.decoders[k].decode_packed(src[sl], lengths[sl], dst[sl], heights[sl], widths[sl],
+                                                      self._streams[k]).tolist()
             datas = [batch.arena[i, : batch.meta[i, 1]] for i in ids[sl]]
             outs = [flat[o : o + hh * ww * 3].view(hh, ww, 3) for o, hh, ww in
                     zip(offsets[sl].tolist(), heights[sl].tolist(), widths[sl].tolist())]

@@ -13,6 +13,7 @@ from gpufeed.synth import create_synthetic_dataset
 
 pytestmark = pytest.mark.gpu
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+ENGINE_PATHS = ["gpu", "nvjpeg"]  # nvImageCodec; nvJPEG's batched hardware decode called directly
 
 
 def _uint8(x):
@@ -31,7 +32,8 @@ def synth(tmp_path_factory):
     return create_synthetic_dataset(tmp_path_factory.mktemp("g"), n=96, num_classes=4, seed=2, workers=4)
 
 
-@pytest.mark.parametrize("decode, job_images", [("gpu", None), ("gpu", 3), ("torchvision", None)])
+@pytest.mark.parametrize("decode, job_images", [("gpu", None), ("gpu", 3), ("nvjpeg", None), ("nvjpeg", 5),
+                                                ("torchvision", None)])
 def test_gpu_matches_cpu_for_the_same_crops(synth, decode, job_images):
     kw = dict(batch_size=32, num_workers=2, seed=7)
     gpu = ImageLoader(synth, device="cuda", decode=decode, cpu_share=0.0, **kw)  # every image on the GPU
@@ -67,7 +69,8 @@ def test_kernel_writes_every_element_and_matches_reference():
         torch.testing.assert_close(out.float(), ref, atol=2e-2 if dtype == torch.bfloat16 else 1e-4, rtol=1e-2)
 
 
-def test_odd_images_in_a_gpu_batch_fall_back_to_the_cpu(tmp_path):
+@pytest.mark.parametrize("decode", ENGINE_PATHS)
+def test_odd_images_in_a_gpu_batch_fall_back_to_the_cpu(tmp_path, decode):
     colours = [(220, 30, 30), (30, 220, 30), (30, 30, 220)]
     for c, colour in enumerate(colours):
         d = tmp_path / f"c{c}"
@@ -79,7 +82,7 @@ def test_odd_images_in_a_gpu_batch_fall_back_to_the_cpu(tmp_path):
     Image.new("RGB", (64, 64), colours[2]).save(tmp_path / "c2" / "prog.jpg", "JPEG", progressive=True)
     Image.new("L", (50, 50), 200).save(tmp_path / "c2" / "gray.jpg", "JPEG")
     loader = ImageLoader(tmp_path, device="cuda", batch_size=19, num_workers=2, drop_last=False, train=False,
-                         image_size=32, decode="gpu")
+                         image_size=32, decode=decode)
     (images, labels), = list(loader)
     rgb = _uint8(images).mean(axis=(2, 3))
     for i, label in enumerate(labels.tolist()):
@@ -91,9 +94,9 @@ def test_odd_images_in_a_gpu_batch_fall_back_to_the_cpu(tmp_path):
     loader.close()
 
 
-@pytest.mark.parametrize("share", ["auto", 0.0])
-def test_gpu_memory_flat_across_epochs(synth, share):
-    loader = ImageLoader(synth, device="cuda", batch_size=32, num_workers=2, decode="gpu", cpu_share=share)
+@pytest.mark.parametrize("decode, share", [("gpu", "auto"), ("gpu", 0.0), ("nvjpeg", 0.0)])
+def test_gpu_memory_flat_across_epochs(synth, decode, share):
+    loader = ImageLoader(synth, device="cuda", batch_size=32, num_workers=2, decode=decode, cpu_share=share)
     reserved = []
     for _ in range(20):
         for x, y in loader:
@@ -107,7 +110,8 @@ def test_gpu_memory_flat_across_epochs(synth, share):
     loader.close()
 
 
-def test_gpu_batch_of_255_good_and_1_broken_under_skip(tmp_path):
+@pytest.mark.parametrize("decode", ENGINE_PATHS)
+def test_gpu_batch_of_255_good_and_1_broken_under_skip(tmp_path, decode):
     """255 correct outputs, each with its own label; the broken file counted, not delivered."""
     from tests.corpus import UNDECODABLE
 
@@ -118,7 +122,7 @@ def test_gpu_batch_of_255_good_and_1_broken_under_skip(tmp_path):
             Image.new("RGB", (48 + (i % 7) * 8, 40 + (i % 5) * 8), colour).save(tmp_path / f"c{c}" / f"{i}.jpg")
     (tmp_path / "c1" / "broken.jpg").write_bytes(UNDECODABLE["truncated_scan"]())
     loader = ImageLoader(tmp_path, device="cuda", batch_size=256, num_workers=4, drop_last=False, image_size=32,
-                         decode="gpu", on_error="skip")
+                         decode=decode, on_error="skip")
     (images, labels), = list(loader)
     assert images.shape[0] == 255 and labels.shape[0] == 255
     rgb = _uint8(images).mean(axis=(2, 3))
@@ -130,13 +134,14 @@ def test_gpu_batch_of_255_good_and_1_broken_under_skip(tmp_path):
 @pytest.mark.parametrize("kind", ["cmyk", "ycck", "grayscale", "progressive", "subsampling_444", "subsampling_422",
                                   "subsampling_440", "subsampling_411", "restart_markers", "tiny_1x1", "tiny_7x3",
                                   "odd_45x29", "png_palette_named_jpg", "webp_named_jpg"])
-def test_odd_kinds_on_the_gpu_path_match_the_cpu_path(tmp_path, kind):
+@pytest.mark.parametrize("decode", ENGINE_PATHS)
+def test_odd_kinds_on_the_gpu_path_match_the_cpu_path(tmp_path, kind, decode):
     from tests.corpus import DECODABLE
 
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "x.jpg").write_bytes(DECODABLE[kind]())
     kw = dict(batch_size=1, num_workers=1, drop_last=False, train=False, image_size=32)
-    gpu = ImageLoader(tmp_path, device="cuda", decode="gpu", **kw)
+    gpu = ImageLoader(tmp_path, device="cuda", decode=decode, **kw)
     cpu = ImageLoader(tmp_path, device="cpu", **kw)
     (xg, _), = list(gpu)
     (xc, _), = list(cpu)
@@ -174,3 +179,26 @@ def test_gpu_decode_with_a_cpu_share_matches_the_cpu_path(synth, share):
     assert min(scores) >= 30.0
     assert gpu.stats["decoded_by"]["cpu"] == round(share * 32) * 3 and gpu.stats["cpu_share"] == share
     gpu.close(), cpu.close()
+
+
+def test_nvjpeg_direct_decodes_a_mixed_batch_and_names_what_the_engines_refuse():
+    """One batched call with images the engines refuse (4:1:1 chroma) among good ones: the good ones
+    decode (and match the CPU decode), the refused ones come back False with their places untouched."""
+    from gpufeed.decode.cpu import CpuDecoder
+    from gpufeed.decode.nvjpeg_hw import NvJpegHwDecoder
+    from tests.corpus import DECODABLE, jpeg
+
+    datas = [jpeg(w=96 + 16 * i, h=72 + 8 * i, seed=i) for i in range(6)]
+    datas[2], datas[4] = DECODABLE["subsampling_411"](), DECODABLE["grayscale"]()
+    refs = [CpuDecoder().decode(d, "x", fast=True) for d in datas]
+    outs = [torch.full(r.shape, 7, dtype=torch.uint8, device="cuda") for r in refs]
+    dec = NvJpegHwDecoder(torch.device("cuda", 0))
+    stream = torch.cuda.current_stream()
+    ok = dec.decode_into([np.frombuffer(d, np.uint8) for d in datas], outs, stream)
+    torch.cuda.synchronize()
+    for j, (good, out, ref) in enumerate(zip(ok, outs, refs)):
+        if good:
+            assert _psnr(out.cpu().numpy(), ref) >= 40.0, j
+        else:
+            assert (out == 7).all(), j
+    assert ok[0] and ok[1] and ok[3] and ok[5], ok

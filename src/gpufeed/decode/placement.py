@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-DECODE_CHOICES = ("auto", "cpu", "gpu", "nvimgcodec", "torchvision")
+DECODE_CHOICES = ("auto", "cpu", "gpu", "nvimgcodec", "nvjpeg", "torchvision")
 
 
 def create_gpu_decoder(choice: str, device: torch.device, *, threads: int = 2):
@@ -40,6 +40,16 @@ def create_gpu_decoder(choice: str, device: torch.device, *, threads: int = 2):
         if fused.triton is None:  # the per-image torch fallback of the fused kernel is far too slow to pick
             return None, "decode='auto': Triton is not installed (the fused GPU kernel needs it); CPU workers"
     reasons = []
+    if choice == "nvjpeg":
+        from .nvjpeg_hw import NvJpegHwDecoder
+
+        try:
+            decoders = [NvJpegHwDecoder(device) for _ in range(threads)]
+        except Exception as e:  # no libnvjpeg, no hardware engine on this GPU
+            raise ValueError(f"nvJPEG hardware decoder unavailable: {type(e).__name__}: {e}") from None
+        d = decoders[0]
+        return decoders, (f"nvJPEG {'.'.join(map(str, d.version))} hardware engines ({d.engines} engines) called "
+                          f"directly, {threads} decoder threads; {d.library}")
     if choice in ("auto", "gpu", "nvimgcodec"):
         try:
             from .nvimgcodec import NvImageCodecDecoder
