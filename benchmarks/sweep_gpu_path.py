@@ -143,7 +143,7 @@ def main() -> None:
     p.add_argument("data")
     p.add_argument("configs", nargs="*", default=DEFAULT)
     p.add_argument("--epochs", type=int, default=3)
-    args = p.parse_args()
+    args = p.parse_intermixed_args()  # options before or after the configs
     device = torch.device("cuda", torch.cuda.current_device())
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
     print("\n".join(l for l in lscpu if l.split(":")[0] in ("Model name", "Thread(s) per core", "Core(s) per socket",

@@ -102,12 +102,39 @@ def test_decoder_placement_on_the_cpu(monkeypatch):
         assert create_gpu_decoder("auto", torch.device("cuda", 0)) == (
             None, "decode='auto': Triton is not installed (the fused GPU kernel needs it); CPU workers")
     decoders, why = create_gpu_decoder("auto", torch.device("cuda", 0))
-    if decoders is None:  # no GPU or no nvImageCodec here: the CPU workers, and the reason says why
-        assert why.startswith("decode='auto': nvImageCodec unavailable") and "CPU workers" in why
+    if decoders is None:  # no GPU here: the CPU workers, and the reason says why for each GPU decoder
+        assert why.startswith("decode='auto': nvjpeg unavailable") and "nvimgcodec unavailable" in why
+        assert "CPU workers" in why
     else:
-        assert decoders[0].name == "nvimgcodec"  # never torchvision's decoder
+        assert decoders[0].name in ("nvjpeg-hw", "nvimgcodec")  # never torchvision's decoder
     assert create_gpu_decoder("cpu", torch.device("cpu"))[0] is None
     with pytest.raises(ValueError, match="decode='nvimgcodec' needs a CUDA device"):
         create_gpu_decoder("nvimgcodec", torch.device("cpu"))
     with pytest.raises(ValueError, match="decode must be one of"):
         create_gpu_decoder("dali", torch.device("cpu"))
+
+
+def test_decoder_placement_order_and_fallback(monkeypatch):
+    """Each choice tries its decoders in order, says why each earlier one was passed over, and an explicit
+    single choice that cannot work raises instead of quietly decoding elsewhere."""
+    import gpufeed.decode.placement as placement
+
+    def broken(device, threads):
+        raise RuntimeError("no engines on this GPU")
+
+    made = lambda name: (lambda device, threads: ([name] * threads, f"{name} works"))
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(placement, "_MAKERS", {"nvjpeg": broken, "nvimgcodec": made("nvimgcodec"),
+                                               "torchvision": made("torchvision")})
+    decoders, why = create_gpu_decoder("gpu", cuda, threads=2)
+    assert decoders == ["nvimgcodec", "nvimgcodec"]
+    assert why == "nvjpeg unavailable: RuntimeError: no engines on this GPU; nvimgcodec works"
+    with pytest.raises(ValueError, match="nvjpeg unavailable: RuntimeError: no engines"):
+        create_gpu_decoder("nvjpeg", cuda)
+    monkeypatch.setitem(placement._MAKERS, "nvimgcodec", broken)
+    assert create_gpu_decoder("gpu", cuda)[0][0] == "torchvision"
+    decoders, why = create_gpu_decoder("auto", cuda)
+    assert decoders is None and why.endswith("; CPU workers (pip install gpufeed[nvimgcodec-cu13])")
+    monkeypatch.setitem(placement._MAKERS, "torchvision", broken)
+    decoders, why = create_gpu_decoder("gpu", cuda)
+    assert decoders is None and why.count("unavailable") == 3 and why.endswith("CPU decode")

@@ -106,6 +106,10 @@ def collect_info() -> dict[str, str]:
     info["decode: cpu cropped (libjpeg-turbo ext)"] = (
         "built: JPEG decode cost follows the crop" if cropped_decode_available()
         else "not built (no libjpeg headers at install): whole-image decode")
+    from .decode.nvjpeg_hw import load_nvjpeg
+
+    info["libnvjpeg"] = load_nvjpeg()[1]
+    info["decode: nvjpeg hardware engines (GPU)"] = _probe_gpu_decode("nvjpeg")
     info["decode: nvimgcodec (GPU)"] = _probe_gpu_decode("nvimgcodec")
     info["decode: torchvision (GPU)"] = _probe_gpu_decode("torchvision")
     from .decode.placement import create_gpu_decoder

@@ -13,7 +13,7 @@ from gpufeed.synth import create_synthetic_dataset
 
 pytestmark = pytest.mark.gpu
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-ENGINE_PATHS = ["gpu", "nvjpeg"]  # nvImageCodec; nvJPEG's batched hardware decode called directly
+ENGINE_PATHS = ["nvimgcodec", "nvjpeg"]  # nvJPEG's batched hardware decode called directly ("gpu" picks it)
 
 
 def _uint8(x):
@@ -32,7 +32,7 @@ def synth(tmp_path_factory):
     return create_synthetic_dataset(tmp_path_factory.mktemp("g"), n=96, num_classes=4, seed=2, workers=4)
 
 
-@pytest.mark.parametrize("decode, job_images", [("gpu", None), ("gpu", 3), ("nvjpeg", None), ("nvjpeg", 5),
+@pytest.mark.parametrize("decode, job_images", [("gpu", None), ("nvimgcodec", None), ("nvimgcodec", 3), ("nvjpeg", 5),
                                                 ("torchvision", None)])
 def test_gpu_matches_cpu_for_the_same_crops(synth, decode, job_images):
     kw = dict(batch_size=32, num_workers=2, seed=7)
@@ -94,7 +94,7 @@ def test_odd_images_in_a_gpu_batch_fall_back_to_the_cpu(tmp_path, decode):
     loader.close()
 
 
-@pytest.mark.parametrize("decode, share", [("gpu", "auto"), ("gpu", 0.0), ("nvjpeg", 0.0)])
+@pytest.mark.parametrize("decode, share", [("gpu", "auto"), ("nvimgcodec", 0.0), ("nvjpeg", 0.0)])
 def test_gpu_memory_flat_across_epochs(synth, decode, share):
     loader = ImageLoader(synth, device="cuda", batch_size=32, num_workers=2, decode=decode, cpu_share=share)
     reserved = []
