@@ -20,7 +20,7 @@ import torch
 from gpufeed.augment.params import AugmentSpec
 from gpufeed.decode.cpu import CpuDecoder
 
-from gpufeed.gpu_stage import EncodedBatch, GpuDecodeAugment
+from gpufeed.gpu_stage import EncodedBatch, GpuDecodeAugment, _Part
 from gpufeed.ring import KIND_BYTES
 
 
@@ -99,16 +99,23 @@ def main() -> None:
             ok.clear()
             with torch.cuda.stream(stream):
                 for e, offs in zip(encoded, offsets):
-                    ok.append(sum(stage._decode_gpu(e, np.arange(len(e.meta)), flat, offs, e.meta[:, 3], e.meta[:, 2])))
+                    n = len(e.meta)
+                    part = _Part(range(n), np.arange(n), flat, offs, e.meta[:, 3], e.meta[:, 2], rows=None)
+                    ok.append(sum(stage._await_decode(stage._submit_decode(e, part))))
             return sum(len(e.meta) for e in encoded)
 
         med, rates = _time(run, args.rounds)
         rows.append((f"decode only: {name}", med, rates, f"{sum(ok)}/{sum(len(b) for b in batches)} decoded"))
 
-        def run_stage(stage=stage):
+        def run_stage(stage=stage):  # as the Prefetcher runs it: batch k+1 started before batch k finishes
             with torch.cuda.stream(stream):
+                pending = None
                 for e in encoded:
-                    stage(e)
+                    started = stage.start(e)
+                    if pending is not None:
+                        stage.finish(pending)
+                    pending = started
+                stage.finish(pending)
             return sum(len(e.meta) for e in encoded)
 
         med, rates = _time(run_stage, args.rounds)

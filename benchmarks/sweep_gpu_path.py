@@ -7,11 +7,12 @@ CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>][,j<images p
 ``w12,0.3,n10,d1,s6,j64,vnvjpeg``; d, s, j, l default to the loader's own settings, v to "gpu". Per config: one ImageLoader(decode="gpu", batch 256), one warm-up
 epoch, then ``--epochs`` timed epochs (loader only: each batch reaches the device and is read once).
 Reported: images/s (median epoch), the CPU share at the end, the GPU stage's host time per batch (median;
-decode + kernel launch, in the prefetch thread), the wait for the workers per batch (median), and the
-cores the process tree kept busy; then, per batch on average, where the stage's time goes: the decode
-phase (wall, all decoder threads), nvImageCodec's ``decode()`` calls and the rest of ``decode_into``
-(CodeStreams, target wrapping, result checks), both summed over the decoder threads, and the stage's time
-outside the decode phase (layout, copies, kernel launch). Worker priority is set on the running workers (``setpriority``).
+``start`` + ``finish`` in the prefetch thread: layout, copies, waiting for the decoders, kernel launch),
+the wait for the workers per batch (median), and the cores the process tree kept busy; then, per batch on
+average: how long ``finish`` waited for the decoder threads, the decoders' library calls (nvImageCodec's
+``decode()``, nvJPEG's batched call) and the rest of their ``decode_into``/``decode_packed`` (CodeStreams,
+target wrapping, result checks), both summed over the decoder threads, and the stage's time outside the
+wait. Worker priority is set on the running workers (``setpriority``).
 """
 
 from __future__ import annotations
@@ -78,15 +79,24 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
         stage.job_images = c["job"]
     if c["late_ms"] is not None:
         loader._share.LATE_S = c["late_ms"] / 1e3
-    stage_s: list[float] = []
+    stage_s: list[float] = []  # per batch: start + finish, in the prefetch thread
+    starts: list[float] = []
+    start, finish = stage.start, stage.finish
 
-    def timed(batch):
+    def timed_start(batch):
         t0 = time.perf_counter()
-        out = stage(batch)
-        stage_s.append(time.perf_counter() - t0)
+        out = start(batch)
+        starts.append(time.perf_counter() - t0)
         return out
 
-    loader._prefetcher.transform = timed
+    def timed_finish(started):
+        t0 = time.perf_counter()
+        out = finish(started)
+        stage_s.append(time.perf_counter() - t0 + (starts.pop(0) if starts else 0.0))
+        return out
+
+    stage.start, stage.finish = timed_start, timed_finish  # the Prefetcher still sees a staged transform
+    loader._prefetcher.transform = stage
     waits: list[float] = []
     collect = workers.WorkerPool.collect
 
@@ -96,8 +106,8 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
         return out
 
     workers.WorkerPool.collect = timed_collect
-    phases = {"decode_gpu": [], "decode_into": [], "decode": []}
-    originals = [(GpuDecodeAugment, "_decode_gpu", "decode_gpu"), (NvImageCodecDecoder, "decode_into", "decode_into"),
+    phases = {"decode_wait": [], "decode_into": [], "decode": []}
+    originals = [(GpuDecodeAugment, "_await_decode", "decode_wait"), (NvImageCodecDecoder, "decode_into", "decode_into"),
                  (NvImageCodecDecoder, "_decode", "decode"), (NvJpegHwDecoder, "decode_packed", "decode_into"),
                  (NvJpegHwDecoder, "_batched", "decode")]
     for cls, name, phase in originals:
@@ -133,9 +143,9 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
     per = lambda times: 1e3 * sum(times) / max(1, len(stage_s))  # ms per batch
     return (f"| {config} | {statistics.median(rates):,.0f} | {share:.2f} | {gpu:.2f} | "
             f"{1e3 * statistics.median(stage_s):.1f} | {1e3 * statistics.median(waits):.1f} | "
-            f"{busy:.1f} | {', '.join(f'{r:,.0f}' for r in rates)} | {per(phases['decode_gpu']):.1f} | "
+            f"{busy:.1f} | {', '.join(f'{r:,.0f}' for r in rates)} | {per(phases['decode_wait']):.1f} | "
             f"{per(phases['decode']):.1f} | {per(phases['decode_into']) - per(phases['decode']):.1f} | "
-            f"{per(stage_s) - per(phases['decode_gpu']):.1f} |")
+            f"{per(stage_s) - per(phases['decode_wait']):.1f} |")
 
 
 def main() -> None:
@@ -150,7 +160,7 @@ def main() -> None:
                                                             "Socket(s)", "CPU(s)", "L3 cache")))
     print(f"{workers.usable_cores()} usable cores; GPU {torch.cuda.get_device_name(device)}")
     print("| config | images/s | CPU share | GPU-decoded | stage host ms/batch | worker wait ms/batch | cores busy "
-          "| epochs | decode phase ms | decode() calls ms | rest of decode_into ms | stage outside decode ms |\n"
+          "| epochs | decode wait ms | decode() calls ms | rest of decode_into ms | stage outside the wait ms |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|")
     monitor = Monitor(device.index)
     for config in args.configs:

@@ -186,3 +186,30 @@ def test_the_structural_check_keeps_progressive_jpegs_off_the_gpu_unless_switche
         kinds[check] = int(view.meta[0, 0])
         pool.close()
     assert kinds == {True: KIND_PIXELS, False: KIND_BYTES}
+
+
+def test_stage_start_finish_releases_the_batch_once_after_its_decode(coloured):
+    """The stage holds the slot from start to finish; finish releases it exactly once, also when the
+    batch fails, and start + finish gives what one call gives."""
+    src, pool, view = _pool_batch(coloured)
+    released = []
+    decoder = CpuStandIn()
+    stage = GpuDecodeAugment([decoder], device=torch.device("cpu"), image_size=16, mean=MEAN, std=STD,
+                             dtype=torch.float32, channels_last=False, max_pixels=10**8)
+
+    def batch():
+        return EncodedBatch(torch.from_numpy(view.labels.copy()), view.meta, view.arena, view.images, src.path,
+                            release=lambda: released.append(decoder.calls))
+
+    whole, labels = stage(batch())
+    assert released == [1]
+    started = stage.start(batch())
+    assert released == [1]  # held until finish
+    out, labels2 = stage.finish(started)
+    assert released == [1, 2] and torch.equal(out, whole) and torch.equal(labels, labels2)
+    decoder.decode_into = lambda *a: (_ for _ in ()).throw(RuntimeError("decoder died"))
+    started = stage.start(batch())
+    with pytest.raises(RuntimeError, match="decoder died"):
+        stage.finish(started)
+    assert released == [1, 2, 2]
+    pool.close()

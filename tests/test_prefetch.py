@@ -102,3 +102,40 @@ def test_copy_overlaps_compute():
     end.record(); torch.cuda.synchronize()
     both_ms = start.elapsed_time(end)
     assert both_ms < 0.9 * (copy_ms + work_ms), (copy_ms, work_ms, both_ms)
+
+
+class _Staged:
+    """A transform split in two that logs its calls; finish(k) must see start(k)'s work."""
+
+    def __init__(self, fail_at=None):
+        self.log, self.fail_at = [], fail_at
+
+    def start(self, batch):
+        self.log.append(("start", int(batch[0])))
+        return batch * 2
+
+    def finish(self, started):
+        k = int(started[0]) // 2
+        self.log.append(("finish", k))
+        if k == self.fail_at:
+            raise ValueError(f"finish failed at {k}")
+        return started + 1
+
+
+@pytest.mark.gpu
+def test_a_staged_transform_runs_one_batch_deep_and_every_start_is_finished():
+    t = _Staged()
+    out = [int(b[0]) for b in prefetch((torch.full((4,), i) for i in range(5)), "cuda", transform=t)]
+    assert out == [2 * i + 1 for i in range(5)]
+    assert t.log == [("start", 0), ("start", 1), ("finish", 0), ("start", 2), ("finish", 1), ("start", 3),
+                     ("finish", 2), ("start", 4), ("finish", 3), ("finish", 4)]
+    t = _Staged()
+    for i, b in enumerate(prefetch((torch.full((4,), i) for i in range(100)), "cuda", transform=t)):
+        if i == 1:
+            break
+    starts = {k for what, k in t.log if what == "start"}
+    assert starts == {k for what, k in t.log if what == "finish"} and len(starts) < 100  # stopped early
+    t = _Staged(fail_at=2)
+    with pytest.raises(ValueError, match="finish failed at 2"):
+        list(prefetch((torch.full((4,), i) for i in range(6)), "cuda", transform=t))
+    assert {k for what, k in t.log if what == "start"} <= {k for what, k in t.log if what == "finish"}

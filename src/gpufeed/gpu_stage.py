@@ -25,8 +25,8 @@ decode memory stays bounded.
 from __future__ import annotations
 
 import collections
-from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -60,6 +60,7 @@ class EncodedBatch:
     arena: np.ndarray
     pixels: np.ndarray
     path: Callable[[int], str]
+    release: Callable[[], None] | None = None  # called once the stage no longer reads the host arrays
 
 
 def _runs(ids: np.ndarray) -> list[tuple[int, int]]:
@@ -110,31 +111,76 @@ class GpuDecodeAugment:
         self.max_batch_pixels = max_batch_pixels
         self.on_skip = on_skip  # None: a file no decoder reads raises DecodeError; else it is dropped and reported
         self.decoded_by: collections.Counter = collections.Counter()  # "gpu:<name>", "cpu" -> images
-        self._flat: torch.Tensor | None = None
+        self._flats: list[torch.Tensor | None] = [None, None]
+        self._turn = 0
         self._flat_stream: torch.cuda.Stream | None = None
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        n, s = len(batch.meta), self.size
-        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        out = torch.empty((n, 3, s, s), dtype=self.dtype, device=self.device, memory_format=fmt)
+        return self.finish(self.start(batch))
+
+    def start(self, batch: EncodedBatch) -> "_Started":
+        """Lay the batch out in a decode buffer, queue its pre-cropped rows' copy and hand its JPEGs to
+        the decoder threads; returns at once (on CUDA). ``finish`` completes it: the Prefetcher starts
+        batch k+1 before it finishes batch k, so the decoders always have the next batch queued.
+        A batch over ``max_batch_pixels`` goes through in slices here, synchronously."""
+        s = self.size
         encoded = batch.meta[:, 0] == KIND_BYTES
         # decoded extents: the header's for encoded samples, S x S for pre-cropped ones
         heights = np.where(encoded, batch.meta[:, 3], s)
         widths = np.where(encoded, batch.meta[:, 2], s)
-        dropped: list[int] = []
-        for r in _slices(list(zip(widths.tolist(), heights.tolist())), self.max_batch_pixels):
-            self._slice(batch, r, encoded[r.start : r.stop], heights[r.start : r.stop], widths[r.start : r.stop],
-                        out[r.start : r.stop], dropped)
-        labels = batch.labels
-        if dropped:
-            gone = set(dropped)
-            keep = torch.tensor([i for i in range(n) if i not in gone], device=self.device)
+        started = _Started(batch)
+        parts = _slices(list(zip(widths.tolist(), heights.tolist())), self.max_batch_pixels)
+        for k, r in enumerate(parts):
+            if k:  # the previous slice is finished (kernel queued) before its buffer is reused
+                self._complete(started)
+            started.part = self._prepare(batch, r, encoded[r.start : r.stop], heights[r.start : r.stop],
+                                         widths[r.start : r.stop], turn=k == 0)
+            started.decoding = self._submit_decode(batch, started.part)
+        return started
+
+    def finish(self, started: "_Started") -> tuple[torch.Tensor, torch.Tensor]:
+        """((B', 3, S, S) ``dtype`` on the device, (B',) labels) for a started batch; B' < B only when
+        ``on_skip`` dropped files no decoder reads. Calls ``batch.release()`` once nothing reads its
+        host memory any more (later GPU work is ordered on the current stream)."""
+        try:
+            self._complete(started)
+        finally:
+            if started.decoding is not None:  # failed before the decode was awaited: no thread may still read
+                wait(started.decoding)
+            if started.batch.release is not None:
+                started.batch.release()
+        out, labels = started.out, started.batch.labels
+        if started.dropped:
+            gone = set(started.dropped)
+            keep = torch.tensor([i for i in range(len(labels)) if i not in gone], device=self.device)
             out, labels = out.index_select(0, keep), labels.index_select(0, keep)
         return out, labels
 
-    def _slice(self, batch: EncodedBatch, r: range, encoded: np.ndarray, h: np.ndarray, w: np.ndarray,
-               dst: torch.Tensor, dropped: list[int]) -> None:
-        """Decode and augment samples ``r`` of ``batch`` into ``dst`` (local row j is sample r.start + j)."""
+    def _complete(self, started: "_Started") -> None:
+        """Await the current slice's decode, finish what the GPU refused on the CPU, run the kernel."""
+        batch, part = started.batch, started.part
+        ok = self._await_decode(started.decoding)
+        started.decoding = None
+        self.decoded_by[f"gpu:{self.name}"] += sum(ok)
+        if started.out is None:
+            n, s = len(batch.meta), self.size
+            fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+            started.out = torch.empty((n, 3, s, s), dtype=self.dtype, device=self.device, memory_format=fmt)
+        for j in (int(j) for j, good in zip(part.enc, ok) if not good):
+            self._finish_on_cpu(batch, part.r.start + j, part.rows[j], part.flat, started.dropped)
+        dst = started.out[part.r.start : part.r.stop]
+        table = torch.from_numpy(part.rows)
+        if self.device.type == "cuda" and triton is not None:
+            resized_crop_triton(part.flat, self._host(table).to(self.device, non_blocking=True), self.size,
+                                self.scale, self.shift, dst)
+        else:
+            resized_crop_reference(part.flat, table.to(self.device), self.size, self._scale_t, self._shift_t, dst)
+
+    def _prepare(self, batch: EncodedBatch, r: range, encoded: np.ndarray, h: np.ndarray, w: np.ndarray,
+                 turn: bool) -> "_Part":
+        """Samples ``r`` of ``batch`` laid out in a decode buffer (local row j is sample r.start + j), the
+        kernel's rows, and the pre-cropped rows' copy queued. ``turn``: take the other buffer than last
+        time (the previous batch's kernel may not have run yet)."""
         s, px = self.size, self.size * self.size * 3
         local = np.arange(len(r))
         pre, enc = local[~encoded], local[encoded]
@@ -142,7 +188,7 @@ class GpuDecodeAugment:
         # fits in its place. Consecutive pre-cropped rows lie together, as they do in the slot.
         room = np.where(encoded, np.maximum(h * w * 3, px), px)
         offset = np.concatenate([[0], np.cumsum(room)[:-1]])
-        flat = self._buffer(int(room.sum()))
+        flat = self._buffer(int(room.sum()), turn)
         meta = batch.meta[r.start : r.stop]
         rows = np.empty((len(r), 8), np.int64)
         rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3:] = offset, h, w, meta[:, 4:]
@@ -151,16 +197,7 @@ class GpuDecodeAugment:
             flat[offset[a] : offset[a] + (b - a) * px].copy_(
                 self._host(batch.pixels[r.start + a : r.start + b]).view(-1), non_blocking=True)
         self.decoded_by["cpu"] += len(pre)
-        ok = self._decode_gpu(batch, r.start + enc, flat, offset[enc], h[enc], w[enc])
-        self.decoded_by[f"gpu:{self.name}"] += sum(ok)
-        for j in (int(j) for j, good in zip(enc, ok) if not good):
-            self._finish_on_cpu(batch, r.start + j, rows[j], flat, dropped)
-        table = torch.from_numpy(rows)
-        if self.device.type == "cuda" and triton is not None:
-            resized_crop_triton(flat, self._host(table).to(self.device, non_blocking=True), s, self.scale,
-                                self.shift, dst)
-        else:
-            resized_crop_reference(flat, table.to(self.device), s, self._scale_t, self._shift_t, dst)
+        return _Part(r, enc, flat, offset[enc], h[enc], w[enc], rows)
 
     def _finish_on_cpu(self, batch: EncodedBatch, i: int, row: np.ndarray, flat: torch.Tensor,
                        dropped: list[int]) -> None:
@@ -183,20 +220,25 @@ class GpuDecodeAugment:
         row[1:] = (s, s, 0, 0, s, s, 0)
         self.decoded_by["cpu"] += 1
 
-    def _buffer(self, nbytes: int) -> torch.Tensor:
-        """The decode buffer, reused by every batch (stream order keeps the next batch's decode after the
-        last kernel that read it), so GPU memory stays flat however the batches' sizes vary. It grows
+    def _buffer(self, nbytes: int, turn: bool) -> torch.Tensor:
+        """One of two decode buffers, taken in turn, so a batch decodes while the previous one's kernel is
+        still to run; each is reused every other batch (stream order keeps a batch's decode after the last
+        kernel that read that buffer), so GPU memory stays flat however the batches' sizes vary. Each grows
         to the largest batch seen, with room to spare, and never shrinks."""
         if self.device.type == "cuda":
             stream = torch.cuda.current_stream(self.device)
             if self._flat_stream is not None and self._flat_stream != stream:
                 stream.wait_stream(self._flat_stream)  # called from another stream than last time
             self._flat_stream = stream
-        if self._flat is None or self._flat.numel() < nbytes:
-            self._flat = None  # free the old one first
-            grain = 32 << 20
-            self._flat = torch.empty(-(-int(nbytes * 1.5) // grain) * grain, dtype=torch.uint8, device=self.device)
-        return self._flat[:nbytes]
+        if turn:
+            self._turn ^= 1
+        k = self._turn
+        if self._flats[k] is None or self._flats[k].numel() < nbytes:
+            self._flats[k] = None  # free the old one first
+            grain = 16 << 20
+            self._flats[k] = torch.empty(-(-int(nbytes * 1.2) // grain) * grain, dtype=torch.uint8,
+                                         device=self.device)
+        return self._flats[k][:nbytes]
 
     def _host(self, a) -> torch.Tensor:
         """A host tensor for an H2D copy: the ring's own page-locked memory when it is (the loader reuses
@@ -204,41 +246,89 @@ class GpuDecodeAugment:
         t = torch.from_numpy(a) if isinstance(a, np.ndarray) else a
         return t if self.device.type != "cuda" or t.is_pinned() else t.pin_memory()
 
-    def _decode_gpu(self, batch: EncodedBatch, ids: np.ndarray, flat: torch.Tensor, offsets: np.ndarray,
-                    heights: np.ndarray, widths: np.ndarray) -> list[bool]:
-        """Decode samples ``ids`` into ``flat`` (sample ``ids[j]`` as an (heights[j], widths[j], 3) uint8
-        image at byte ``offsets[j]``); which worked. The images go out in calls of about ``job_images``
-        (at least one call per decoder), dealt in turn to the decoders (on CUDA each decoder in its own
-        thread, on its own stream)."""
+    def _submit_decode(self, batch: EncodedBatch, part: "_Part") -> list:
+        """Queue the decode of the part's encoded samples into its buffer (local row j as an (h, w, 3)
+        uint8 image at its offset): calls of about ``job_images`` (at least one per decoder), dealt in
+        turn to the decoders, each in its own thread on its own stream, after the work queued so far on
+        the current stream (the buffer's last reader, this batch's copies). Returns the calls' futures
+        (on the CPU, done ones); ``_await_decode`` says which images worked."""
+        ids, offsets, heights, widths = part.r.start + part.enc, part.offsets, part.heights, part.widths
         if not len(ids):
             return []
-
+        flat = part.flat
         if self._packed:  # addresses for the whole list at once: no Python per image
             src = (batch.arena.ctypes.data + ids * batch.arena.strides[0]).astype(np.uint64)
             lengths = batch.meta[ids, 1].astype(np.uint64)
             dst = (flat.data_ptr() + offsets).astype(np.uint64)
+        cuda = self.device.type == "cuda"
+        if cuda:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
 
-        def run(k: int, sl: slice) -> list[bool]:
+        def run(k: int, sl: slice) -> tuple[list[bool], torch.cuda.Event | None]:
+            stream = self._streams[k]
+            if cuda:
+                stream.wait_event(ready)
             if self._packed:
-                return self.decoders[k].decode_packed(src[sl], lengths[sl], dst[sl], heights[sl], widths[sl],
-                                                      self._streams[k]).tolist()
-            datas = [batch.arena[i, : batch.meta[i, 1]] for i in ids[sl]]
-            outs = [flat[o : o + hh * ww * 3].view(hh, ww, 3) for o, hh, ww in
-                    zip(offsets[sl].tolist(), heights[sl].tolist(), widths[sl].tolist())]
-            return self.decoders[k].decode_into(datas, outs, self._streams[k])
+                ok = self.decoders[k].decode_packed(src[sl], lengths[sl], dst[sl], heights[sl], widths[sl],
+                                                    stream).tolist()
+            else:
+                datas = [batch.arena[i, : batch.meta[i, 1]] for i in ids[sl]]
+                outs = [flat[o : o + hh * ww * 3].view(hh, ww, 3) for o, hh, ww in
+                        zip(offsets[sl].tolist(), heights[sl].tolist(), widths[sl].tolist())]
+                ok = self.decoders[k].decode_into(datas, outs, stream)
+            if not cuda:
+                return ok, None
+            done = torch.cuda.Event()
+            done.record(stream)
+            return ok, done
 
         step = -(-len(ids) // max(len(self.decoders), round(len(ids) / self.job_images)))
         jobs = [(j % len(self.decoders), slice(a, a + step)) for j, a in enumerate(range(0, len(ids), step))]
-        if self.device.type != "cuda":
-            results = [run(k, sl) for k, sl in jobs]
-        else:
+        if not cuda:  # run here, but report as the threads do: an error is raised when awaited
+            futures = []
+            for k, sl in jobs:
+                f: Future = Future()
+                try:
+                    f.set_result(run(k, sl))
+                except Exception as e:
+                    f.set_exception(e)
+                futures.append(f)
+            return futures
+        return [self._threads[k].submit(run, k, sl) for k, sl in jobs]
+
+    def _await_decode(self, futures: list) -> list[bool]:
+        """Wait for the decode calls (all of them, even when one failed: none may still write after an
+        error is raised), make the current stream wait for their GPU work; which images worked."""
+        wait(futures)
+        results = [f.result() for f in futures]
+        if self.device.type == "cuda":
             side = torch.cuda.current_stream(self.device)
-            used = self._streams[: len(jobs)]
-            for st in used:
-                st.wait_stream(side)  # the buffer's last reader (the previous kernel) and this batch's copies
-            futures = [self._threads[k].submit(run, k, sl) for k, sl in jobs]
-            wait(futures)  # all of them, even when one failed: none may still write after an error is raised
-            results = [f.result() for f in futures]
-            for st in used:
-                side.wait_stream(st)
-        return [good for part in results for good in part]
+            for _, done in results:
+                side.wait_event(done)
+        return [good for part, _ in results for good in part]
+
+
+@dataclass
+class _Part:
+    """One slice of a batch in a decode buffer: its samples ``r``; the local rows of its encoded samples
+    (``enc``) with their byte offsets and decoded extents; the kernel's rows (K, 8)."""
+
+    r: range
+    enc: np.ndarray
+    flat: torch.Tensor
+    offsets: np.ndarray
+    heights: np.ndarray
+    widths: np.ndarray
+    rows: np.ndarray
+
+
+@dataclass
+class _Started:
+    """A batch between ``start`` and ``finish``."""
+
+    batch: EncodedBatch
+    part: _Part | None = None
+    decoding: list | None = None  # the current part's decode futures, until awaited
+    out: torch.Tensor | None = None
+    dropped: list = field(default_factory=list)

@@ -167,7 +167,9 @@ class ImageLoader:
                                  on_error=on_error, exif_orientation=exif_orientation)
         self._pool: WorkerPool | None = None
         self._ahead: _Run | None = None  # the next epoch's first batches, submitted at the end of this one
-        self._num_slots = max(4, prefetch_depth + 2)
+        self._last_slots: _Slots | None = None
+        # one slot more on the GPU path: the GPU stage holds a batch until the next one is started
+        self._num_slots = max(4, prefetch_depth + 2) + (gpu_decoders is not None)
         if gpu_decoders is None:
             self.decode_backend = "cpu"
             self._gpu_stage = None
@@ -260,6 +262,8 @@ class ImageLoader:
             if self.device.type == "cuda":
                 self._pool.pin_images()
             self._ahead = None
+        if self._last_slots is not None:  # the GPU stage released the last batch's slot after that run ended
+            self._last_slots.reclaim(everything=True)
         pool, sampler, size = self._pool, self.sampler, self.batch_size
         ahead, self._ahead = self._ahead, None
         if ahead is not None and (ahead.seed, ahead.epoch, 0) == (sampler.seed, sampler.epoch, sampler.position):
@@ -305,15 +309,17 @@ class ImageLoader:
                 labels = torch.from_numpy(view.labels.copy())  # tiny: never alias a slot that gets reused
                 if view.meta is None:
                     yield torch.from_numpy(view.images), labels
-                else:
+                    # Back here when the Prefetcher wants the next batch: it has issued this one's copies on
+                    # its stream, which may still be reading the slot.
+                    slots.release(slot, self._prefetcher._stream)
+                else:  # the GPU stage releases the slot when it is done with it (it finishes a batch late)
                     yield EncodedBatch(labels, view.meta, view.arena, view.images,
-                                       lambda i, p=positions: self.source.path(p[i]))
+                                       lambda i, p=positions: self.source.path(p[i]),
+                                       release=lambda s=slot: slots.release(s, self._prefetcher._stream))
                     self._share.update(collect_wait)
-                # Back here when the Prefetcher wants the next batch: it has issued this one's copies (and
-                # GPU stage) on its stream, which may still be reading the slot.
-                slots.release(slot, self._prefetcher._stream)
         finally:
             slots.reclaim(everything=True)  # the next iteration's workers may write these slots at once
+            self._last_slots = slots
             if self._pool is not None and self._pool.closed:  # stopped by an error: fresh workers next time
                 self._pool = None
             elif finished and nxt is not None and nxt.inflight:

@@ -18,7 +18,10 @@ Stream contract (CUDA):
 
 - Threads: on CUDA a background thread pulls from the iterable and issues
   the copies and the transform (GPU decode, for the GPU path), up to
-  ``depth`` batches ahead; the consumer thread only waits on events. An
+  ``depth`` batches ahead; the consumer thread only waits on events. A
+  transform split into ``start``/``finish`` runs one batch deeper: batch k+1
+  is started (its decode handed to the decoder threads) before batch k is
+  finished, so the decoders never wait for this thread. An
   exception in the iterable or the transform is re-raised in the consumer
   with its original traceback; leaving the loop early stops the thread and
   closes the iterable.
@@ -123,23 +126,51 @@ class Prefetcher:
             thread.join()
 
     def _produce(self, handoff: queue.Queue, stop: threading.Event) -> None:
-        """Background thread: pull host batches, issue copy + transform on the side stream."""
+        """Background thread: pull host batches, issue copy + transform on the side stream.
+
+        A transform with ``start`` and ``finish`` (the GPU decode stage) is run one batch deep: batch k+1
+        is started before batch k is finished, so work that ``start`` hands to other threads (the
+        decoders) overlaps this thread's own. Every started batch is finished, also when the loop stops
+        early or fails (``finish`` releases what ``start`` holds)."""
         torch.cuda.set_device(self.device)
         it = iter(self.iterable)
+        staged = hasattr(self.transform, "start") and hasattr(self.transform, "finish")
+        pending = None
         try:
             for batch in it:
-                item = self._issue(batch, self._stream)
-                if not _put(handoff, item, stop):
+                if not staged:
+                    if not _put(handoff, self._issue(batch, self._stream), stop):
+                        return
+                    continue
+                started = self._start(batch, self._stream)
+                if pending is not None:
+                    done, pending = pending, None
+                    if not _put(handoff, self._finish(done, self._stream), stop):
+                        pending = started
+                        return
+                pending = started
+            if pending is not None:
+                done, pending = pending, None
+                if not _put(handoff, self._finish(done, self._stream), stop):
                     return
             _put(handoff, _END, stop)
         except BaseException as e:  # handed to the consumer, which raises it
             _put(handoff, _Failure(e), stop)
         finally:
+            if pending is not None:  # stopped or failed with a batch started: finish it, drop the result
+                try:
+                    self._finish(pending, self._stream)
+                except BaseException:
+                    pass
             close = getattr(it, "close", None)
             if close is not None:
                 close()
 
     def _issue(self, batch: Any, stream: torch.cuda.Stream) -> tuple[torch.cuda.Event, Any]:
+        return self._finish(self._start(batch, stream, whole=True), stream, transformed=True)
+
+    def _start(self, batch: Any, stream: torch.cuda.Stream, whole: bool = False) -> Any:
+        """Copies (and ``transform.start``, or the whole ``transform`` when ``whole``) on the side stream."""
         # Tensors already on the GPU were produced on the consumer stream: wait for them.
         on_gpu: list[bool] = []
         _map_tensors(batch, lambda t: on_gpu.append(t.is_cuda) or t)
@@ -148,7 +179,15 @@ class Prefetcher:
         with torch.cuda.stream(stream):
             batch = _map_tensors(batch, self._to_device)
             if self.transform is not None:
-                batch = self.transform(batch)
+                batch = self.transform(batch) if whole else self.transform.start(batch)
+        return batch
+
+    def _finish(self, started: Any, stream: torch.cuda.Stream,
+                transformed: bool = False) -> tuple[torch.cuda.Event, Any]:
+        """``transform.finish`` (unless already ``transformed``) on the side stream, then the event the
+        consumer waits on."""
+        with torch.cuda.stream(stream):
+            batch = started if transformed else self.transform.finish(started)
             event = torch.cuda.Event()
             event.record(stream)
         return event, batch

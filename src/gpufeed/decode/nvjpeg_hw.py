@@ -116,7 +116,7 @@ class NvJpegHwDecoder:
     name = "nvjpeg-hw"
     job_images = 256  # one call per decoder thread per batch: no Python per image left to overlap
 
-    def __init__(self, device: torch.device, *, states: int = 3) -> None:
+    def __init__(self, device: torch.device, *, states: int = 2) -> None:
         lib, where = load_nvjpeg()
         if lib is None:
             raise RuntimeError(where)
