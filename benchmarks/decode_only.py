@@ -38,8 +38,10 @@ def _decoders(device):
     try:
         from gpufeed.decode.nvjpeg_hw import NvJpegHwDecoder
 
-        for k in (1, 2, 3):
-            out.append((f"nvjpeg hw direct, {k} thread{'s' * (k > 1)}", [NvJpegHwDecoder(device) for _ in range(k)]))
+        for k in (1, 2):
+            for roi in (False, True):
+                out.append((f"nvjpeg hw direct, {k} thread{'s' * (k > 1)}{', crop boxes only' * roi}",
+                            [NvJpegHwDecoder(device, roi=roi) for _ in range(k)]))
     except Exception as e:
         print(f"nvjpeg hw direct unavailable: {e}")
     from gpufeed.decode.torchvision_gpu import TorchvisionGpuDecoder
@@ -94,13 +96,16 @@ def main() -> None:
         flat = torch.empty(max(int((e.meta[:, 2] * e.meta[:, 3]).sum()) * 3 for e in encoded), dtype=torch.uint8,
                            device=device)
         offsets = [np.concatenate([[0], np.cumsum(e.meta[:, 2] * e.meta[:, 3] * 3)[:-1]]) for e in encoded]
+        box_offsets = [np.concatenate([[0], np.cumsum(e.meta[:, 6] * e.meta[:, 7] * 3)[:-1]]) for e in encoded]
 
         def run(stage=stage, ok=ok):
             ok.clear()
             with torch.cuda.stream(stream):
-                for e, offs in zip(encoded, offsets):
+                for e, offs, roffs in zip(encoded, offsets, box_offsets):
                     n = len(e.meta)
-                    part = _Part(range(n), np.arange(n), flat, offs, e.meta[:, 3], e.meta[:, 2], rows=None)
+                    part = (_Part(range(n), np.arange(n), flat, roffs, e.meta[:, 7], e.meta[:, 6], rows=None)
+                            if stage._roi else
+                            _Part(range(n), np.arange(n), flat, offs, e.meta[:, 3], e.meta[:, 2], rows=None))
                     ok.append(sum(stage._await_decode(stage._submit_decode(e, part))))
             return sum(len(e.meta) for e in encoded)
 

@@ -3,7 +3,7 @@
     python3 benchmarks/sweep_gpu_path.py DATA_DIR [--epochs 3] [CONFIG ...]
 
 CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>][,j<images per decode call>]
-[,l<late threshold ms>][,v<decode choice>]``, e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or
+[,l<late threshold ms>][,v<decode choice>][,r<region decode 0/1>]``, e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or
 ``w12,0.3,n10,d1,s6,j64,vnvjpeg``; d, s, j, l default to the loader's own settings, v to "gpu". Per config: one ImageLoader(decode="gpu", batch 256), one warm-up
 epoch, then ``--epochs`` timed epochs (loader only: each batch reaches the device and is read once).
 Reported: images/s (median epoch), the CPU share at the end, the GPU stage's host time per batch (median;
@@ -41,9 +41,9 @@ def parse(config: str) -> dict:
     parts = config.split(",")
     out = {"workers": int(parts[0][1:]), "share": parts[1] if parts[1] == "auto" else float(parts[1]),
            "nice": int(parts[2][1:]), "decoders": 2, "slots": None, "job": None,
-           "late_ms": None, "via": "gpu"}
+           "late_ms": None, "via": "gpu", "roi": None}
     for extra in parts[3:]:
-        key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms", "v": "via"}[extra[0]]
+        key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms", "v": "via", "r": "roi"}[extra[0]]
         out[key] = extra[1:] if key == "via" else float(extra[1:]) if key == "late_ms" else int(extra[1:])
     return out
 
@@ -77,6 +77,10 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
         loader._gpu_stage = stage
     if c["job"]:
         stage.job_images = c["job"]
+    if c["roi"] is not None:  # region decode on (r1) or off (r0), nvJPEG path only
+        for d in stage.decoders:
+            d.roi = bool(c["roi"])
+        stage._roi = stage._packed and bool(c["roi"])
     if c["late_ms"] is not None:
         loader._share.LATE_S = c["late_ms"] / 1e3
     stage_s: list[float] = []  # per batch: start + finish, in the prefetch thread

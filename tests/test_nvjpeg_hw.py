@@ -27,13 +27,31 @@ class FakeNvjpeg:
     def __init__(self, refuse=()):
         self.refuse, self.cpu, self.n, self.parsed = set(refuse), CpuDecoder(), 0, b""
         self.batches: list[int] = []
+        self.regions: dict[int, tuple] = {}  # decode parameters object -> ROI
+
+    def nvjpegDecodeParamsCreate(self, handle, params):
+        params._obj.value = 1000 + len(self.regions)
+        self.regions[params._obj.value] = (0, 0, -1, -1)
+        return 0
+
+    def nvjpegDecodeParamsSetROI(self, params, x, y, w, h):
+        self.regions[params.value] = (x, y, w, h)
+        return 0
+
+    def nvjpegDecodeBatchedEx(self, handle, state, src, lengths, images, params, stream):
+        regions = np.ctypeslib.as_array((ctypes.c_uint64 * self.n).from_address(params))
+        return self.nvjpegDecodeBatched(handle, state, src, lengths, images, stream,
+                                        [self.regions[int(p)] for p in regions])
+
+    def nvjpegDecodeBatchedSupportedEx(self, handle, jstream, params, supported):
+        return self.nvjpegDecodeBatchedSupported(handle, jstream, supported)
 
     def nvjpegDecodeBatchedInitialize(self, handle, state, n, threads, fmt):
         assert fmt == 5 and threads == 1  # NVJPEG_OUTPUT_RGBI
         self.n = n
         return 0
 
-    def nvjpegDecodeBatched(self, handle, state, src, lengths, images, stream):
+    def nvjpegDecodeBatched(self, handle, state, src, lengths, images, stream, regions=None):
         n = self.n
         src = np.ctypeslib.as_array((ctypes.c_uint64 * n).from_address(src))
         lengths = np.ctypeslib.as_array((ctypes.c_uint64 * n).from_address(lengths))
@@ -42,8 +60,11 @@ class FakeNvjpeg:
         self.batches.append(n)
         if any(d in self.refuse for d in datas):
             return 4  # NVJPEG_STATUS_JPEG_NOT_SUPPORTED
-        for d, row in zip(datas, table):
+        for j, (d, row) in enumerate(zip(datas, table)):
             img = self.cpu.decode(d, "x", fast=True)
+            if regions is not None and regions[j][2] > 0:
+                x, y, w, h = regions[j]
+                img = np.ascontiguousarray(img[y : y + h, x : x + w])
             assert int(row[4]) == img.shape[1] * 3 and not row[1:4].any() and not row[5:].any()
             ctypes.memmove(int(row[0]), img.tobytes(), img.nbytes)
         return 0
@@ -73,10 +94,10 @@ class _Stream:
     cuda_stream = 0
 
 
-def _decoder(lib):
+def _decoder(lib, roi=False):
     d = NvJpegHwDecoder.__new__(NvJpegHwDecoder)  # no CUDA here: the state the constructor would make
     d._lib, d._handle, d._jstream, d.device = lib, ctypes.c_void_p(1), ctypes.c_void_p(2), torch.device("cpu")
-    d._states, d._turn = [(ctypes.c_void_p(3), _Event()) for _ in range(2)], 0
+    d._states, d._turn, d.roi, d._params = [(ctypes.c_void_p(3 + k), _Event()) for k in range(2)], 0, roi, {}
     return d
 
 
@@ -140,9 +161,10 @@ def test_gpu_stage_hands_ring_rows_and_buffer_places_by_address():
         arena[i, : len(d)] = np.frombuffer(d, np.uint8)
     batch = EncodedBatch(torch.arange(6), meta, arena, np.zeros((6, 16, 16, 3), np.uint8), lambda i: f"f{i}")
 
-    def stage(lib, decoders=2):
-        s = GpuDecodeAugment([_decoder(lib) for _ in range(decoders)], device=torch.device("cpu"), image_size=16,
-                             mean=MEAN, std=STD, dtype=torch.float32, channels_last=False, max_pixels=10**8)
+    def stage(lib, decoders=2, roi=False):
+        s = GpuDecodeAugment([_decoder(lib, roi) for _ in range(decoders)], device=torch.device("cpu"),
+                             image_size=16, mean=MEAN, std=STD, dtype=torch.float32, channels_last=False,
+                             max_pixels=10**8)
         s._streams = [_Stream()] * decoders
         assert s._packed and s.job_images == NvJpegHwDecoder.job_images
         return s
@@ -157,6 +179,18 @@ def test_gpu_stage_hands_ring_rows_and_buffer_places_by_address():
     # sample 4 came from the CPU path's cropped decode instead of the decoder's full one: close, not equal
     torch.testing.assert_close(got[[0, 1, 2, 3, 5]], want[[0, 1, 2, 3, 5]], rtol=0, atol=0)
     assert (got[4] - want[4]).abs().mean() < 0.05
+    # region decode: each image's crop box only, then the kernel crops nothing: the same output but at the
+    # box's edges, where the kernel's filter taps no longer reach the pixels outside the box (as crop-then-
+    # resize, torchvision's order, has it): under half a grey level there
+    regions = FakeNvjpeg(refuse={datas[4]})
+    roi = stage(regions, roi=True)
+    assert roi._roi
+    got_roi, _ = roi(batch)
+    torch.testing.assert_close(got_roi, got, rtol=0, atol=0.5 / 255 / 0.225)
+    torch.testing.assert_close(got_roi[4], got[4], rtol=0, atol=0)  # the CPU's sample: untouched by regions
+    assert sorted(regions.regions.values())[-6:] != [(0, 0, -1, -1)] * 6
+    boxes = {tuple(int(v) for v in m[4:8]) for m in meta}
+    assert boxes <= set(regions.regions.values())  # every box was asked for as a region
 
 
 def test_library_discovery_reports_what_it_found():

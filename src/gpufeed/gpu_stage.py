@@ -103,6 +103,8 @@ class GpuDecodeAugment:
         self.job_images = getattr(self.decoders[0], "job_images", JOB_IMAGES)
         # decoders taking whole arrays of addresses (nvJPEG direct) need only a host pointer to the ring
         self._packed = all(hasattr(d, "decode_packed") for d in self.decoders)
+        # region decode: such decoders decode only each image's crop box (the kernel then crops nothing)
+        self._roi = self._packed and all(getattr(d, "roi", False) for d in self.decoders)
         self.cpu = CpuDecoder(max_pixels=max_pixels)
         self.device, self.size, self.dtype, self.channels_last = device, image_size, dtype, channels_last
         self.scale, self.shift = normalize_constants(mean, std)
@@ -125,9 +127,10 @@ class GpuDecodeAugment:
         A batch over ``max_batch_pixels`` goes through in slices here, synchronously."""
         s = self.size
         encoded = batch.meta[:, 0] == KIND_BYTES
-        # decoded extents: the header's for encoded samples, S x S for pre-cropped ones
-        heights = np.where(encoded, batch.meta[:, 3], s)
-        widths = np.where(encoded, batch.meta[:, 2], s)
+        # decoded extents: the header's (or the crop box's, decoding regions) for encoded samples, S x S for
+        # pre-cropped ones
+        heights = np.where(encoded, batch.meta[:, 7 if self._roi else 3], s)
+        widths = np.where(encoded, batch.meta[:, 6 if self._roi else 2], s)
         started = _Started(batch)
         parts = _slices(list(zip(widths.tolist(), heights.tolist())), self.max_batch_pixels)
         for k, r in enumerate(parts):
@@ -192,6 +195,8 @@ class GpuDecodeAugment:
         meta = batch.meta[r.start : r.stop]
         rows = np.empty((len(r), 8), np.int64)
         rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3:] = offset, h, w, meta[:, 4:]
+        if self._roi:
+            rows[:, 3:5] = 0  # the decoded region is the box
         rows[pre, 1:] = (s, s, 0, 0, s, s, 0)
         for a, b in _runs(pre):  # one copy per run of pre-cropped rows (the CPU's share is one run)
             flat[offset[a] : offset[a] + (b - a) * px].copy_(
@@ -235,8 +240,8 @@ class GpuDecodeAugment:
         k = self._turn
         if self._flats[k] is None or self._flats[k].numel() < nbytes:
             self._flats[k] = None  # free the old one first
-            grain = 16 << 20
-            self._flats[k] = torch.empty(-(-int(nbytes * 1.2) // grain) * grain, dtype=torch.uint8,
+            grain = 32 << 20
+            self._flats[k] = torch.empty(-(-int(nbytes * 1.5) // grain) * grain, dtype=torch.uint8,
                                          device=self.device)
         return self._flats[k][:nbytes]
 
@@ -264,14 +269,18 @@ class GpuDecodeAugment:
         if cuda:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
+        roi = sizes = None
+        if self._roi:
+            roi, sizes = batch.meta[ids, 4:8], batch.meta[ids, 2:4]
 
         def run(k: int, sl: slice) -> tuple[list[bool], torch.cuda.Event | None]:
             stream = self._streams[k]
             if cuda:
                 stream.wait_event(ready)
             if self._packed:
-                ok = self.decoders[k].decode_packed(src[sl], lengths[sl], dst[sl], heights[sl], widths[sl],
-                                                    stream).tolist()
+                ok = self.decoders[k].decode_packed(src[sl], lengths[sl], dst[sl], heights[sl], widths[sl], stream,
+                                                    None if roi is None else roi[sl],
+                                                    None if sizes is None else sizes[sl]).tolist()
             else:
                 datas = [batch.arena[i, : batch.meta[i, 1]] for i in ids[sl]]
                 outs = [flat[o : o + hh * ww * 3].view(hh, ww, 3) for o, hh, ww in

@@ -142,13 +142,9 @@ class Prefetcher:
                     if not _put(handoff, self._issue(batch, self._stream), stop):
                         return
                     continue
-                started = self._start(batch, self._stream)
-                if pending is not None:
-                    done, pending = pending, None
-                    if not _put(handoff, self._finish(done, self._stream), stop):
-                        pending = started
-                        return
-                pending = started
+                done, pending = pending, self._start(batch, self._stream)
+                if done is not None and not _put(handoff, self._finish(done, self._stream), stop):
+                    return
             if pending is not None:
                 done, pending = pending, None
                 if not _put(handoff, self._finish(done, self._stream), stop):

@@ -13,7 +13,8 @@ from gpufeed.synth import create_synthetic_dataset
 
 pytestmark = pytest.mark.gpu
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-ENGINE_PATHS = ["nvimgcodec", "nvjpeg"]  # nvJPEG's batched hardware decode called directly ("gpu" picks it)
+ENGINE_PATHS = ["nvimgcodec", "nvjpeg", "nvjpeg-regions"]  # nvJPEG's batched hardware decode called directly
+# ("gpu" picks it), whole images or each image's crop box only
 
 
 def _uint8(x):
@@ -32,13 +33,33 @@ def synth(tmp_path_factory):
     return create_synthetic_dataset(tmp_path_factory.mktemp("g"), n=96, num_classes=4, seed=2, workers=4)
 
 
-@pytest.mark.parametrize("decode, job_images", [("gpu", None), ("nvimgcodec", None), ("nvimgcodec", 3), ("nvjpeg", 5),
-                                                ("torchvision", None)])
-def test_gpu_matches_cpu_for_the_same_crops(synth, decode, job_images):
+def _gpu_loader(root, decode, **kw):
+    """ImageLoader on CUDA; decode "nvjpeg-regions" is decode="nvjpeg" with region decode on."""
+    loader = ImageLoader(root, device="cuda", decode=decode.replace("-regions", ""), **kw)
+    if decode.endswith("-regions"):
+        _regions(loader, True)
+    return loader
+
+
+def _regions(loader, on):
+    """Region decode on the nvJPEG path switched on or off (each image's crop box only)."""
+    stage = loader._gpu_stage
+    for d in stage.decoders:
+        d.roi = on
+    stage._roi = on
+
+
+@pytest.mark.parametrize("decode, job_images, roi", [("gpu", None, None), ("nvimgcodec", None, None),
+                                                     ("nvimgcodec", 3, None), ("nvjpeg", 5, False),
+                                                     ("nvjpeg", None, True), ("nvjpeg", 5, True),
+                                                     ("torchvision", None, None)])
+def test_gpu_matches_cpu_for_the_same_crops(synth, decode, job_images, roi):
     kw = dict(batch_size=32, num_workers=2, seed=7)
     gpu = ImageLoader(synth, device="cuda", decode=decode, cpu_share=0.0, **kw)  # every image on the GPU
     if job_images:  # many small decode calls, dealt in turn to the decoder threads
         gpu._gpu_stage.job_images = job_images
+    if roi is not None:
+        _regions(gpu, roi)
     cpu = ImageLoader(synth, device="cpu", **kw)
     assert gpu.decode_backend != "cpu"
     scores = []
@@ -81,8 +102,8 @@ def test_odd_images_in_a_gpu_batch_fall_back_to_the_cpu(tmp_path, decode):
     Image.new("RGB", (40, 40), colours[1]).convert("CMYK").save(tmp_path / "c1" / "cmyk.jpg", "JPEG")
     Image.new("RGB", (64, 64), colours[2]).save(tmp_path / "c2" / "prog.jpg", "JPEG", progressive=True)
     Image.new("L", (50, 50), 200).save(tmp_path / "c2" / "gray.jpg", "JPEG")
-    loader = ImageLoader(tmp_path, device="cuda", batch_size=19, num_workers=2, drop_last=False, train=False,
-                         image_size=32, decode=decode)
+    loader = _gpu_loader(tmp_path, decode, batch_size=19, num_workers=2, drop_last=False, train=False,
+                         image_size=32)
     (images, labels), = list(loader)
     rgb = _uint8(images).mean(axis=(2, 3))
     for i, label in enumerate(labels.tolist()):
@@ -94,9 +115,10 @@ def test_odd_images_in_a_gpu_batch_fall_back_to_the_cpu(tmp_path, decode):
     loader.close()
 
 
-@pytest.mark.parametrize("decode, share", [("gpu", "auto"), ("nvimgcodec", 0.0), ("nvjpeg", 0.0)])
+@pytest.mark.parametrize("decode, share", [("gpu", "auto"), ("nvimgcodec", 0.0), ("nvjpeg", 0.0),
+                                           ("nvjpeg-regions", "auto")])
 def test_gpu_memory_flat_across_epochs(synth, decode, share):
-    loader = ImageLoader(synth, device="cuda", batch_size=32, num_workers=2, decode=decode, cpu_share=share)
+    loader = _gpu_loader(synth, decode, batch_size=32, num_workers=2, cpu_share=share)
     reserved = []
     for _ in range(20):
         for x, y in loader:
@@ -121,8 +143,8 @@ def test_gpu_batch_of_255_good_and_1_broken_under_skip(tmp_path, decode):
         for i in range(85):
             Image.new("RGB", (48 + (i % 7) * 8, 40 + (i % 5) * 8), colour).save(tmp_path / f"c{c}" / f"{i}.jpg")
     (tmp_path / "c1" / "broken.jpg").write_bytes(UNDECODABLE["truncated_scan"]())
-    loader = ImageLoader(tmp_path, device="cuda", batch_size=256, num_workers=4, drop_last=False, image_size=32,
-                         decode=decode, on_error="skip")
+    loader = _gpu_loader(tmp_path, decode, batch_size=256, num_workers=4, drop_last=False, image_size=32,
+                         on_error="skip")
     (images, labels), = list(loader)
     assert images.shape[0] == 255 and labels.shape[0] == 255
     rgb = _uint8(images).mean(axis=(2, 3))
@@ -141,7 +163,7 @@ def test_odd_kinds_on_the_gpu_path_match_the_cpu_path(tmp_path, kind, decode):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "x.jpg").write_bytes(DECODABLE[kind]())
     kw = dict(batch_size=1, num_workers=1, drop_last=False, train=False, image_size=32)
-    gpu = ImageLoader(tmp_path, device="cuda", decode=decode, **kw)
+    gpu = _gpu_loader(tmp_path, decode, **kw)
     cpu = ImageLoader(tmp_path, device="cpu", **kw)
     (xg, _), = list(gpu)
     (xc, _), = list(cpu)
@@ -202,3 +224,19 @@ def test_nvjpeg_direct_decodes_a_mixed_batch_and_names_what_the_engines_refuse()
         else:
             assert (out == 7).all(), j
     assert ok[0] and ok[1] and ok[3] and ok[5], ok
+    # the same batch by regions (each image's centre quarter), through the address interface
+    datas = [np.frombuffer(d, np.uint8) for d in datas]
+    roi = np.array([[r.shape[1] // 4, r.shape[0] // 4, max(1, r.shape[1] // 2), max(1, r.shape[0] // 2)]
+                    for r in refs], np.int64)
+    outs = [torch.full((int(h), int(w), 3), 7, dtype=torch.uint8, device="cuda") for _, _, w, h in roi]
+    ok2 = dec.decode_packed(np.array([d.ctypes.data for d in datas], np.uint64),
+                            np.array([d.nbytes for d in datas], np.uint64),
+                            np.array([o.data_ptr() for o in outs], np.uint64), roi[:, 3], roi[:, 2], stream,
+                            roi, np.array([[r.shape[1], r.shape[0]] for r in refs], np.int64))
+    torch.cuda.synchronize()
+    assert ok2.tolist() == ok
+    for j, (good, out, ref, (x, y, w, h)) in enumerate(zip(ok2, outs, refs, roi.tolist())):
+        if good:
+            assert _psnr(out.cpu().numpy(), ref[y : y + h, x : x + w]) >= 35.0, j
+        else:
+            assert (out == 7).all(), j

@@ -55,6 +55,11 @@ _SIGNATURES = {
     "nvjpegJpegStreamParseHeader": (_P, _P, _S, _P),
     "nvjpegJpegStreamGetFrameDimensions": (_P, ctypes.POINTER(_U), ctypes.POINTER(_U)),
     "nvjpegDecodeBatchedSupported": (_P, _P, ctypes.POINTER(_I)),
+    "nvjpegDecodeParamsCreate": (_P, ctypes.POINTER(_P)),
+    "nvjpegDecodeParamsDestroy": (_P,),
+    "nvjpegDecodeParamsSetROI": (_P, _I, _I, _I, _I),
+    "nvjpegDecodeBatchedEx": (_P, _P, _P, _P, _P, _P, _P),
+    "nvjpegDecodeBatchedSupportedEx": (_P, _P, _P, ctypes.POINTER(_I)),
 }
 
 
@@ -116,7 +121,11 @@ class NvJpegHwDecoder:
     name = "nvjpeg-hw"
     job_images = 256  # one call per decoder thread per batch: no Python per image left to overlap
 
-    def __init__(self, device: torch.device, *, states: int = 2) -> None:
+    def __init__(self, device: torch.device, *, states: int = 2, roi: bool = False) -> None:
+        self.roi = roi  # the GPU stage asks for each image's crop box only (region decode on the engines)
+        # nvjpegDecodeParams per decode state (and one set for the support check), one per image of the
+        # largest region call so far; a state's set is not touched while that state may still decode
+        self._params: dict = {}
         lib, where = load_nvjpeg()
         if lib is None:
             raise RuntimeError(where)
@@ -153,6 +162,9 @@ class NvJpegHwDecoder:
             for state, event in self._states:
                 event.synchronize()  # no decode may still use the state
                 lib.nvjpegJpegStateDestroy(state)
+            for pool in self._params.values():
+                for params in pool:
+                    lib.nvjpegDecodeParamsDestroy(params)
             if self._jstream:
                 lib.nvjpegJpegStreamDestroy(self._jstream)
             lib.nvjpegDestroy(self._handle)
@@ -173,30 +185,39 @@ class NvJpegHwDecoder:
         return ok.tolist()
 
     def decode_packed(self, src: np.ndarray, lengths: np.ndarray, dst: np.ndarray, heights: np.ndarray,
-                      widths: np.ndarray, stream: torch.cuda.Stream) -> np.ndarray:
+                      widths: np.ndarray, stream: torch.cuda.Stream, roi: np.ndarray | None = None,
+                      sizes: np.ndarray | None = None) -> np.ndarray:
         """Decode image j from host address ``src[j]`` (``lengths[j]`` bytes) into the (heights[j], widths[j], 3)
         uint8 device buffer at ``dst[j]``, in ``stream``'s order. Returns (n,) bool: which were decoded.
-        The headers must give exactly these sizes (the workers read them): the engines write w x h x 3 bytes."""
+
+        Whole images unless ``roi`` ((n, 4) x, y, w, h): then only that region, whose (h, w) are the
+        extents given. ``sizes`` ((n, 2) width, height of the whole image, from the header the workers
+        read; the extents when None) is checked against nvJPEG's own parse before a retry: the engines
+        write exactly the extent, so a disagreement must never reach them."""
         n = len(src)
         ok = np.zeros(n, bool)
         if not n:
             return ok
+        if sizes is None:
+            sizes = np.stack([widths, heights], 1)
         with torch.cuda.device(self.device):
-            if self._batched(src, lengths, dst, widths, stream):
+            if self._batched(src, lengths, dst, widths, roi, stream):
                 ok[:] = True
                 return ok
             # some image the engines refuse: nvJPEG's own parser says which; decode the rest again
-            good = np.array([self._supported(int(s), int(ln), int(w), int(h))
-                             for s, ln, w, h in zip(src, lengths, widths, heights)], bool)
+            good = np.array([self._supported(int(src[j]), int(lengths[j]), int(sizes[j, 0]), int(sizes[j, 1]),
+                                             None if roi is None else roi[j]) for j in range(n)], bool)
             idx = np.flatnonzero(good)
-            if len(idx) and self._batched(src[idx], lengths[idx], dst[idx], widths[idx], stream):
+            pick = lambda a, i: None if a is None else a[i]
+            if len(idx) and self._batched(src[idx], lengths[idx], dst[idx], widths[idx], pick(roi, idx), stream):
                 ok[idx] = True
             else:  # still failing as a batch: one at a time
                 for j in idx:
-                    ok[j] = self._batched(src[j : j + 1], lengths[j : j + 1], dst[j : j + 1], widths[j : j + 1], stream)
+                    one = slice(j, j + 1)
+                    ok[j] = self._batched(src[one], lengths[one], dst[one], widths[one], pick(roi, one), stream)
         return ok
 
-    def _batched(self, src, lengths, dst, widths, stream) -> bool:
+    def _batched(self, src, lengths, dst, widths, roi, stream) -> bool:
         lib, n = self._lib, len(src)
         images = np.zeros((n, 8), np.uint64)  # nvjpegImage_t: channel[4] pointers, pitch[4]
         images[:, 0] = dst
@@ -208,13 +229,28 @@ class NvJpegHwDecoder:
         done.synchronize()  # this state's previous decode has run: its staging buffers are free
         cuda_stream = _P(stream.cuda_stream)
         status = lib.nvjpegDecodeBatchedInitialize(self._handle, state, n, 1, _OUTPUT_RGBI)
-        if status == 0:
+        if status == 0 and roi is None:
             status = lib.nvjpegDecodeBatched(self._handle, state, src.ctypes.data, lengths.ctypes.data,
                                              images.ctypes.data, cuda_stream)
+        elif status == 0:
+            params = self._region_params(roi, state.value)
+            status = lib.nvjpegDecodeBatchedEx(self._handle, state, src.ctypes.data, lengths.ctypes.data,
+                                               images.ctypes.data, params.ctypes.data, cuda_stream)
         done.record(stream)
         return status == 0
 
-    def _supported(self, src: int, length: int, width: int, height: int) -> bool:
+    def _region_params(self, roi: np.ndarray, key) -> np.ndarray:
+        """(n,) addresses of decode parameters set to each image's region (objects of pool ``key``, reused)."""
+        lib, pool = self._lib, self._params.setdefault(key, [])
+        while len(pool) < len(roi):
+            p = _P()
+            self._check("nvjpegDecodeParamsCreate", lib.nvjpegDecodeParamsCreate(self._handle, ctypes.byref(p)))
+            pool.append(p)
+        for p, (x, y, w, h) in zip(pool, roi.tolist()):
+            self._check("nvjpegDecodeParamsSetROI", lib.nvjpegDecodeParamsSetROI(p, x, y, w, h))
+        return np.array([p.value for p in pool[: len(roi)]], np.uint64)
+
+    def _supported(self, src: int, length: int, width: int, height: int, roi) -> bool:
         lib, w, h, s = self._lib, _U(), _U(), _I(-1)
         if lib.nvjpegJpegStreamParseHeader(self._handle, src, length, self._jstream) != 0:
             return False
@@ -222,7 +258,11 @@ class NvJpegHwDecoder:
             return False
         if (w.value, h.value) != (width, height):
             return False  # never let the engines write an extent other than the buffer's
-        return lib.nvjpegDecodeBatchedSupported(self._handle, self._jstream, ctypes.byref(s)) == 0 and s.value == 0
+        if roi is None:
+            return lib.nvjpegDecodeBatchedSupported(self._handle, self._jstream, ctypes.byref(s)) == 0 and s.value == 0
+        params = self._region_params(np.asarray(roi).reshape(1, 4), "check")
+        return (lib.nvjpegDecodeBatchedSupportedEx(self._handle, self._jstream, _P(int(params[0])),
+                                                   ctypes.byref(s)) == 0 and s.value == 0)
 
     def _property(self, which: int) -> int:
         v = _I()
