@@ -41,7 +41,7 @@ def test_bench_smoke_writes_table_json_and_chart(tmp_path, synth_root, capsys):
                "--json", str(tmp_path / "r.json"), "--chart", str(tmp_path / "r.png")])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "| baseline " in out and "| gpufeed " in out
+    assert "| baseline " in out and "| gpufeed " in out and "PSS added GB" in out
     result = json.loads((tmp_path / "r.json").read_text())
     rows = {r["pipeline"]: r for r in result["rows"]}
     assert set(rows) == {"baseline", "baseline+prefetch", "gpufeed (cpu decode)"}
@@ -49,6 +49,8 @@ def test_bench_smoke_writes_table_json_and_chart(tmp_path, synth_root, capsys):
     for r in rows.values():
         assert [e["images"] for e in r["epochs"]] == [40, 40]
         assert r["images_per_s"] > 0 and r["peak_rss_bytes"] > 0
+        # PSS: shared pages split among the processes that map them, never above RSS
+        assert all(0 < e["peak_pss_bytes"] <= e["peak_rss_bytes"] for e in r["epochs"])
         assert 0.05 < r["cpu_cores_busy"] < 2 * os.cpu_count() + 1  # decoding took CPU; a core count, not %
     assert rows["baseline"]["vs_baseline"] == 1.0
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,4 +1,4 @@
-"""Sampled during a run: GPU utilisation (NVML, every 50 ms), host RSS and CPU time of the process tree."""
+"""Sampled during a run: GPU utilisation (NVML, every 50 ms), host RSS/PSS and CPU time of the process tree."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ class Monitor:
     after another in one process, so the main process carries what earlier
     ones left (PyTorch's pinned-memory cache, for one): ``peak - start`` of the
     first epoch is what a pipeline added.
+    peak_pss / start_pss: the same with PSS (proportional set size: a page
+    shared by k processes counts 1/k in each), so the sum is the tree's real
+    resident memory; RSS sums count the shared-memory ring and the pages
+    forked workers share with the main process once per process. 0 where
+    PSS cannot be read.
     cores_busy: CPU time (user + system) used by the process tree between
     ``start()`` and ``stop()``, divided by the wall time: the number of cores
     the pipeline kept busy (worker processes that exited count once reaped).
@@ -41,14 +46,15 @@ class Monitor:
         self.util: list[int] = []
         self.gpu_mem_start: int | None = None  # NVML "used" when start() was called
         self.gpu_mem_peak: int | None = None
-        self.peak_rss = 0
+        self.peak_rss = self.peak_pss = 0
+        self.start_rss = self.start_pss = 0
         self.cores_busy: float | None = None
         self._cpu0: float | None = None
         self._t0 = 0.0
 
     def start(self) -> None:
-        self.util, self.peak_rss, self._stop = [], 0, threading.Event()
-        self.start_rss = self._sample_rss()
+        self.util, self.peak_rss, self.peak_pss, self._stop = [], 0, 0, threading.Event()
+        self.start_rss, self.start_pss = self._sample_memory()
         self.cores_busy = None
         self._cpu0, self._t0 = _tree_cpu_seconds(), time.perf_counter()
         self.gpu_mem_start = self.gpu_mem_peak = self._gpu_used()
@@ -69,12 +75,12 @@ class Monitor:
         return self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used
 
     @staticmethod
-    def _sample_rss() -> int:
+    def _sample_memory() -> tuple[int, int]:
         try:
             import psutil
         except ImportError:
-            return 0
-        return _tree_rss(psutil.Process(os.getpid()), psutil)
+            return 0, 0
+        return _tree_memory(psutil.Process(os.getpid()), psutil)
 
     @property
     def gpu_busy(self) -> float | None:
@@ -92,19 +98,24 @@ class Monitor:
                 self.util.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
                 self.gpu_mem_peak = max(self.gpu_mem_peak or 0, self._gpu_used())
             if me is not None and tick % 4 == 0:
-                self.peak_rss = max(self.peak_rss, _tree_rss(me, psutil))
+                rss, pss = _tree_memory(me, psutil)
+                self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
             tick += 1
             time.sleep(self.interval)
 
 
-def _tree_rss(proc, psutil) -> int:
-    total = 0
+def _tree_memory(proc, psutil) -> tuple[int, int]:
+    """(RSS, PSS) summed over ``proc`` and its descendants; PSS 0 when some process's cannot be read."""
+    rss, pss, pss_ok = 0, 0, True
     for p in [proc, *proc.children(recursive=True)]:
         try:
-            total += p.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return total
+            rss += p.memory_info().rss
+            pss += p.memory_full_info().pss
+        except psutil.NoSuchProcess:  # a worker that just exited
+            continue
+        except (psutil.AccessDenied, AttributeError):  # AttributeError: no PSS on this platform
+            pss_ok = False
+    return rss, pss if pss_ok else 0
 
 
 def _tree_cpu_seconds() -> float | None:

@@ -17,7 +17,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"model {c['model'] or 'none (loader only)'}; NVML: {result['nvml']}\n"
             f"data: {result['dataset']}\n")
     cols = ["pipeline", "epoch 1 s", "steady s", "images/s", "vs baseline", "of ceiling", "GPU busy", "CPU cores busy",
-            "host RSS GB", "RSS added GB", "GPU mem added GB"]
+            "host RSS GB", "RSS added GB", "PSS added GB", "GPU mem added GB"]
     rows = []
     for r in result["rows"]:
         rows.append([
@@ -31,6 +31,7 @@ def format_table(result: dict[str, Any]) -> str:
             _fmt(r.get("cpu_cores_busy"), ".1f"),
             _fmt(None if not r.get("peak_rss_bytes") else r["peak_rss_bytes"] / 1e9, ".2f"),
             _fmt(None if r.get("added_rss_bytes") is None else r["added_rss_bytes"] / 1e9, ".2f"),
+            _fmt(None if r.get("added_pss_bytes") is None else r["added_pss_bytes"] / 1e9, ".2f"),
             _fmt(None if r.get("gpu_mem_added_bytes") is None else r["gpu_mem_added_bytes"] / 1e9, ".2f"),
         ])
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]

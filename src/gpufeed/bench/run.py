@@ -145,6 +145,7 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
         epochs.append({"seconds": dt, "images": n, "images_per_s": n / dt, "gpu_busy": monitor.gpu_busy,
                        "cpu_cores_busy": monitor.cores_busy,
                        "peak_rss_bytes": monitor.peak_rss, "start_rss_bytes": monitor.start_rss,
+                       "peak_pss_bytes": monitor.peak_pss, "start_pss_bytes": monitor.start_pss,
                        "gpu_mem_start_bytes": monitor.gpu_mem_start, "gpu_mem_peak_bytes": monitor.gpu_mem_peak})
     stats = getattr(loader, "stats", None)
     close = getattr(loader, "close", None)
@@ -172,6 +173,8 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
         "cpu_cores_busy": statistics.median(cores) if cores else None,
         "peak_rss_bytes": max(e["peak_rss_bytes"] for e in epochs),
         "added_rss_bytes": max(e["peak_rss_bytes"] for e in epochs) - epochs[0]["start_rss_bytes"],
+        "added_pss_bytes": (max(e["peak_pss_bytes"] for e in epochs) - epochs[0]["start_pss_bytes"]
+                            if all(e["peak_pss_bytes"] for e in epochs) and epochs[0]["start_pss_bytes"] else None),
     }
 
 
