@@ -134,7 +134,7 @@ def test_decoder_placement_order_and_fallback(monkeypatch):
     monkeypatch.setitem(placement._MAKERS, "nvimgcodec", broken)
     assert create_gpu_decoder("gpu", cuda)[0][0] == "torchvision"
     decoders, why = create_gpu_decoder("auto", cuda)
-    assert decoders is None and why.endswith("; CPU workers (pip install gpufeed[nvimgcodec-cu13])")
+    assert decoders is None and why.endswith("; CPU workers (pip install gpufeed[nvjpeg-cu13] or gpufeed[nvimgcodec-cu13])")
     monkeypatch.setitem(placement._MAKERS, "torchvision", broken)
     decoders, why = create_gpu_decoder("gpu", cuda)
     assert decoders is None and why.count("unavailable") == 3 and why.endswith("CPU decode")

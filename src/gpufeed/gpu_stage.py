@@ -4,18 +4,26 @@ Input is an ``EncodedBatch`` that CPU workers filled: per sample either the
 JPEG bytes and crop box (``kind == KIND_BYTES``) or pixels they already
 cropped (``KIND_PIXELS``: files no GPU decoder takes, and the CPU's share of
 the batch). It runs as the Prefetcher's transform, on its side stream, in its
-background thread; the consumer's stream waits on the event recorded after
-the kernel.
+background thread, in two steps: ``start`` lays batch k+1 out and hands its
+JPEGs to the decoder threads, then ``finish`` completes batch k (CPU fallbacks,
+kernel); the consumer's stream waits on the event recorded after the kernel.
+Two decode buffers are used in turn, so batch k+1 decodes while batch k's
+kernel is still to run.
 
-    one flat uint8 buffer on the device, laid out from the workers' headers:
+    a flat uint8 buffer on the device, laid out from the workers' headers:
     [ pre-cropped S x S rows | image 0 (h0, w0, 3) | image 1 ... ]
           ▲ one H2D copy         ▲ GPU decoders write here directly (threads, own streams)
                                  ▲ a file the GPU refuses: CPU decode + crop here, copied in
     ──► one fused crop/resize/flip/normalise kernel ──► (B, 3, S, S)
 
 Decoding straight into place (no per-image tensors, no packing copy) and
-handing nvImageCodec numpy views of the shared ring (no bytes copies) is what
-made this stage 2x faster on the H200 (benchmarks/profile_gpu_stage.py).
+handing the decoders the shared ring's memory (no bytes copies) made this
+stage 2x faster on the H200 (benchmarks/profile_gpu_stage.py); addresses
+computed for the whole batch at once (nvJPEG direct) and queueing the next
+batch's decode before finishing the current one doubled it again
+(10,597 -> 21,015 images/s loader-only, BENCHMARKS.md session 4). With
+region decode on (``roi`` on the nvJPEG decoders; off by default: not faster
+on the H200's engines) each image's crop box alone is decoded.
 A pre-cropped image enters the kernel as an S x S image with box (0, 0, S, S),
 which the kernel copies exactly while normalising. Batches whose images
 together exceed ``max_batch_pixels`` go through in consecutive slices, so

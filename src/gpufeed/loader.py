@@ -78,12 +78,13 @@ class ImageLoader:
     shorter side to ``resize_size``, centre-crop, fixed order.
 
     ``decode``: "cpu" decodes in CPU worker processes; "gpu" decodes on the
-    GPU with nvImageCodec (hardware engines, then CUDA), else torchvision's
-    nvJPEG; "nvimgcodec" or "torchvision" force one (an impossible choice
-    raises); "auto" (default) is nvImageCodec on a CUDA device where it works,
-    else the CPU workers. ``loader.decode_backend`` says which was used,
-    ``loader.decode_reason`` why, and ``loader.stats`` how many images each
-    decoder handled.
+    GPU: the NVJPG hardware engines through nvJPEG's batched API, else
+    nvImageCodec (engines, then its CUDA decoder), else torchvision's nvJPEG;
+    "nvjpeg", "nvimgcodec" or "torchvision" force one (an impossible choice
+    raises); "auto" (default) is the first of nvJPEG/nvImageCodec that works
+    on a CUDA device, else the CPU workers. ``loader.decode_backend`` says
+    which was used, ``loader.decode_reason`` why, and ``loader.stats`` how
+    many images each decoder handled.
 
     Epoch order is a function of (seed, epoch); sharding follows
     ``DistributedSampler`` (rank/world_size from ``torch.distributed`` when

@@ -78,5 +78,5 @@ def create_gpu_decoder(choice: str, device: torch.device, *, threads: int = 2):
     if choice in _MAKERS:
         raise ValueError(reasons[-1])
     if choice == "auto":
-        return None, "decode='auto': " + "; ".join(reasons) + "; CPU workers (pip install gpufeed[nvimgcodec-cu13])"
+        return None, "decode='auto': " + "; ".join(reasons) + "; CPU workers (pip install gpufeed[nvjpeg-cu13] or gpufeed[nvimgcodec-cu13])"
     return None, "; ".join(reasons + ["CPU decode"])
