@@ -212,4 +212,8 @@ def test_stage_start_finish_releases_the_batch_once_after_its_decode(coloured):
     with pytest.raises(RuntimeError, match="decoder died"):
         stage.finish(started)
     assert released == [1, 2, 2]
+    stage._submit_decode = lambda *a: (_ for _ in ()).throw(MemoryError("no room"))
+    with pytest.raises(MemoryError, match="no room"):
+        stage.start(batch())  # a start that fails hands the batch back itself: no finish follows
+    assert released == [1, 2, 2, 2]
     pool.close()

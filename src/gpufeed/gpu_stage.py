@@ -141,12 +141,19 @@ class GpuDecodeAugment:
         widths = np.where(encoded, batch.meta[:, 6 if self._roi else 2], s)
         started = _Started(batch)
         parts = _slices(list(zip(widths.tolist(), heights.tolist())), self.max_batch_pixels)
-        for k, r in enumerate(parts):
-            if k:  # the previous slice is finished (kernel queued) before its buffer is reused
-                self._complete(started)
-            started.part = self._prepare(batch, r, encoded[r.start : r.stop], heights[r.start : r.stop],
-                                         widths[r.start : r.stop], turn=k == 0)
-            started.decoding = self._submit_decode(batch, started.part)
+        try:
+            for k, r in enumerate(parts):
+                if k:  # the previous slice is finished (kernel queued) before its buffer is reused
+                    self._complete(started)
+                started.part = self._prepare(batch, r, encoded[r.start : r.stop], heights[r.start : r.stop],
+                                             widths[r.start : r.stop], turn=k == 0)
+                started.decoding = self._submit_decode(batch, started.part)
+        except BaseException:  # no finish will come: let the decoders stop reading, then hand the batch back
+            if started.decoding:
+                wait(started.decoding)
+            if batch.release is not None:
+                batch.release()
+            raise
         return started
 
     def finish(self, started: "_Started") -> tuple[torch.Tensor, torch.Tensor]:
