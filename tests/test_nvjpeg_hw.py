@@ -214,3 +214,38 @@ def test_no_gpu_gives_a_clear_error_not_a_crash():
         pytest.skip("no libnvjpeg here")
     with pytest.raises(RuntimeError, match="nvjpegCreateEx returned NVJPEG_STATUS_"):
         NvJpegHwDecoder(torch.device("cuda", 0))
+
+
+def test_a_gpu_without_engines_is_refused_at_construction(monkeypatch):
+    """nvJPEG may create a hardware handle on a GPU that reports 0 engines: that decoder is refused (the
+    placement then tries nvImageCodec) instead of sending every image to the CPU batch after batch."""
+    import gpufeed.decode.nvjpeg_hw as hw
+
+    class NoEngines:
+        destroyed = 0
+
+        def nvjpegGetProperty(self, which, value):
+            value._obj.value = (13, 3, 2)[which]
+            return 0
+
+        def nvjpegCreateEx(self, backend, dev, pinned, flags, handle):
+            assert backend == 3 and flags == 1 << 5  # hardware backend, libjpeg-turbo's chroma upsampling
+            handle._obj.value = 42
+            return 0
+
+        def nvjpegGetHardwareDecoderInfo(self, handle, engines, cores):
+            engines._obj.value, cores._obj.value = 0, 0
+            return 0
+
+        def nvjpegDestroy(self, handle):
+            NoEngines.destroyed += 1
+            return 0
+
+    monkeypatch.setattr(hw, "load_nvjpeg", lambda: (NoEngines(), "fake"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some GPU")
+    with pytest.raises(RuntimeError, match="Some GPU reports no hardware JPEG engines"):
+        NvJpegHwDecoder(torch.device("cuda", 0))
+    import gc
+
+    gc.collect()
+    assert NoEngines.destroyed == 1  # once, not again when the half-built decoder is collected

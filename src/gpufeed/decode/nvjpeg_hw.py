@@ -146,10 +146,13 @@ class NvJpegHwDecoder:
             self._check("nvjpegCreateEx", lib.nvjpegCreateEx(_BACKEND_HARDWARE, None, None, flags,
                                                              ctypes.byref(self._handle)))
             engines, cores = _U(), _U()
-            if lib.nvjpegGetHardwareDecoderInfo(self._handle, ctypes.byref(engines), ctypes.byref(cores)) == 0:
-                self.engines, self.cores_per_engine = engines.value, cores.value
-            else:
-                self.engines = self.cores_per_engine = 0
+            if lib.nvjpegGetHardwareDecoderInfo(self._handle, ctypes.byref(engines), ctypes.byref(cores)) != 0:
+                engines.value = cores.value = 0  # not reported by this nvJPEG; the handle was created, so assume some
+            elif engines.value == 0:
+                lib.nvjpegDestroy(self._handle)
+                self._handle = _P()
+                raise RuntimeError(f"{torch.cuda.get_device_name(device)} reports no hardware JPEG engines")
+            self.engines, self.cores_per_engine = engines.value, cores.value
             for _ in range(states):
                 state = _P()
                 self._check("nvjpegJpegStateCreate", lib.nvjpegJpegStateCreate(self._handle, ctypes.byref(state)))
