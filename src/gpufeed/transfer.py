@@ -32,6 +32,7 @@ and passes batches through, in the caller's thread: one API everywhere.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import queue
 import threading
@@ -134,39 +135,35 @@ class Prefetcher:
         early or fails (``finish`` releases what ``start`` holds)."""
         torch.cuda.set_device(self.device)
         it = iter(self.iterable)
-        staged = hasattr(self.transform, "start") and hasattr(self.transform, "finish")
-        pending = None
+        stream = self._stream
+        if hasattr(self.transform, "start") and hasattr(self.transform, "finish"):
+            begin, end, lag = self.transform.start, self.transform.finish, 1
+        else:
+            begin, end, lag = self.transform, None, 0
+        pending: collections.deque = collections.deque()  # started, not yet finished (at most ``lag``)
         try:
             for batch in it:
-                if not staged:
-                    if not _put(handoff, self._issue(batch, self._stream), stop):
-                        return
-                    continue
-                done, pending = pending, self._start(batch, self._stream)
-                if done is not None and not _put(handoff, self._finish(done, self._stream), stop):
+                pending.append(self._start(batch, stream, begin))
+                if len(pending) > lag and not _put(handoff, self._finish(pending.popleft(), stream, end), stop):
                     return
-            if pending is not None:
-                done, pending = pending, None
-                if not _put(handoff, self._finish(done, self._stream), stop):
+            while pending:
+                if not _put(handoff, self._finish(pending.popleft(), stream, end), stop):
                     return
             _put(handoff, _END, stop)
         except BaseException as e:  # handed to the consumer, which raises it
             _put(handoff, _Failure(e), stop)
         finally:
-            if pending is not None:  # stopped or failed with a batch started: finish it, drop the result
+            for started in pending:  # stopped or failed with a batch started: finish it, drop the result
                 try:
-                    self._finish(pending, self._stream)
+                    self._finish(started, stream, end)
                 except BaseException:
                     pass
             close = getattr(it, "close", None)
             if close is not None:
                 close()
 
-    def _issue(self, batch: Any, stream: torch.cuda.Stream) -> tuple[torch.cuda.Event, Any]:
-        return self._finish(self._start(batch, stream, whole=True), stream, transformed=True)
-
-    def _start(self, batch: Any, stream: torch.cuda.Stream, whole: bool = False) -> Any:
-        """Copies (and ``transform.start``, or the whole ``transform`` when ``whole``) on the side stream."""
+    def _start(self, batch: Any, stream: torch.cuda.Stream, begin: Callable[[Any], Any] | None) -> Any:
+        """On the side stream: the copies, then ``begin`` (the transform, or its ``start``)."""
         # Tensors already on the GPU were produced on the consumer stream: wait for them.
         on_gpu: list[bool] = []
         _map_tensors(batch, lambda t: on_gpu.append(t.is_cuda) or t)
@@ -174,16 +171,14 @@ class Prefetcher:
             stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             batch = _map_tensors(batch, self._to_device)
-            if self.transform is not None:
-                batch = self.transform(batch) if whole else self.transform.start(batch)
-        return batch
+            return begin(batch) if begin is not None else batch
 
     def _finish(self, started: Any, stream: torch.cuda.Stream,
-                transformed: bool = False) -> tuple[torch.cuda.Event, Any]:
-        """``transform.finish`` (unless already ``transformed``) on the side stream, then the event the
+                end: Callable[[Any], Any] | None) -> tuple[torch.cuda.Event, Any]:
+        """On the side stream: ``end`` (the transform's ``finish``, if it has one), then the event the
         consumer waits on."""
         with torch.cuda.stream(stream):
-            batch = started if transformed else self.transform.finish(started)
+            batch = end(started) if end is not None else started
             event = torch.cuda.Event()
             event.record(stream)
         return event, batch

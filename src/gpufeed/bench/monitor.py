@@ -109,12 +109,17 @@ def _tree_memory(proc, psutil) -> tuple[int, int]:
     rss, pss, pss_ok = 0, 0, True
     for p in [proc, *proc.children(recursive=True)]:
         try:
-            rss += p.memory_info().rss
-            pss += p.memory_full_info().pss
-        except psutil.NoSuchProcess:  # a worker that just exited
+            try:
+                m = p.memory_full_info()  # RSS and PSS in one read
+            except psutil.AccessDenied:
+                m = p.memory_info()
+            rss += m.rss
+            if getattr(m, "pss", None) is None:  # not readable, or no PSS on this platform
+                pss_ok = False
+            else:
+                pss += m.pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):  # a worker that just exited
             continue
-        except (psutil.AccessDenied, AttributeError):  # AttributeError: no PSS on this platform
-            pss_ok = False
     return rss, pss if pss_ok else 0
 
 

@@ -206,13 +206,13 @@ class NvJpegHwDecoder:
         ok = np.zeros(n, bool)
         if not n:
             return ok
-        if sizes is None:
-            sizes = np.stack([widths, heights], 1)
         with torch.cuda.device(self.device):
             if self._batched(src, lengths, dst, widths, roi, stream):
                 ok[:] = True
                 return ok
             # some image the engines refuse: nvJPEG's own parser says which; decode the rest again
+            if sizes is None:
+                sizes = np.stack([widths, heights], 1)
             good = np.array([self._supported(int(src[j]), int(lengths[j]), int(sizes[j, 0]), int(sizes[j, 1]),
                                              None if roi is None else roi[j]) for j in range(n)], bool)
             idx = np.flatnonzero(good)
