@@ -29,24 +29,34 @@ def _decoders(device):
     try:
         from gpufeed.decode.nvimgcodec import NvImageCodecDecoder
 
-        out.append(("nvimgcodec hw only", [NvImageCodecDecoder(device, hw_only=True)]))
-        out.append(("nvimgcodec hw only, 2 threads", [NvImageCodecDecoder(device, hw_only=True) for _ in range(2)]))
-        out.append(("nvimgcodec hw then cuda, 2 threads", [NvImageCodecDecoder(device) for _ in range(2)]))
-        out.append(("nvimgcodec hw then cuda, 3 threads", [NvImageCodecDecoder(device) for _ in range(3)]))
+        out.append(("nvimgcodec hw only", lambda: [NvImageCodecDecoder(device, hw_only=True)]))
+        out.append(("nvimgcodec hw only, 2 threads", lambda: [NvImageCodecDecoder(device, hw_only=True)
+                                                              for _ in range(2)]))
+        out.append(("nvimgcodec hw then cuda, 2 threads", lambda: [NvImageCodecDecoder(device) for _ in range(2)]))
+        out.append(("nvimgcodec hw then cuda, 3 threads", lambda: [NvImageCodecDecoder(device) for _ in range(3)]))
     except Exception as e:
         print(f"nvimgcodec unavailable: {e}")
     try:
-        from gpufeed.decode.nvjpeg_hw import NvJpegHwDecoder
+        from gpufeed.decode.nvjpeg_hw import NvJpegHwDecoder as Nv
 
         for k in (1, 2):
             for roi in (False, True):
                 out.append((f"nvjpeg hw direct, {k} thread{'s' * (k > 1)}{', crop boxes only' * roi}",
-                            [NvJpegHwDecoder(device, roi=roi) for _ in range(k)]))
+                            lambda k=k, roi=roi: [Nv(device, roi=roi) for _ in range(k)]))
+        out.append(("nvjpeg hw direct, 2 threads, no fancy upsampling",
+                    lambda: [Nv(device, fancy=False) for _ in range(2)]))
+        for k in (1, 2):
+            out.append((f"nvjpeg cuda (GPU_HYBRID), {k} thread{'s' * (k > 1)}",
+                        lambda k=k: [Nv(device, backend="cuda") for _ in range(k)]))
+        for share in (0.15, 0.3):  # two engine threads of weight 1, one CUDA decoder taking ``share`` of a batch
+            out.append((f"nvjpeg hw 2 threads + cuda {share:.0%}",
+                        lambda share=share: [Nv(device) for _ in range(2)] +
+                        [Nv(device, backend="cuda", weight=2 * share / (1 - share))]))
     except Exception as e:
-        print(f"nvjpeg hw direct unavailable: {e}")
+        print(f"nvjpeg direct unavailable: {e}")
     from gpufeed.decode.torchvision_gpu import TorchvisionGpuDecoder
 
-    out.append(("torchvision nvjpeg", [TorchvisionGpuDecoder(device)]))
+    out.append(("torchvision nvjpeg", lambda: [TorchvisionGpuDecoder(device)]))
     return out
 
 
@@ -67,6 +77,7 @@ def main() -> None:
     p.add_argument("data")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--only", default="", help="run the paths whose name contains this (e.g. 'nvjpeg')")
     args = p.parse_args()
     files = sorted(glob.glob(f"{args.data}/*/*.jpg"))
     datas = [open(f, "rb").read() for f in files]
@@ -87,7 +98,14 @@ def main() -> None:
             arena[i, : len(d)] = np.frombuffer(d, np.uint8)
         encoded.append(EncodedBatch(torch.zeros(len(b), dtype=torch.int64), meta, arena,
                                     np.zeros((len(b), 224, 224, 3), np.uint8), lambda i: "x"))
-    for name, decs in _decoders(device):
+    for name, make in _decoders(device):
+        if args.only not in name:
+            continue
+        try:
+            decs = make()
+        except Exception as e:  # one path failing must not lose the others
+            rows.append((name, 0.0, [], f"FAILED: {type(e).__name__}: {e}"))
+            continue
         stage = GpuDecodeAugment(decs, device=device, image_size=224, mean=(0.485, 0.456, 0.406),
                                  std=(0.229, 0.224, 0.225), dtype=torch.float32, channels_last=True,
                                  max_pixels=10**8)
@@ -123,6 +141,7 @@ def main() -> None:
                 stage.finish(pending)
             return sum(len(e.meta) for e in encoded)
 
+        stage.decoded_by.clear()
         med, rates = _time(run_stage, args.rounds)
         rows.append((f"decode + fused augment: {name}", med, rates, dict(stage.decoded_by)))
     print(f"\n{len(datas)} files, batch {args.batch}, {torch.cuda.get_device_name()}")

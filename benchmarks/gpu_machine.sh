@@ -2,6 +2,7 @@
 # Everything the GPU machine checks and times, in one call. Usage (from the repo root, on that machine):
 #   bash benchmarks/gpu_machine.sh        (writes logs and JSON under $OUT, prints a short table last)
 #   STEPS="tests sweep checks" bash benchmarks/gpu_machine.sh   (a subset; default: tests decode sweep checks bench;
+#   TESTS, DECODE_ARGS, SWEEP_ARGS, CHECK_ROUNDS, EPOCHS, LOADER_PIPES, MODEL_PIPES, MODELS narrow each step;
 #   "profile" adds benchmarks/profile_gpu_stage.py, the step-by-step profile of nvImageCodec's decode)
 # Expects carried wheels in .whl/ (simplejpeg, nvImageCodec, nvJPEG; see ../shared/tools/device-wheels.sh).
 set -uo pipefail
@@ -26,7 +27,7 @@ if step tests; then
 fi
 DATA=/tmp/synth10k
 python3 -m gpufeed synth $DATA --n 10000 --seed 0 > /dev/null
-step decode && python3 benchmarks/decode_only.py $DATA > "$OUT/decode.txt" 2>&1
+step decode && python3 benchmarks/decode_only.py $DATA ${DECODE_ARGS:-} > "$OUT/decode.txt" 2>&1
 step profile && python3 benchmarks/profile_gpu_stage.py $DATA 2>&1 | grep -v -i "nvjpeg2k\|nvtiff" > "$OUT/profile.txt"
 step sweep && timeout 300 python3 benchmarks/sweep_gpu_path.py $DATA ${SWEEP_ARGS:-} > "$OUT/sweep.txt" 2>&1
 if step checks; then
@@ -44,5 +45,5 @@ fi
 step sweep && grep -E "^\||Model name|per core|usable|Error" "$OUT/sweep.txt"
 step checks && grep -E "^\||FAILED|Error" "$OUT/checks.txt"
 step profile && grep -E "^\| (as_image|decode\(256\) into|[0-9] decoder)|^GIL|^decode into" "$OUT/profile.txt"
-step decode && grep -A24 "^[0-9]* files, batch" "$OUT/decode.txt"
+step decode && grep -A40 "^[0-9]* files, batch" "$OUT/decode.txt"
 step bench && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/bench.txt" | cut -c1-230

@@ -3,8 +3,13 @@
     python3 benchmarks/sweep_gpu_path.py DATA_DIR [--epochs 3] [CONFIG ...]
 
 CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>][,j<images per decode call>]
-[,l<late threshold ms>][,v<decode choice>][,r<region decode 0/1>]``, e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or
-``w12,0.3,n10,d1,s6,j64,vnvjpeg``; d, s, j, l default to the loader's own settings, v to "gpu". Per config: one ImageLoader(decode="gpu", batch 256), one warm-up
+[,l<late threshold ms>][,v<decode choice>][,r<region decode 0/1>][,f<fancy upsampling 0/1>][,h<CUDA share>]``,
+e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or ``w12,0.3,n10,d1,s6,j64,vnvjpeg``;
+d, s, j, l default to the loader's own settings, v to "gpu". ``f`` and ``h`` build nvJPEG decoders here:
+``d`` engine threads (fancy upsampling or not) plus, with ``h``, one nvJPEG CUDA (GPU_HYBRID) decoder taking
+that fraction of each batch's GPU images. ``b1`` makes the CUDA context block in synchronisations instead of
+spinning (``cuCtxSetFlags``), for that config and all after it. Also reported: the cores each thread of this
+process kept busy (decoder threads grouped) and the workers together. Per config: one ImageLoader(decode="gpu", batch 256), one warm-up
 epoch, then ``--epochs`` timed epochs (loader only: each batch reaches the device and is read once).
 Reported: images/s (median epoch), the CPU share at the end, the GPU stage's host time per batch (median;
 ``start`` + ``finish`` in the prefetch thread: layout, copies, waiting for the decoders, kernel launch),
@@ -18,10 +23,12 @@ wait. Worker priority is set on the running workers (``setpriority``).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import os
 import statistics
 import subprocess
+import threading
 import time
 
 import torch
@@ -41,10 +48,12 @@ def parse(config: str) -> dict:
     parts = config.split(",")
     out = {"workers": int(parts[0][1:]), "share": parts[1] if parts[1] == "auto" else float(parts[1]),
            "nice": int(parts[2][1:]), "decoders": 2, "slots": None, "job": None,
-           "late_ms": None, "via": "gpu", "roi": None}
+           "late_ms": None, "via": "gpu", "roi": None, "fancy": None, "cuda": None, "blocking": 0}
     for extra in parts[3:]:
-        key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms", "v": "via", "r": "roi"}[extra[0]]
-        out[key] = extra[1:] if key == "via" else float(extra[1:]) if key == "late_ms" else int(extra[1:])
+        key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms", "v": "via", "r": "roi", "f": "fancy",
+               "h": "cuda", "b": "blocking"}[extra[0]]
+        out[key] = (extra[1:] if key == "via" else float(extra[1:]) if key in ("late_ms", "cuda")
+                    else int(extra[1:]))
     return out
 
 
@@ -62,15 +71,68 @@ def _timed(fn, into: list):
     return wrapper
 
 
+def _cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """CPU time (user + system) of a process, or of one of its threads, from /proc."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    try:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _thread_names() -> dict[int, str]:
+    """This process's threads by native id: Python's names, else the kernel's (threads libraries started)."""
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    for tid in map(int, os.listdir("/proc/self/task")):
+        if tid not in names:
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    names[tid] = f.read().strip()
+            except OSError:
+                pass
+    return names
+
+
+def _cpu_snapshot(worker_pids) -> dict[str, float]:
+    """CPU seconds so far: per thread of this process (grouped by name), and all workers together."""
+    out: dict[str, float] = {}
+    pid = os.getpid()
+    for tid, name in _thread_names().items():
+        key = name.rsplit("_", 1)[0] if name.startswith("gpufeed-decode") else name
+        out[key] = out.get(key, 0.0) + _cpu_seconds(pid, tid)
+    out["(workers)"] = sum(_cpu_seconds(p) for p in worker_pids)
+    return out
+
+
+def _set_blocking_sync() -> None:
+    """Make this process's CUDA context block (not spin) in synchronisations (CU_CTX_SCHED_BLOCKING_SYNC)."""
+    torch.cuda.synchronize()  # the primary context exists and is current on this thread
+    status = ctypes.CDLL("libcuda.so.1").cuCtxSetFlags(ctypes.c_uint(4))
+    if status != 0:
+        raise RuntimeError(f"cuCtxSetFlags returned {status}")
+
+
 def run(data: str, config: str, epochs: int, device: torch.device, monitor: Monitor) -> str:
     c = parse(config)
+    if c["blocking"]:
+        _set_blocking_sync()  # stays for the rest of this process: put b1 configs last
     loader = ImageLoader(data, batch_size=256, num_workers=c["workers"], device=device, decode=c["via"],
                          cpu_share=c["share"])
     if c["slots"]:
         loader._num_slots = c["slots"]  # before the first epoch creates the ring
     stage = loader._gpu_stage
-    if c["decoders"] != len(stage.decoders):
+    if c["fancy"] is not None or c["cuda"] is not None:
+        decoders = [NvJpegHwDecoder(device, fancy=c["fancy"] != 0) for _ in range(c["decoders"])]
+        if c["cuda"]:
+            decoders.append(NvJpegHwDecoder(device, backend="cuda", fancy=c["fancy"] != 0,
+                                            weight=c["decoders"] * c["cuda"] / (1 - c["cuda"])))
+    elif c["decoders"] != len(stage.decoders):
         decoders, _ = create_gpu_decoder(c["via"], device, threads=c["decoders"])
+    else:
+        decoders = None
+    if decoders is not None:
         stage = GpuDecodeAugment(decoders, device=device, image_size=224, mean=loader.normalize.mean,
                                  std=loader.normalize.std, dtype=torch.float32, channels_last=False,
                                  max_pixels=loader.spec.max_pixels)
@@ -127,6 +189,7 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
                 for v in phases.values():
                     v.clear()
                 monitor.start()
+                cpu0, t_cpu0 = _cpu_snapshot(loader.worker_pids), time.perf_counter()
             n, t0 = 0, time.perf_counter()
             for images, _ in loader:
                 images.sum()
@@ -136,6 +199,9 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
                 rates.append(n / (time.perf_counter() - t0))
         monitor.stop()
         busy = monitor.cores_busy
+        cpu1, elapsed = _cpu_snapshot(loader.worker_pids), time.perf_counter() - t_cpu0
+        threads = sorted(((cpu1[k] - cpu0.get(k, 0.0)) / elapsed, k) for k in cpu1)[::-1]
+        cpu_note = ", ".join(f"{k} {v:.2f}" for v, k in threads[:7] if v >= 0.01)
     finally:
         workers.WorkerPool.collect = collect
         for cls, name, _ in originals:
@@ -149,7 +215,7 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
             f"{1e3 * statistics.median(stage_s):.1f} | {1e3 * statistics.median(waits):.1f} | "
             f"{busy:.1f} | {', '.join(f'{r:,.0f}' for r in rates)} | {per(phases['decode_wait']):.1f} | "
             f"{per(phases['decode']):.1f} | {per(phases['decode_into']) - per(phases['decode']):.1f} | "
-            f"{per(stage_s) - per(phases['decode_wait']):.1f} |")
+            f"{per(stage_s) - per(phases['decode_wait']):.1f} | {cpu_note} |")
 
 
 def main() -> None:
@@ -164,8 +230,9 @@ def main() -> None:
                                                             "Socket(s)", "CPU(s)", "L3 cache")))
     print(f"{workers.usable_cores()} usable cores; GPU {torch.cuda.get_device_name(device)}")
     print("| config | images/s | CPU share | GPU-decoded | stage host ms/batch | worker wait ms/batch | cores busy "
-          "| epochs | decode wait ms | decode() calls ms | rest of decode_into ms | stage outside the wait ms |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| epochs | decode wait ms | decode() calls ms | rest of decode_into ms | stage outside the wait ms "
+          "| cores busy by thread (this process) and workers |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     monitor = Monitor(device.index)
     for config in args.configs:
         try:

@@ -94,7 +94,8 @@ class GpuDecodeAugment:
     """EncodedBatch -> ((B, 3, S, S) ``dtype`` normalised on ``device``, (B,) int64 labels).
 
     ``decoders``: one or more GPU decoders (``decode_into``); with several, each decodes a part of
-    every batch from its own thread on its own CUDA stream.
+    every batch (in proportion to its ``weight``, 1 when it has none) from its own thread on its own
+    CUDA stream.
     """
 
     def __init__(self, decoders: Sequence, *, device: torch.device, image_size: int, mean, std,
@@ -102,13 +103,14 @@ class GpuDecodeAugment:
                  max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS,
                  on_skip: Callable[[str, str], None] | None = None) -> None:
         self.decoders = list(decoders)
-        self.name = self.decoders[0].name
+        self.name = "+".join(dict.fromkeys(d.name for d in self.decoders))  # e.g. "nvjpeg-hw+nvjpeg-cuda"
         cuda = device.type == "cuda"
         # one thread per decoder (a decoder's calls never overlap), each on its own stream
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"gpufeed-decode-{k}") for k in
                          range(len(self.decoders))] if cuda else []
         self._streams = [torch.cuda.Stream(device) if cuda else None for _ in self.decoders]
         self.job_images = getattr(self.decoders[0], "job_images", JOB_IMAGES)
+        self._weights = [float(getattr(d, "weight", 1.0)) for d in self.decoders]  # their parts of a batch
         # decoders taking whole arrays of addresses (nvJPEG direct) need only a host pointer to the ring
         self._packed = all(hasattr(d, "decode_packed") for d in self.decoders)
         # region decode: such decoders decode only each image's crop box (the kernel then crops nothing)
@@ -179,7 +181,6 @@ class GpuDecodeAugment:
         batch, part = started.batch, started.part
         ok = self._await_decode(started.decoding)
         started.decoding = None
-        self.decoded_by[f"gpu:{self.name}"] += sum(ok)
         if started.out is None:
             n, s = len(batch.meta), self.size
             fmt = torch.channels_last if self.channels_last else torch.contiguous_format
@@ -288,7 +289,7 @@ class GpuDecodeAugment:
         if self._roi:
             roi, sizes = batch.meta[ids, 4:8], batch.meta[ids, 2:4]
 
-        def run(k: int, sl: slice) -> tuple[list[bool], torch.cuda.Event | None]:
+        def run(k: int, sl: slice) -> tuple[int, list[bool], torch.cuda.Event | None]:
             stream = self._streams[k]
             if cuda:
                 stream.wait_event(ready)
@@ -302,13 +303,16 @@ class GpuDecodeAugment:
                         zip(offsets[sl].tolist(), heights[sl].tolist(), widths[sl].tolist())]
                 ok = self.decoders[k].decode_into(datas, outs, stream)
             if not cuda:
-                return ok, None
+                return k, ok, None
             done = torch.cuda.Event()
             done.record(stream)
-            return ok, done
+            return k, ok, done
 
-        step = -(-len(ids) // max(len(self.decoders), round(len(ids) / self.job_images)))
-        jobs = [(j % len(self.decoders), slice(a, a + step)) for j, a in enumerate(range(0, len(ids), step))]
+        # calls dealt in turn to the decoders, each call's size in proportion to its decoder's weight
+        nd = len(self.decoders)
+        weights = np.array([self._weights[j % nd] for j in range(max(nd, round(len(ids) / self.job_images)))])
+        bounds = np.round(np.concatenate([[0], np.cumsum(weights)]) * len(ids) / weights.sum()).astype(int).tolist()
+        jobs = [(j % nd, slice(a, b)) for j, (a, b) in enumerate(zip(bounds, bounds[1:])) if b > a]
         if not cuda:  # run here, but report as the threads do: an error is raised when awaited
             futures = []
             for k, sl in jobs:
@@ -323,14 +327,17 @@ class GpuDecodeAugment:
 
     def _await_decode(self, futures: list) -> list[bool]:
         """Wait for the decode calls (all of them, even when one failed: none may still write after an
-        error is raised), make the current stream wait for their GPU work; which images worked."""
+        error is raised), make the current stream wait for their GPU work, count what each decoder
+        decoded; which images worked."""
         wait(futures)
         results = [f.result() for f in futures]
         if self.device.type == "cuda":
             side = torch.cuda.current_stream(self.device)
-            for _, done in results:
+            for _, _, done in results:
                 side.wait_event(done)
-        return [good for part, _ in results for good in part]
+        for k, part, _ in results:
+            self.decoded_by[f"gpu:{self.decoders[k].name}"] += sum(part)
+        return [good for _, part, _ in results for good in part]
 
 
 @dataclass
