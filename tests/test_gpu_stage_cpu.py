@@ -7,14 +7,14 @@ import pytest
 import torch
 from PIL import Image
 
-from gpufeed.augment.params import AugmentSpec
+from gpufeed.augment.params import AugmentSpec, CropBox
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.gpu_stage import EncodedBatch, GpuDecodeAugment
 from gpufeed.sources import folder_source
 from gpufeed.ring import KIND_BYTES, KIND_PIXELS
 from gpufeed.loader import _ShareControl
 from gpufeed.gpu_stage import _runs
-from gpufeed.workers import PipelineSpec, WorkerPool
+from gpufeed.workers import PipelineSpec, WorkerPool, _Inspected, cheapest_on_cpu, inspect_sample
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -128,14 +128,36 @@ def test_stage_splits_batches_over_the_pixel_budget(coloured):
     assert torch.equal(labels, labels2) and torch.allclose(whole, sliced)
 
 
-def test_the_cpu_share_is_decoded_by_the_workers_at_the_front_of_the_slot(coloured):
+def test_the_cpu_share_goes_to_the_cheapest_samples_of_each_chunk(coloured):
     src, pool, view = _pool_batch(coloured, cpu_rows=5)
-    kinds = view.meta[:, 0].tolist()
-    assert kinds[:5] == [KIND_PIXELS] * 5
-    png = [i for i in range(len(src)) if src.path(i).endswith("png.jpg")][0]
-    assert all(k == (KIND_PIXELS if i < 5 or i == png else KIND_BYTES) for i, k in enumerate(kinds))
-    assert (view.images[:5].reshape(5, -1).max(axis=1) > 0).all()  # decoded and cropped there
+    n, chunk = len(src), pool._chunk
+    on_cpu = set(np.flatnonzero(view.meta[:, 0] == KIND_PIXELS).tolist())
+    expected = set()
+    for a in range(0, n, chunk):  # 5 rows spread over the chunks; in each, the PNG first, then the cheapest
+        b = min(a + chunk, n)
+        quota = round(5 * b / n) - round(5 * a / n)
+        seen = [inspect_sample(pool._spec, CpuDecoder(), 0, 0, i) for i in range(a, b)]
+        forced = {a + j for j, s in enumerate(seen) if not s.gpu_ok}
+        costs = sorted((s.cpu_cost(), a + j) for j, s in enumerate(seen) if s.gpu_ok)
+        expected |= forced | {i for _, i in costs[: max(0, quota - len(forced))]}
+    png = [i for i in range(n) if src.path(i).endswith("png.jpg")][0]
+    assert on_cpu == expected and png in on_cpu and len(on_cpu) in (5, 6)  # 6: the PNG's chunk had no quota
+    assert (view.images[sorted(on_cpu)].reshape(len(on_cpu), -1).max(axis=1) > 0).all()  # decoded and cropped
     pool.close()
+
+
+def test_the_cpu_takes_small_boxes_near_the_top_first():
+    def sample(y, h, w=100, gpu_ok=True):
+        return _Inspected(0, "x.jpg", bytes(1000), (100, 100, True), 1, gpu_ok,
+                          CropBox(0, y, w, h) if gpu_ok else None)
+
+    # costs: 1000 bytes x (y + h) / 100 rows + half the box's pixels
+    chunk = [sample(50, 50), sample(0, 20, 20), sample(0, 100), sample(10, 30, 30), None, sample(0, 0, gpu_ok=False)]
+    assert [round(s.cpu_cost()) for s in chunk[:4]] == [3500, 400, 6000, 850]
+    assert cheapest_on_cpu(chunk, 0) == {5}  # what no GPU decoder takes is always decoded here
+    assert cheapest_on_cpu(chunk, 1) == {5}  # and counts in the quota
+    assert cheapest_on_cpu(chunk, 3) == {5, 1, 3}
+    assert cheapest_on_cpu(chunk, 9) == {0, 1, 2, 3, 5}  # a failed sample (None) is never placed
 
 
 def test_stage_with_a_cpu_share_keeps_labels_aligned(coloured):
