@@ -3,7 +3,7 @@
     python3 benchmarks/sweep_gpu_path.py DATA_DIR [--epochs 3] [CONFIG ...]
 
 CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>][,j<images per decode call>]
-[,l<late threshold ms>][,v<decode choice>][,r<region decode 0/1>][,f<fancy upsampling 0/1>][,h<CUDA share>]``,
+[,l<late threshold ms>][,i<idle cores kept>][,v<decode choice>][,r<region decode 0/1>][,f<fancy upsampling 0/1>][,h<CUDA share>]``,
 e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or ``w12,0.3,n10,d1,s6,j64,vnvjpeg``;
 d, s, j, l default to the loader's own settings, v to "gpu". ``f`` and ``h`` build nvJPEG decoders here:
 ``d`` engine threads (fancy upsampling or not) plus, with ``h``, one nvJPEG CUDA (GPU_HYBRID) decoder taking
@@ -48,11 +48,11 @@ def parse(config: str) -> dict:
     parts = config.split(",")
     out = {"workers": int(parts[0][1:]), "share": parts[1] if parts[1] == "auto" else float(parts[1]),
            "nice": int(parts[2][1:]), "decoders": 2, "slots": None, "job": None,
-           "late_ms": None, "via": "gpu", "roi": None, "fancy": None, "cuda": None, "blocking": 0}
+           "late_ms": None, "via": "gpu", "roi": None, "fancy": None, "cuda": None, "blocking": 0, "reserve": None}
     for extra in parts[3:]:
         key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms", "v": "via", "r": "roi", "f": "fancy",
-               "h": "cuda", "b": "blocking"}[extra[0]]
-        out[key] = (extra[1:] if key == "via" else float(extra[1:]) if key in ("late_ms", "cuda")
+               "h": "cuda", "b": "blocking", "i": "reserve"}[extra[0]]
+        out[key] = (extra[1:] if key == "via" else float(extra[1:]) if key in ("late_ms", "cuda", "reserve")
                     else int(extra[1:]))
     return out
 
@@ -145,6 +145,8 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
         stage._roi = stage._packed and bool(c["roi"])
     if c["late_ms"] is not None:
         loader._share.LATE_S = c["late_ms"] / 1e3
+    if c["reserve"] is not None:  # cores "auto" keeps idle
+        loader._share.reserve = c["reserve"]
     stage_s: list[float] = []  # per batch: start + finish, in the prefetch thread
     starts: list[float] = []
     start, finish = stage.start, stage.finish

@@ -12,7 +12,7 @@ from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.gpu_stage import EncodedBatch, GpuDecodeAugment
 from gpufeed.sources import folder_source
 from gpufeed.ring import KIND_BYTES, KIND_PIXELS
-from gpufeed.loader import _ShareControl
+from gpufeed.loader import _IdleCores, _ShareControl
 from gpufeed.gpu_stage import _runs
 from gpufeed.workers import PipelineSpec, WorkerPool, _Inspected, cheapest_on_cpu, inspect_sample
 
@@ -173,23 +173,64 @@ def test_runs_of_consecutive_rows():
     assert _runs(np.array([], dtype=np.int64)) == []
 
 
-def test_share_control_gives_the_workers_what_they_keep_up_with():
-    auto = _ShareControl("auto")
-    start = auto.value
+class _ScriptedIdle:
+    """Idle-core readings on demand: ``poll`` returns the next queued value, None when none is queued."""
+
+    def __init__(self, cores=16):
+        self.cpus, self.readings = {f"cpu{c}" for c in range(cores)}, []
+
+    def poll(self):
+        return self.readings.pop(0) if self.readings else None
+
+
+def test_share_control_gives_the_workers_what_they_keep_up_with_and_leaves_cores_idle():
+    idle = _ScriptedIdle(16)
+    auto = _ShareControl("auto", idle)
+    start, step = auto.value, 1 / 32
+    assert auto.reserve == 4  # a quarter of the cores
     for _ in range(5):
-        auto.update(collect_wait=0.0)  # the batch was ready: the workers can take more
-    assert auto.value == pytest.approx(start + 5 / 32)
-    auto.update(collect_wait=0.02)  # the workers were late: less for them
-    assert auto.value == pytest.approx(start + 4 / 32)
-    for _ in range(200):
+        auto.update(collect_wait=0.0)  # ready, but no load reading yet: no change
+    assert auto.value == start
+    idle.readings = [8.0, 8.0, 4.5]
+    for _ in range(3):
+        auto.update(0.0)  # two windows with cores to spare: more; 4.5 idle is within the margin: hold
+    assert auto.value == pytest.approx(start + 2 * step)
+    auto.update(collect_wait=0.02)  # the workers were late: less, whatever the load
+    assert auto.value == pytest.approx(start + step)
+    idle.readings = [8.0]
+    auto.update(0.0)  # late during this window: no step up at its end
+    assert auto.value == pytest.approx(start + step)
+    idle.readings = [2.0]
+    auto.update(0.0)  # fewer than 4 cores idle: less
+    assert auto.value == pytest.approx(start)
+    idle.readings = [16.0] * 100
+    for _ in range(100):
         auto.update(0.0)
     assert auto.value == 1.0
-    for _ in range(200):
+    for _ in range(100):
         auto.update(0.5)
     assert auto.value == 0.0
     fixed = _ShareControl(0.3)
     fixed.update(0.0)
     assert fixed.value == 0.3
+
+
+def test_idle_cores_read_from_proc_stat(tmp_path):
+    stat, now = tmp_path / "stat", [0.0]
+
+    def write(idle0, busy0, idle1, busy1):  # two cores: user, nice, system, idle, iowait, irq, softirq, steal
+        stat.write_text(f"cpu  1 1 1 1 1 1 1 1\ncpu0 {busy0} 0 0 {idle0} 0 0 0 0\ncpu1 {busy1} 0 0 {idle1} 0 0 0 0\n"
+                        "cpu7 0 0 0 999 0 0 0 0\nintr 1 2 3\n")
+
+    write(100, 100, 100, 100)
+    reader = _IdleCores(str(stat), clock=lambda: now[0])
+    reader.cpus = {"cpu0", "cpu1"}  # this process's cores; cpu7 is another's
+    reader._last = reader._read()
+    write(150, 150, 100, 200)  # core 0 half idle, core 1 busy
+    assert reader.poll() is None  # the window has not ended
+    now[0] = 0.2
+    assert reader.poll() == pytest.approx(0.5)
+    assert _IdleCores(str(tmp_path / "missing")).poll() is None  # no /proc/stat: no reading
 
 
 def test_the_structural_check_keeps_progressive_jpegs_off_the_gpu_unless_switched_off(tmp_path):
