@@ -189,24 +189,30 @@ def test_share_control_gives_the_workers_what_they_keep_up_with_and_leaves_cores
     start, step = auto.value, 1 / 32
     assert auto.reserve == 4  # a quarter of the cores
     for _ in range(5):
-        auto.update(collect_wait=0.0)  # ready, but no load reading yet: no change
+        auto.update(collect_wait=0.0)  # ready, but the window has not ended: no change
     assert auto.value == start
     idle.readings = [8.0, 8.0, 4.5]
     for _ in range(3):
         auto.update(0.0)  # two windows with cores to spare: more; 4.5 idle is within the margin: hold
     assert auto.value == pytest.approx(start + 2 * step)
-    auto.update(collect_wait=0.02)  # the workers were late: less, whatever the load
-    assert auto.value == pytest.approx(start + step)
+    for wait in (0.02, 0.02):
+        auto.update(wait)  # two of the window's three batches were late: less, whatever the load
     idle.readings = [8.0]
-    auto.update(0.0)  # late during this window: no step up at its end
+    auto.update(0.0)
     assert auto.value == pytest.approx(start + step)
+    for wait in (0.02, 0.0, 0.0):
+        auto.update(wait)  # one late batch of four: not most
+    idle.readings = [8.0]
+    auto.update(0.0)
+    assert auto.value == pytest.approx(start + 2 * step)
     idle.readings = [2.0]
     auto.update(0.0)  # fewer than 4 cores idle: less
-    assert auto.value == pytest.approx(start)
+    assert auto.value == pytest.approx(start + step)
     idle.readings = [16.0] * 100
     for _ in range(100):
         auto.update(0.0)
     assert auto.value == 1.0
+    idle.readings = [16.0] * 100
     for _ in range(100):
         auto.update(0.5)
     assert auto.value == 0.0
@@ -230,7 +236,10 @@ def test_idle_cores_read_from_proc_stat(tmp_path):
     assert reader.poll() is None  # the window has not ended
     now[0] = 0.2
     assert reader.poll() == pytest.approx(0.5)
-    assert _IdleCores(str(tmp_path / "missing")).poll() is None  # no /proc/stat: no reading
+    missing = _IdleCores(str(tmp_path / "missing"), clock=lambda: now[0])
+    assert missing.poll() is None
+    now[0] = 0.4  # no /proc/stat: every core counts as idle, and lateness alone steers the share
+    assert missing.poll() == len(missing.cpus)
 
 
 def test_the_structural_check_keeps_progressive_jpegs_off_the_gpu_unless_switched_off(tmp_path):

@@ -106,7 +106,7 @@ class ImageLoader:
     workers decode beside the GPU decoders (each chunk's cheapest samples to
     decode on the CPU). "auto" adapts it as it goes: the workers take as much
     as they keep up with while a quarter of the cores stay idle for the
-    training process, the GPU decoders the rest.
+    training process, the GPU decoders the rest (``_ShareControl``).
     ``loader.stats["cpu_share"]`` gives the current value.
     """
 
@@ -428,13 +428,13 @@ class _IdleCores:
                                          else range(os.cpu_count() or 1))}
         self._last = self._read()
 
-    def _read(self) -> tuple[float, float, float] | None:
-        """(time, idle jiffies, all jiffies) summed over our cores; None where /proc/stat is missing."""
+    def _read(self) -> tuple[float, int | None, int | None]:
+        """(time, idle jiffies, all jiffies) summed over our cores; no jiffies where /proc/stat is missing."""
         try:
             with open(self.path) as f:
                 lines = [l.split() for l in f if l.startswith("cpu") and not l.startswith("cpu ")]
         except OSError:
-            return None
+            return self.clock(), None, None
         idle = total = 0
         for fields in lines:
             if fields[0] in self.cpus:
@@ -444,32 +444,33 @@ class _IdleCores:
         return self.clock(), idle, total
 
     def poll(self) -> float | None:
-        """Idle cores over the window that just ended, or None if it has not ended (or no reading here)."""
-        if self._last is None or self.clock() - self._last[0] < self.WINDOW_S:
+        """Idle cores over the window that just ended; None if it has not ended. Without /proc/stat
+        (not Linux) every core counts as idle: the share then follows the workers' lateness alone."""
+        if self.clock() - self._last[0] < self.WINDOW_S:
             return None
-        now = self._read()
-        if now is None:
+        last, self._last = self._last, self._read()
+        if last[1] is None or self._last[1] is None:
+            return float(len(self.cpus))
+        if self._last[2] <= last[2]:
             return None
-        last, self._last = self._last, now
-        if now[2] <= last[2]:
-            return None
-        return len(self.cpus) * (now[1] - last[1]) / (now[2] - last[2])
+        return len(self.cpus) * (self._last[1] - last[1]) / (self._last[2] - last[2])
 
 
 class _ShareControl:
     """The CPU workers' share of each GPU-path batch: fixed, or adapted ("auto").
 
-    The workers take what they can without starving the training process of cores: after each batch
-    they get less if they were late (the GPU stage had to wait for the batch); every ``WINDOW_S`` of
-    measured load, less if fewer than ``reserve`` cores (a quarter) stayed idle, more if at least one
-    more than that stayed idle and they were never late in that window. When training is the slower
-    side this puts on the workers what the CPU can decode (a GPU decode spends the training process's
-    time, its Python thread and the GIL, which the worker processes do not touch); when the GPU
-    decoders are the slower side the CPU takes a part beside them without crowding out the process
-    that feeds them. On the H200 machine (16 cores), loader only, fixed shares 0, 0.1, 0.15, 0.2, 0.25
-    gave 20,591 / 21,458 / 22,838 / 22,165 / 20,281 images/s with 5.9 / 8.3 / 9.7 / 11.3 / 11.9 cores
-    busy, and the earlier rule (lateness alone) settled at 0.38: 19,232 (BENCHMARKS.md, session 5).
-    Steps of 1/32; a change reaches batches submitted from then on, a few batches later.
+    The workers take what they keep up with without starving the training process of cores: at the
+    end of every ``_IdleCores.WINDOW_S`` window of batches, the share goes down a step if most of
+    them were late (the GPU stage waited more than ``LATE_S`` for the batch) or if fewer than
+    ``reserve`` cores (a quarter) stayed idle, and up a step if neither and at least one more core than
+    that stayed idle. When training is the slower side this puts on the workers much of what the CPU
+    can decode (a GPU decode spends the training process's time, its Python thread and the GIL, which
+    the worker processes do not touch); when the GPU decoders are the slower side the CPU takes a part
+    beside them without crowding out the process that feeds them. On the H200 machine (16 cores),
+    loader only, fixed shares 0, 0.1, 0.15, 0.2, 0.25 gave 20,591 / 21,458 / 22,838 / 22,165 / 20,281
+    images/s with 5.9 / 8.3 / 9.7 / 11.3 / 11.9 cores busy, and the earlier rule (lateness alone, per
+    batch) settled at 0.38: 19,232 (BENCHMARKS.md, session 5). Steps of 1/32; a change reaches batches
+    submitted from then on, a few batches later.
     """
 
     STEP, LATE_S = 1 / 32, 0.002
@@ -479,20 +480,18 @@ class _ShareControl:
         self.value = 0.5 if self.auto else float(setting)
         self._idle = (idle or _IdleCores()) if self.auto else None
         self.reserve = max(1.0, len(self._idle.cpus) / 4) if self.auto else 0.0
-        self._late = False
+        self._batches = self._late = 0
 
     def update(self, collect_wait: float) -> None:
         if not self.auto:
             return
-        if collect_wait > self.LATE_S:
-            self.value = max(0.0, self.value - self.STEP)
-            self._late = True
-            return
+        self._batches += 1
+        self._late += collect_wait > self.LATE_S
         idle = self._idle.poll()
         if idle is None:
             return
-        if idle < self.reserve:
+        if 2 * self._late > self._batches or idle < self.reserve:
             self.value = max(0.0, self.value - self.STEP)
-        elif idle >= self.reserve + 1 and not self._late:
+        elif idle >= self.reserve + 1:
             self.value = min(1.0, self.value + self.STEP)
-        self._late = False
+        self._batches = self._late = 0

@@ -196,8 +196,9 @@ def test_gpu_decode_with_a_cpu_share_matches_the_cpu_path(synth, share):
         assert torch.equal(yg.cpu(), yc)
         a, b = _uint8(xg), _uint8(xc)
         scores += [_psnr(a[i], b[i]) for i in range(len(a))]
-        rows = round(share * 32)
-        assert np.abs(a[:rows] - b[:rows]).max() < 0.5  # the workers' rows: the CPU path's pixels
+        # the workers' rows (each chunk's cheapest) are the CPU path's pixels; GPU rows may match too
+        exact = sum(np.abs(a[i] - b[i]).max() < 0.5 for i in range(len(a)))
+        assert exact >= round(share * len(a))
     assert min(scores) >= 30.0
     assert gpu.stats["decoded_by"]["cpu"] == round(share * 32) * 3 and gpu.stats["cpu_share"] == share
     gpu.close(), cpu.close()
