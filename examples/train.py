@@ -38,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--workers", type=int, default=None, help="loader workers per process (default: cores / ranks)")
-    p.add_argument("--decode", default="auto", help="ImageLoader decode: auto, cpu, gpu, nvimgcodec, torchvision")
+    p.add_argument("--decode", default="auto", help="ImageLoader decode: auto, cpu, gpu, nvjpeg, nvimgcodec, torchvision")
     p.add_argument("--device", default="auto")
     p.add_argument("--synthetic-n", type=int, default=10_000)
     p.add_argument("--checkpoint", default="checkpoint.pt")
@@ -54,10 +54,16 @@ def setup_distributed(device_arg: str) -> tuple[int, int, torch.device]:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
         local = int(os.environ.get("LOCAL_RANK", 0))
         use_cuda = torch.cuda.is_available() and device_arg != "cpu"
+        device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
         if use_cuda:
             torch.cuda.set_device(local)
-        dist.init_process_group("nccl" if use_cuda else "gloo")
-        device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
+            # the rank's GPU named: NCCL need not guess it from the global rank (a hang where the mapping differs)
+            try:
+                dist.init_process_group("nccl", device_id=device)
+            except TypeError:  # torch < 2.3 has no device_id
+                dist.init_process_group("nccl")
+        else:
+            dist.init_process_group("gloo")
         return dist.get_rank(), dist.get_world_size(), device
     if device_arg == "auto":
         device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
