@@ -147,17 +147,15 @@ def test_the_cpu_share_goes_to_the_cheapest_samples_of_each_chunk(coloured):
 
 
 def test_the_cpu_takes_small_boxes_near_the_top_first():
-    def sample(y, h, w=100, gpu_ok=True):
-        return _Inspected(0, "x.jpg", bytes(1000), (100, 100, True), 1, gpu_ok,
-                          CropBox(0, y, w, h) if gpu_ok else None)
+    def sample(y, h, w=100):
+        return _Inspected(0, "x.jpg", bytes(1000), (100, 100, True), 1, True, CropBox(0, y, w, h))
 
     # costs: 1000 bytes x (y + h) / 100 rows + half the box's pixels
-    chunk = [sample(50, 50), sample(0, 20, 20), sample(0, 100), sample(10, 30, 30), None, sample(0, 0, gpu_ok=False)]
-    assert [round(s.cpu_cost()) for s in chunk[:4]] == [3500, 400, 6000, 850]
-    assert cheapest_on_cpu(chunk, 0) == {5}  # what no GPU decoder takes is always decoded here
-    assert cheapest_on_cpu(chunk, 1) == {5}  # and counts in the quota
-    assert cheapest_on_cpu(chunk, 3) == {5, 1, 3}
-    assert cheapest_on_cpu(chunk, 9) == {0, 1, 2, 3, 5}  # a failed sample (None) is never placed
+    chunk = {10: sample(50, 50), 11: sample(0, 20, 20), 12: sample(0, 100), 13: sample(10, 30, 30)}
+    assert [round(s.cpu_cost()) for s in chunk.values()] == [3500, 400, 6000, 850]
+    assert cheapest_on_cpu(chunk, 0) == cheapest_on_cpu(chunk, -1) == set()
+    assert cheapest_on_cpu(chunk, 2) == {11, 13}
+    assert cheapest_on_cpu(chunk, 9) == {10, 11, 12, 13}
 
 
 def test_stage_with_a_cpu_share_keeps_labels_aligned(coloured):
