@@ -3,11 +3,12 @@
     python3 benchmarks/sweep_gpu_path.py DATA_DIR [--epochs 3] [CONFIG ...]
 
 CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>][,j<images per decode call>]
-[,l<late threshold ms>][,i<idle cores kept>][,v<decode choice>][,r<region decode 0/1>][,f<fancy upsampling 0/1>][,h<CUDA share>]``,
+[,l<late threshold ms>][,i<idle cores kept>][,a<cores kept from workers>][,v<decode choice>][,r<region decode 0/1>][,f<fancy upsampling 0/1>][,h<CUDA share>]``,
 e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or ``w12,0.3,n10,d1,s6,j64,vnvjpeg``;
 d, s, j, l default to the loader's own settings, v to "gpu". ``f`` and ``h`` build nvJPEG decoders here:
 ``d`` engine threads (fancy upsampling or not) plus, with ``h``, one nvJPEG CUDA (GPU_HYBRID) decoder taking
-that fraction of each batch's GPU images. ``b1`` makes the CUDA context block in synchronisations instead of
+that fraction of each batch's GPU images. ``a<k>`` keeps the workers off the first k usable cores (``sched_setaffinity``), leaving them to this
+process's threads (decoder threads, prefetch thread). ``b1`` makes the CUDA context block in synchronisations instead of
 spinning (``cuCtxSetFlags``), for that config and all after it. Also reported: the cores each thread of this
 process kept busy (decoder threads grouped) and the workers together. Per config: one ImageLoader(decode="gpu", batch 256), one warm-up
 epoch, then ``--epochs`` timed epochs (loader only: each batch reaches the device and is read once).
@@ -48,10 +49,10 @@ def parse(config: str) -> dict:
     parts = config.split(",")
     out = {"workers": int(parts[0][1:]), "share": parts[1] if parts[1] == "auto" else float(parts[1]),
            "nice": int(parts[2][1:]), "decoders": 2, "slots": None, "job": None,
-           "late_ms": None, "via": "gpu", "roi": None, "fancy": None, "cuda": None, "blocking": 0, "reserve": None}
+           "late_ms": None, "via": "gpu", "roi": None, "fancy": None, "cuda": None, "blocking": 0, "reserve": None, "kept": 0}
     for extra in parts[3:]:
         key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms", "v": "via", "r": "roi", "f": "fancy",
-               "h": "cuda", "b": "blocking", "i": "reserve"}[extra[0]]
+               "h": "cuda", "b": "blocking", "i": "reserve", "a": "kept"}[extra[0]]
         out[key] = (extra[1:] if key == "via" else float(extra[1:]) if key in ("late_ms", "cuda", "reserve")
                     else int(extra[1:]))
     return out
@@ -186,6 +187,8 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
             if e == 1:
                 for pid in loader.worker_pids:
                     os.setpriority(os.PRIO_PROCESS, pid, c["nice"])
+                    if c["kept"]:  # the first k usable cores kept for this process's threads
+                        os.sched_setaffinity(pid, sorted(os.sched_getaffinity(0))[c["kept"]:])
                 stage_s.clear()
                 waits.clear()
                 for v in phases.values():
