@@ -12,7 +12,7 @@ from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.gpu_stage import EncodedBatch, GpuDecodeAugment
 from gpufeed.sources import folder_source
 from gpufeed.ring import KIND_BYTES, KIND_PIXELS
-from gpufeed.loader import _IdleCores, _ShareControl
+from gpufeed.loader import _ShareControl
 from gpufeed.gpu_stage import _runs
 from gpufeed.workers import PipelineSpec, WorkerPool, _Inspected, cheapest_on_cpu, inspect_sample
 
@@ -175,7 +175,7 @@ class _ScriptedIdle:
     """Idle-core readings on demand: ``poll`` returns the next queued value, None when none is queued."""
 
     def __init__(self, cores=16):
-        self.cpus, self.readings = {f"cpu{c}" for c in range(cores)}, []
+        self.capacity, self.readings = float(cores), []
 
     def poll(self):
         return self.readings.pop(0) if self.readings else None
@@ -217,27 +217,6 @@ def test_share_control_gives_the_workers_what_they_keep_up_with_and_leaves_cores
     fixed = _ShareControl(0.3)
     fixed.update(0.0)
     assert fixed.value == 0.3
-
-
-def test_idle_cores_read_from_proc_stat(tmp_path):
-    stat, now = tmp_path / "stat", [0.0]
-
-    def write(idle0, busy0, idle1, busy1):  # two cores: user, nice, system, idle, iowait, irq, softirq, steal
-        stat.write_text(f"cpu  1 1 1 1 1 1 1 1\ncpu0 {busy0} 0 0 {idle0} 0 0 0 0\ncpu1 {busy1} 0 0 {idle1} 0 0 0 0\n"
-                        "cpu7 0 0 0 999 0 0 0 0\nintr 1 2 3\n")
-
-    write(100, 100, 100, 100)
-    reader = _IdleCores(str(stat), clock=lambda: now[0])
-    reader.cpus = {"cpu0", "cpu1"}  # this process's cores; cpu7 is another's
-    reader._last = reader._read()
-    write(150, 150, 100, 200)  # core 0 half idle, core 1 busy
-    assert reader.poll() is None  # the window has not ended
-    now[0] = 0.2
-    assert reader.poll() == pytest.approx(0.5)
-    missing = _IdleCores(str(tmp_path / "missing"), clock=lambda: now[0])
-    assert missing.poll() is None
-    now[0] = 0.4  # no /proc/stat: every core counts as idle, and lateness alone steers the share
-    assert missing.poll() == len(missing.cpus)
 
 
 def test_the_structural_check_keeps_progressive_jpegs_off_the_gpu_unless_switched_off(tmp_path):

@@ -35,7 +35,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     from .bench.report import format_table, write_chart, write_json
     from .bench.run import BenchConfig, run_bench
-    from .workers import usable_cores
+    from .cores import usable_cores
 
     cuda = torch.cuda.is_available()
     device = args.device or ("cuda" if cuda else "cpu")

@@ -76,12 +76,14 @@ def collect_info() -> dict[str, str]:
     """Versions, hardware and backends as (name, value) text."""
     import torch
 
-    from .workers import usable_cores
+    from .cores import affinity, cpu_limit, usable_cores
 
+    limit = cpu_limit()
     info = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "cpu cores (usable)": str(usable_cores()),
+        "cpu cores (usable)": f"{usable_cores()} ({len(affinity())} in the affinity mask, "
+                              + ("no cgroup CPU quota)" if limit is None else f"cgroup CPU quota {limit:g})"),
         "gpufeed": _version("gpufeed"),
         "torch": torch.__version__,
         "torchvision": _version("torchvision"),

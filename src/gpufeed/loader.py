@@ -18,14 +18,14 @@ import collections
 import itertools
 import logging
 import os
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from .augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from .augment.params import AugmentSpec
+from .cores import IdleCores
 from .decode.base import DEFAULT_MAX_PIXELS
 from .decode.placement import create_gpu_decoder
 from .gpu_stage import EncodedBatch, GpuDecodeAugment
@@ -416,51 +416,11 @@ class _Run:
     inflight: collections.deque = field(default_factory=collections.deque)
 
 
-class _IdleCores:
-    """Idle cores among those this process may run on, averaged over windows of ``WINDOW_S``
-    (``/proc/stat``; counts every process's load, e.g. other ranks' loaders on the node)."""
-
-    WINDOW_S = 0.1
-
-    def __init__(self, path: str = "/proc/stat", clock: Callable[[], float] = time.monotonic) -> None:
-        self.path, self.clock = path, clock
-        self.cpus = {f"cpu{c}" for c in (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity")
-                                         else range(os.cpu_count() or 1))}
-        self._last = self._read()
-
-    def _read(self) -> tuple[float, int | None, int | None]:
-        """(time, idle jiffies, all jiffies) summed over our cores; no jiffies where /proc/stat is missing."""
-        try:
-            with open(self.path) as f:
-                lines = [l.split() for l in f if l.startswith("cpu") and not l.startswith("cpu ")]
-        except OSError:
-            return self.clock(), None, None
-        idle = total = 0
-        for fields in lines:
-            if fields[0] in self.cpus:
-                values = [int(v) for v in fields[1:9]]
-                idle += values[3] + values[4]  # idle + iowait
-                total += sum(values)
-        return self.clock(), idle, total
-
-    def poll(self) -> float | None:
-        """Idle cores over the window that just ended; None if it has not ended. Without /proc/stat
-        (not Linux) every core counts as idle: the share then follows the workers' lateness alone."""
-        if self.clock() - self._last[0] < self.WINDOW_S:
-            return None
-        last, self._last = self._last, self._read()
-        if last[1] is None or self._last[1] is None:
-            return float(len(self.cpus))
-        if self._last[2] <= last[2]:
-            return None
-        return len(self.cpus) * (self._last[1] - last[1]) / (self._last[2] - last[2])
-
-
 class _ShareControl:
     """The CPU workers' share of each GPU-path batch: fixed, or adapted ("auto").
 
     The workers take what they keep up with without starving the training process of cores: at the
-    end of every ``_IdleCores.WINDOW_S`` window of batches, the share goes down a step if most of
+    end of every ``IdleCores.WINDOW_S`` window of batches, the share goes down a step if most of
     them were late (the GPU stage waited more than ``LATE_S`` for the batch) or if fewer than
     ``reserve`` cores (a quarter) stayed idle, and up a step if neither and at least one more core than
     that stayed idle. When training is the slower side this puts on the workers much of what the CPU
@@ -475,11 +435,11 @@ class _ShareControl:
 
     STEP, LATE_S = 1 / 32, 0.002
 
-    def __init__(self, setting: float | str, idle: "_IdleCores | None" = None) -> None:
+    def __init__(self, setting: float | str, idle: IdleCores | None = None) -> None:
         self.auto = setting == "auto"
         self.value = 0.5 if self.auto else float(setting)
-        self._idle = (idle or _IdleCores()) if self.auto else None
-        self.reserve = max(1.0, len(self._idle.cpus) / 4) if self.auto else 0.0
+        self._idle = (idle or IdleCores()) if self.auto else None
+        self.reserve = max(1.0, self._idle.capacity / 4) if self.auto else 0.0
         self._batches = self._late = 0
 
     def update(self, collect_wait: float) -> None:

@@ -39,6 +39,7 @@ import numpy as np
 
 from .augment.cpu import crop_bounds, crop_resize_into, reduction_for, resize_flip_into
 from .augment.params import AugmentSpec, CropBox
+from .cores import usable_cores
 from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
 from .decode.exif import apply_orientation, read_orientation, swaps_axes
@@ -539,11 +540,7 @@ def _shutdown(procs: list, tasks: Any, blocks: list, unpin: list) -> None:
             pass
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask, which containers and torchrun narrow)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def default_num_workers(local_world_size: int = 1) -> int:
-    """One worker per core available to this process, shared among the ranks of this node."""
+    """One worker per core this process may use (affinity mask and cgroup CPU quota,
+    ``cores.usable_cores``), shared among the ranks of this node."""
     return max(1, usable_cores() // max(1, local_world_size))

@@ -25,7 +25,7 @@ from ..loader import ImageLoader
 from ..transfer import prefetch
 from ..synth import create_synthetic_dataset
 from .baseline import create_baseline_loader
-from ..workers import usable_cores
+from ..cores import usable_cores
 from .monitor import Monitor
 
 PIPELINES = ("baseline", "baseline+prefetch", "gpufeed", "gpufeed-cpu", "gpufeed-gpu", "gpufeed-gpu-only")
