@@ -70,3 +70,14 @@ def test_create_source_dispatch(tmp_path, synth_root):
     assert len(create_source(synth_root)) == 40
     with pytest.raises(TypeError, match="int"):
         create_source(3)
+
+
+def test_read_file_returns_whole_files_and_names_a_missing_one(tmp_path):
+    from gpufeed.sources.base import read_file
+
+    big = bytes(range(256)) * 9000  # 2.3 MB
+    for name, data in (("empty", b""), ("small", b"\xff\xd8x"), ("big", big)):
+        (tmp_path / name).write_bytes(data)
+        assert read_file(str(tmp_path / name)) == data
+    with pytest.raises(FileNotFoundError, match="missing.jpg"):
+        read_file(str(tmp_path / "missing.jpg"))

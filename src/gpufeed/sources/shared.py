@@ -11,11 +11,10 @@ Layout: offsets (n + 1) int64 | labels (n) int64 | UTF-8 path bytes.
 from __future__ import annotations
 
 from multiprocessing import shared_memory
-from pathlib import Path
 
 import numpy as np
 
-from .base import FileSource
+from .base import FileSource, read_file
 
 
 class SharedFileSource:
@@ -64,4 +63,4 @@ class SharedFileSource:
         return int(self._labels[index])
 
     def read(self, index: int) -> bytes:
-        return Path(self.path(index)).read_bytes()
+        return read_file(self.path(index))
