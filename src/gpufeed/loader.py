@@ -429,8 +429,10 @@ class _ShareControl:
     beside them without crowding out the process that feeds them. On the H200 machine (16 cores),
     loader only, fixed shares 0, 0.1, 0.15, 0.2, 0.25 gave 20,591 / 21,458 / 22,838 / 22,165 / 20,281
     images/s with 5.9 / 8.3 / 9.7 / 11.3 / 11.9 cores busy, and the earlier rule (lateness alone, per
-    batch) settled at 0.38: 19,232 (BENCHMARKS.md, session 5). Steps of 1/32; a change reaches batches
-    submitted from then on, a few batches later.
+    batch) settled at 0.38: 19,232 (BENCHMARKS.md, session 5). Training there: ResNet-50 settles at 1.00
+    (98.0% of its own rate); ResNet-18 at 0.56 (69.6%), where ``cpu_share=0`` measured 76.2% in another
+    call: at that pace the training thread itself wants the cores. Steps of 1/32; a change reaches
+    batches submitted from then on, a few batches later.
     """
 
     STEP, LATE_S = 1 / 32, 0.002
