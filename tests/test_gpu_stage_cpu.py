@@ -14,7 +14,7 @@ from gpufeed.sources import folder_source
 from gpufeed.ring import KIND_BYTES, KIND_PIXELS
 from gpufeed.loader import _ShareControl
 from gpufeed.gpu_stage import _runs
-from gpufeed.workers import PipelineSpec, WorkerPool, _Inspected, cheapest_on_cpu, inspect_sample
+from gpufeed.workers import PipelineSpec, WorkerError, WorkerPool, _Inspected, cheapest_on_cpu, inspect_sample
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -266,3 +266,31 @@ def test_stage_start_finish_releases_the_batch_once_after_its_decode(coloured):
         stage.start(batch())  # a start that fails hands the batch back itself: no finish follows
     assert released == [1, 2, 2, 2]
     pool.close()
+
+
+@pytest.mark.parametrize("cpu_rows", [0, 7])
+def test_gpu_path_workers_report_a_broken_file_and_place_the_rest(coloured, cpu_rows):
+    """A file that cannot even be read as an image, in the middle of a batch: with "skip" it is reported
+    (position and path) and every other sample is placed, encoded or decoded, with its label; with
+    "raise" the batch fails naming it."""
+    (coloured / "c1" / "2.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg at all")
+    src = folder_source(coloured)
+    bad = [i for i in range(len(src)) if src.path(i).endswith("c1/2.jpg")][0]
+    for policy in ("skip", "raise"):
+        spec = PipelineSpec(src, AugmentSpec(image_size=16, resize_size=16), 10**8, gpu_bytes_capacity=1 << 20,
+                            on_error=policy)
+        pool = WorkerPool(spec, num_workers=2, num_slots=1, batch_size=len(src))
+        pool.submit(0, 0, 0, 0, list(range(len(src))), cpu_rows=cpu_rows)
+        if policy == "raise":
+            with pytest.raises(WorkerError, match="c1/2.jpg"):
+                pool.collect(0)
+        else:
+            view, failures = pool.collect(0)
+            assert [(f.position, f.path) for f in failures] == [(bad, src.path(bad))]
+            good = [i for i in range(len(src)) if i != bad]
+            assert view.labels[good].tolist() == [src.label(i) for i in good]
+            kinds = view.meta[good, 0]
+            assert set(kinds.tolist()) <= {KIND_BYTES, KIND_PIXELS}
+            # the PNG is always decoded here and counts in its chunk's quota; the broken file takes none of it
+            assert (kinds == KIND_PIXELS).sum() == max(1, cpu_rows)
+        pool.close()
