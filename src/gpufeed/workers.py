@@ -159,16 +159,19 @@ def place_sample(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int,
                  slot: int, k: int, on_cpu: bool) -> int:
     """GPU path, second step: put the JPEG bytes and crop box at position ``k`` of the slot for GPU
     decode, or (``on_cpu``, or no GPU decoder may take it) decode, crop and resize it here; its label."""
-    width, height, _ = s.header
+    width, height, fast = s.header
+    box = s.box
     if s.gpu_ok and not on_cpu:
-        box = s.box
         ring.arena[slot, k, : len(s.data)] = np.frombuffer(s.data, np.uint8)
         ring.meta[slot, k] = (KIND_BYTES, len(s.data), width, height, box.x, box.y, box.width, box.height,
                               int(box.flip))
+        return spec.source.label(s.index)
+    if s.gpu_ok:  # the CPU's share: a plain JPEG whose box is drawn already (orientation 1)
+        decode_box_into(decoder, s.data, s.path, box, (width, height), fast, ring.images[slot, k])
     else:
         _finish_on_cpu(spec, decoder, seed, epoch, s.index, s.path, s.data, ring.images[slot, k], s.header,
                        s.orientation)
-        ring.meta[slot, k] = (KIND_PIXELS, 0, width, height, 0, 0, 0, 0, 0)
+    ring.meta[slot, k] = (KIND_PIXELS, 0, width, height, 0, 0, 0, 0, 0)
     return spec.source.label(s.index)
 
 
@@ -398,11 +401,10 @@ class WorkerPool:
                                    "failures": [], "chunks": {}}
         n = max(1, len(indices))
         for c, chunk in enumerate(chunks):
-            first = start + c * self._chunk
-            a, b = c * self._chunk, c * self._chunk + len(chunk)
-            quota = round(cpu_rows * b / n) - round(cpu_rows * a / n)
-            self._pending[batch_id]["chunks"][c] = (first, chunk)
-            self._tasks.put((gen, batch_id, c, slot, seed, epoch, first, chunk, quota))
+            a = c * self._chunk  # the chunk's first sample among ``indices``
+            quota = round(cpu_rows * (a + len(chunk)) / n) - round(cpu_rows * a / n)
+            self._pending[batch_id]["chunks"][c] = (start + a, chunk)
+            self._tasks.put((gen, batch_id, c, slot, seed, epoch, start + a, chunk, quota))
 
     def collect(self, batch_id: int) -> tuple["SlotView", list["Failure"]]:
         """Wait for batch ``batch_id``; its slot's views and failures. ``last_wait``: seconds spent waiting
@@ -444,10 +446,10 @@ class WorkerPool:
         try:
             gen, batch_id, chunk_id, failures = self._results.get(timeout=_POLL_S)
         except queue.Empty:
-            self.last_wait += time.perf_counter() - t0
             self._check_workers()
             return
-        self.last_wait += time.perf_counter() - t0
+        finally:
+            self.last_wait += time.perf_counter() - t0
         entry = self._pending.get(batch_id)
         if entry is None or chunk_id not in entry["left"]:
             return
