@@ -43,15 +43,6 @@ def _decoders(device):
             for roi in (False, True):
                 out.append((f"nvjpeg hw direct, {k} thread{'s' * (k > 1)}{', crop boxes only' * roi}",
                             lambda k=k, roi=roi: [Nv(device, roi=roi) for _ in range(k)]))
-        out.append(("nvjpeg hw direct, 2 threads, no fancy upsampling",
-                    lambda: [Nv(device, fancy=False) for _ in range(2)]))
-        for k in (1, 2):
-            out.append((f"nvjpeg cuda (GPU_HYBRID), {k} thread{'s' * (k > 1)}",
-                        lambda k=k: [Nv(device, backend="cuda") for _ in range(k)]))
-        for share in (0.15, 0.3):  # two engine threads of weight 1, one CUDA decoder taking ``share`` of a batch
-            out.append((f"nvjpeg hw 2 threads + cuda {share:.0%}",
-                        lambda share=share: [Nv(device) for _ in range(2)] +
-                        [Nv(device, backend="cuda", weight=2 * share / (1 - share))]))
     except Exception as e:
         print(f"nvjpeg direct unavailable: {e}")
     from gpufeed.decode.torchvision_gpu import TorchvisionGpuDecoder

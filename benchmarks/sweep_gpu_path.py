@@ -3,11 +3,9 @@
     python3 benchmarks/sweep_gpu_path.py DATA_DIR [--epochs 3] [CONFIG ...]
 
 CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>][,j<images per decode call>]
-[,l<late threshold ms>][,i<idle cores kept>][,a<cores kept from workers>][,v<decode choice>][,r<region decode 0/1>][,f<fancy upsampling 0/1>][,h<CUDA share>]``,
+[,l<late threshold ms>][,i<idle cores kept>][,a<cores kept from workers>][,v<decode choice>][,r<region decode 0/1>]``,
 e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or ``w12,0.3,n10,d1,s6,j64,vnvjpeg``;
-d, s, j, l default to the loader's own settings, v to "gpu". ``f`` and ``h`` build nvJPEG decoders here:
-``d`` engine threads (fancy upsampling or not) plus, with ``h``, one nvJPEG CUDA (GPU_HYBRID) decoder taking
-that fraction of each batch's GPU images. ``a<k>`` keeps the workers off the first k usable cores (``sched_setaffinity``), leaving them to this
+d, s, j, l default to the loader's own settings, v to "gpu". ``a<k>`` keeps the workers off the first k usable cores (``sched_setaffinity``), leaving them to this
 process's threads (decoder threads, prefetch thread). ``b1`` makes the CUDA context block in synchronisations instead of
 spinning (``cuCtxSetFlags``), for that config and all after it. Also reported: the cores each thread of this
 process kept busy (decoder threads grouped) and the workers together. Per config: one ImageLoader(decode="gpu", batch 256), one warm-up
@@ -49,11 +47,11 @@ def parse(config: str) -> dict:
     parts = config.split(",")
     out = {"workers": int(parts[0][1:]), "share": parts[1] if parts[1] == "auto" else float(parts[1]),
            "nice": int(parts[2][1:]), "decoders": 2, "slots": None, "job": None,
-           "late_ms": None, "via": "gpu", "roi": None, "fancy": None, "cuda": None, "blocking": 0, "reserve": None, "kept": 0}
+           "late_ms": None, "via": "gpu", "roi": None, "blocking": 0, "reserve": None, "kept": 0}
     for extra in parts[3:]:
-        key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms", "v": "via", "r": "roi", "f": "fancy",
-               "h": "cuda", "b": "blocking", "i": "reserve", "a": "kept"}[extra[0]]
-        out[key] = (extra[1:] if key == "via" else float(extra[1:]) if key in ("late_ms", "cuda", "reserve")
+        key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms", "v": "via", "r": "roi",
+               "b": "blocking", "i": "reserve", "a": "kept"}[extra[0]]
+        out[key] = (extra[1:] if key == "via" else float(extra[1:]) if key in ("late_ms", "reserve")
                     else int(extra[1:]))
     return out
 
@@ -124,16 +122,8 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
     if c["slots"]:
         loader._num_slots = c["slots"]  # before the first epoch creates the ring
     stage = loader._gpu_stage
-    if c["fancy"] is not None or c["cuda"] is not None:
-        decoders = [NvJpegHwDecoder(device, fancy=c["fancy"] != 0) for _ in range(c["decoders"])]
-        if c["cuda"]:
-            decoders.append(NvJpegHwDecoder(device, backend="cuda", fancy=c["fancy"] != 0,
-                                            weight=c["decoders"] * c["cuda"] / (1 - c["cuda"])))
-    elif c["decoders"] != len(stage.decoders):
+    if c["decoders"] != len(stage.decoders):
         decoders, _ = create_gpu_decoder(c["via"], device, threads=c["decoders"])
-    else:
-        decoders = None
-    if decoders is not None:
         stage = GpuDecodeAugment(decoders, device=device, image_size=224, mean=loader.normalize.mean,
                                  std=loader.normalize.std, dtype=torch.float32, channels_last=False,
                                  max_pixels=loader.spec.max_pixels)

@@ -94,8 +94,7 @@ class GpuDecodeAugment:
     """EncodedBatch -> ((B, 3, S, S) ``dtype`` normalised on ``device``, (B,) int64 labels).
 
     ``decoders``: one or more GPU decoders (``decode_into``); with several, each decodes a part of
-    every batch (in proportion to its ``weight``, 1 when it has none) from its own thread on its own
-    CUDA stream.
+    every batch from its own thread on its own CUDA stream.
     """
 
     def __init__(self, decoders: Sequence, *, device: torch.device, image_size: int, mean, std,
@@ -103,14 +102,13 @@ class GpuDecodeAugment:
                  max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS,
                  on_skip: Callable[[str, str], None] | None = None) -> None:
         self.decoders = list(decoders)
-        self.name = "+".join(dict.fromkeys(d.name for d in self.decoders))  # e.g. "nvjpeg-hw+nvjpeg-cuda"
+        self.name = self.decoders[0].name
         cuda = device.type == "cuda"
         # one thread per decoder (a decoder's calls never overlap), each on its own stream
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"gpufeed-decode-{k}") for k in
                          range(len(self.decoders))] if cuda else []
         self._streams = [torch.cuda.Stream(device) if cuda else None for _ in self.decoders]
         self.job_images = getattr(self.decoders[0], "job_images", JOB_IMAGES)
-        self._weights = [float(getattr(d, "weight", 1.0)) for d in self.decoders]  # their parts of a batch
         # decoders taking whole arrays of addresses (nvJPEG direct) need only a host pointer to the ring
         self._packed = all(hasattr(d, "decode_packed") for d in self.decoders)
         # region decode: such decoders decode only each image's crop box (the kernel then crops nothing)
@@ -203,8 +201,8 @@ class GpuDecodeAugment:
         s, px = self.size, self.size * self.size * 3
         local = np.arange(len(r))
         pre, enc = local[~encoded], local[encoded]
-        # In batch order; encoded images get at least S x S x 3 bytes, so a GPU refusal cropped on the CPU
-        # fits in its place. Consecutive pre-cropped rows lie together, as they do in the slot.
+        # In batch order, as in the slot; encoded images get at least S x S x 3 bytes, so a GPU refusal
+        # cropped on the CPU fits in its place.
         room = np.where(encoded, np.maximum(h * w * 3, px), px)
         offset = np.concatenate([[0], np.cumsum(room)[:-1]])
         flat = self._buffer(int(room.sum()), turn)
@@ -214,7 +212,7 @@ class GpuDecodeAugment:
         if self._roi:
             rows[:, 3:5] = 0  # the decoded region is the box
         rows[pre, 1:] = (s, s, 0, 0, s, s, 0)
-        for a, b in _runs(pre):  # one copy per run of pre-cropped rows (the CPU's share is one run)
+        for a, b in _runs(pre):  # one copy per run of consecutive pre-cropped rows
             flat[offset[a] : offset[a] + (b - a) * px].copy_(
                 self._host(batch.pixels[r.start + a : r.start + b]).view(-1), non_blocking=True)
         self.decoded_by["cpu"] += len(pre)
@@ -289,7 +287,7 @@ class GpuDecodeAugment:
         if self._roi:
             roi, sizes = batch.meta[ids, 4:8], batch.meta[ids, 2:4]
 
-        def run(k: int, sl: slice) -> tuple[int, list[bool], torch.cuda.Event | None]:
+        def run(k: int, sl: slice) -> tuple[list[bool], torch.cuda.Event | None]:
             stream = self._streams[k]
             if cuda:
                 stream.wait_event(ready)
@@ -303,15 +301,15 @@ class GpuDecodeAugment:
                         zip(offsets[sl].tolist(), heights[sl].tolist(), widths[sl].tolist())]
                 ok = self.decoders[k].decode_into(datas, outs, stream)
             if not cuda:
-                return k, ok, None
+                return ok, None
             done = torch.cuda.Event()
             done.record(stream)
-            return k, ok, done
+            return ok, done
 
-        # calls dealt in turn to the decoders, each call's size in proportion to its decoder's weight
+        # calls of equal size (within one image), dealt in turn to the decoders
         nd = len(self.decoders)
-        weights = np.array([self._weights[j % nd] for j in range(max(nd, round(len(ids) / self.job_images)))])
-        bounds = np.round(np.concatenate([[0], np.cumsum(weights)]) * len(ids) / weights.sum()).astype(int).tolist()
+        calls = max(nd, round(len(ids) / self.job_images))
+        bounds = np.round(np.arange(calls + 1) * len(ids) / calls).astype(int).tolist()
         jobs = [(j % nd, slice(a, b)) for j, (a, b) in enumerate(zip(bounds, bounds[1:])) if b > a]
         if not cuda:  # run here, but report as the threads do: an error is raised when awaited
             futures = []
@@ -327,17 +325,17 @@ class GpuDecodeAugment:
 
     def _await_decode(self, futures: list) -> list[bool]:
         """Wait for the decode calls (all of them, even when one failed: none may still write after an
-        error is raised), make the current stream wait for their GPU work, count what each decoder
-        decoded; which images worked."""
+        error is raised), make the current stream wait for their GPU work, count what they decoded;
+        which images worked."""
         wait(futures)
         results = [f.result() for f in futures]
         if self.device.type == "cuda":
             side = torch.cuda.current_stream(self.device)
-            for _, _, done in results:
+            for _, done in results:
                 side.wait_event(done)
-        for k, part, _ in results:
-            self.decoded_by[f"gpu:{self.decoders[k].name}"] += sum(part)
-        return [good for _, part, _ in results for good in part]
+        ok = [good for part, _ in results for good in part]
+        self.decoded_by[f"gpu:{self.name}"] += sum(ok)
+        return ok
 
 
 @dataclass

@@ -36,7 +36,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-_BACKENDS = {"hardware": 3, "cuda": 2}  # NVJPEG_BACKEND_HARDWARE; NVJPEG_BACKEND_GPU_HYBRID (Huffman on the SMs)
+_BACKEND_HARDWARE = 3
 _OUTPUT_RGBI = 5
 _CSS_444 = 0
 _FLAG_UPSAMPLING_WITH_INTERPOLATION = 1 << 5
@@ -121,23 +121,12 @@ class NvJpegHwDecoder:
 
     ``states``: decode states used in turn (a call waits until the state it takes has finished its
     previous decode on the GPU; nvJPEG stages the bitstreams in the state's own buffers).
-    ``backend``: "hardware" (the NVJPG engines) or "cuda" (nvJPEG's GPU_HYBRID backend: the whole
-    decode, Huffman included, in CUDA kernels on the SMs; for GPUs without engines, or a share beside
-    them). ``fancy``: libjpeg-turbo's chroma upsampling (the CPU path's); off, nearest-neighbour.
-    ``weight``: this decoder's part of a batch relative to the stage's other decoders.
     """
 
     name = "nvjpeg-hw"
-    weight = 1.0
     job_images = 256  # one call per decoder thread per batch: no Python per image left to overlap
 
-    def __init__(self, device: torch.device, *, states: int = 2, roi: bool = False, backend: str = "hardware",
-                 fancy: bool = True, weight: float = 1.0) -> None:
-        if backend not in _BACKENDS:
-            raise ValueError(f"backend must be one of {tuple(_BACKENDS)}, got {backend!r}")
-        if backend != "hardware":
-            self.name = "nvjpeg-cuda"
-        self.backend, self.weight = backend, weight
+    def __init__(self, device: torch.device, *, states: int = 2, roi: bool = False) -> None:
         self.roi = roi  # the GPU stage asks for each image's crop box only (region decode on the engines)
         # nvjpegDecodeParams per decode state (and one set for the support check), one per image of the
         # largest region call so far; a state's set is not touched while that state may still decode
@@ -149,21 +138,20 @@ class NvJpegHwDecoder:
         self.device = device
         major, minor = self._property(0), self._property(1)
         self.version = (major, minor, self._property(2))
-        flags = _FLAG_UPSAMPLING_WITH_INTERPOLATION if fancy and (major, minor) >= (12, 1) else 0
+        flags = _FLAG_UPSAMPLING_WITH_INTERPOLATION if (major, minor) >= (12, 1) else 0
         self._handle = _P()
         self._states: list[tuple[_P, torch.cuda.Event]] = []
         self._jstream = _P()
         with torch.cuda.device(device):
-            self._check("nvjpegCreateEx", lib.nvjpegCreateEx(_BACKENDS[backend], None, None, flags,
+            self._check("nvjpegCreateEx", lib.nvjpegCreateEx(_BACKEND_HARDWARE, None, None, flags,
                                                              ctypes.byref(self._handle)))
             engines, cores = _U(), _U()
-            if backend == "hardware":
-                if lib.nvjpegGetHardwareDecoderInfo(self._handle, ctypes.byref(engines), ctypes.byref(cores)) != 0:
-                    engines.value = cores.value = 0  # not reported by this nvJPEG; the handle was made, so assume some
-                elif engines.value == 0:
-                    lib.nvjpegDestroy(self._handle)
-                    self._handle = _P()
-                    raise RuntimeError(f"{torch.cuda.get_device_name(device)} reports no hardware JPEG engines")
+            if lib.nvjpegGetHardwareDecoderInfo(self._handle, ctypes.byref(engines), ctypes.byref(cores)) != 0:
+                engines.value = cores.value = 0  # not reported by this nvJPEG; the handle was created, so assume some
+            elif engines.value == 0:
+                lib.nvjpegDestroy(self._handle)
+                self._handle = _P()
+                raise RuntimeError(f"{torch.cuda.get_device_name(device)} reports no hardware JPEG engines")
             self.engines, self.cores_per_engine = engines.value, cores.value
             for _ in range(states):
                 state = _P()
