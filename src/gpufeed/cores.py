@@ -50,7 +50,11 @@ def _cgroup_dirs(root: Path, proc_cgroup: Path) -> tuple[list[Path], list[Path]]
 def cpu_limit(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> float | None:
     """CPUs the cgroup quota allows this process (e.g. 8.0; the smallest along its cgroup's path), or
     None where there is no quota (or no cgroup file system)."""
-    v2, v1 = _cgroup_dirs(Path(root), Path(proc_cgroup))
+    return _quota(*_cgroup_dirs(Path(root), Path(proc_cgroup)))
+
+
+def _quota(v2: list[Path], v1: list[Path]) -> float | None:
+    """The smallest CPU quota set on these cgroup directories, in CPUs; None if none is."""
     limits = []
     for d in v2:
         try:
@@ -90,8 +94,8 @@ class IdleCores:
                  cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> None:
         self.path, self.clock = stat, clock
         self.cpus = {f"cpu{c}" for c in affinity()}
-        limit = cpu_limit(cgroup_root, proc_cgroup)
-        v2, _ = _cgroup_dirs(Path(cgroup_root), Path(proc_cgroup))
+        v2, v1 = _cgroup_dirs(Path(cgroup_root), Path(proc_cgroup))
+        limit = _quota(v2, v1)
         self._usage_file = v2[0] / "cpu.stat" if limit is not None and limit < len(self.cpus) and v2 else None
         self.capacity = min(float(len(self.cpus)), limit) if limit is not None else float(len(self.cpus))
         self._last = self._read()
