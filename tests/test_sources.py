@@ -81,3 +81,5 @@ def test_read_file_returns_whole_files_and_names_a_missing_one(tmp_path):
         assert read_file(str(tmp_path / name)) == data
     with pytest.raises(FileNotFoundError, match="missing.jpg"):
         read_file(str(tmp_path / "missing.jpg"))
+    with open("/proc/version", "rb") as f:  # stat gives 0 bytes: read until the end all the same
+        assert read_file("/proc/version") == f.read() != b""

@@ -15,8 +15,12 @@ def read_file(path: str) -> bytes:
     ``Path.read_bytes`` per ~100 KB file in the page cache, on the development machine."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        parts = [os.read(fd, os.fstat(fd).st_size or 1 << 16)]
-        while parts[-1]:  # a file that grew, or one whose size stat does not give: read until the end
+        data = os.read(fd, os.fstat(fd).st_size or 1 << 16)
+        more = os.read(fd, 1 << 16) if data else b""
+        if not more:  # the usual case: the size stat gave was the whole file, returned without a copy
+            return data
+        parts = [data, more]  # a file that grew, or one whose size stat does not give: read until the end
+        while parts[-1]:
             parts.append(os.read(fd, 1 << 20))
         return b"".join(parts)
     finally:
