@@ -3,10 +3,12 @@
     python3 benchmarks/sweep_gpu_path.py DATA_DIR [--epochs 3] [CONFIG ...]
 
 CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>][,j<images per decode call>]
-[,l<late threshold ms>][,i<idle cores kept>][,a<cores kept from workers>][,v<decode choice>][,r<region decode 0/1>]``,
+[,l<late threshold ms>][,i<idle cores kept>][,a<cores kept from workers>][,c<images per worker chunk>][,v<decode choice>]
+[,r<region decode 0/1>]``,
 e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or ``w12,0.3,n10,d1,s6,j64,vnvjpeg``;
-d, s, j, l default to the loader's own settings, v to "gpu". ``a<k>`` keeps the workers off the first k usable cores (``sched_setaffinity``), leaving them to this
-process's threads (decoder threads, prefetch thread). ``b1`` makes the CUDA context block in synchronisations instead of
+d, s, j, l, c default to the loader's own settings, v to "gpu". ``a<k>`` keeps the workers off the first k usable cores (``sched_setaffinity``), leaving them to this
+process's threads (decoder threads, prefetch thread); ``a0`` lets them use all; without it, the loader's own
+choice (``ImageLoader.worker_cpus``). ``b1`` makes the CUDA context block in synchronisations instead of
 spinning (``cuCtxSetFlags``), for that config and all after it. Also reported: the cores each thread of this
 process kept busy (decoder threads grouped) and the workers together. Per config: one ImageLoader(decode="gpu", batch 256), one warm-up
 epoch, then ``--epochs`` timed epochs (loader only: each batch reaches the device and is read once).
@@ -47,10 +49,10 @@ def parse(config: str) -> dict:
     parts = config.split(",")
     out = {"workers": int(parts[0][1:]), "share": parts[1] if parts[1] == "auto" else float(parts[1]),
            "nice": int(parts[2][1:]), "decoders": 2, "slots": None, "job": None,
-           "late_ms": None, "via": "gpu", "roi": None, "blocking": 0, "reserve": None, "kept": 0}
+           "late_ms": None, "via": "gpu", "roi": None, "blocking": 0, "reserve": None, "kept": None, "chunk": None}
     for extra in parts[3:]:
         key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms", "v": "via", "r": "roi",
-               "b": "blocking", "i": "reserve", "a": "kept"}[extra[0]]
+               "b": "blocking", "i": "reserve", "a": "kept", "c": "chunk"}[extra[0]]
         out[key] = (extra[1:] if key == "via" else float(extra[1:]) if key in ("late_ms", "reserve")
                     else int(extra[1:]))
     return out
@@ -175,9 +177,11 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
     try:
         for e in range(epochs + 1):
             if e == 1:
+                if c["chunk"]:  # from the first timed epoch's submissions on
+                    loader._pool._chunk = c["chunk"]
                 for pid in loader.worker_pids:
                     os.setpriority(os.PRIO_PROCESS, pid, c["nice"])
-                    if c["kept"]:  # the first k usable cores kept for this process's threads
+                    if c["kept"] is not None:  # the first k usable cores kept for this process's threads
                         os.sched_setaffinity(pid, sorted(os.sched_getaffinity(0))[c["kept"]:])
                 stage_s.clear()
                 waits.clear()

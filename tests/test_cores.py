@@ -79,3 +79,16 @@ def test_idle_cores_under_a_quota_count_our_cgroup_usage(tmp_path, monkeypatch):
     (tmp_path / "fs" / "cpu.stat").write_text("usage_usec 2300000\n")
     now[0] = 0.4  # 1 core-second in 0.2 s: more than the quota (bursts): none idle
     assert reader.poll() == 0.0
+
+
+@pytest.mark.parametrize("n, kept, expected", [
+    (16, 3, set(range(3, 16))),  # the lowest 3 kept for the training process's threads
+    (16, 6, set(range(4, 16))),  # at most a quarter of the mask
+    (8, 3, set(range(2, 8))),
+    (7, 3, None),  # small machines: no restriction
+    (16, 0, None),
+])
+def test_worker_cpus_leave_the_lowest_cores_to_the_training_process(n, kept, expected):
+    mask = {c + 10 for c in range(n)}  # CPU numbers need not start at 0 (taskset, torchrun bindings)
+    got = cores.worker_cpus(kept, mask)
+    assert got == (None if expected is None else {c + 10 for c in expected})

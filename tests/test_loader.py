@@ -1,6 +1,8 @@
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -224,6 +226,52 @@ def test_workers_run_at_a_lower_priority_than_the_training_process(synth_root):
         assert time.monotonic() < deadline, got
         time.sleep(0.05)
     loader.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux's")
+def test_workers_run_on_the_cpus_given(synth_root):
+    from gpufeed.augment.params import AugmentSpec
+    from gpufeed.sources import folder_source
+    from gpufeed.workers import PipelineSpec, WorkerPool
+
+    one = {max(os.sched_getaffinity(0))}
+    pool = WorkerPool(PipelineSpec(folder_source(synth_root), AugmentSpec(image_size=32), 10**8), num_workers=2,
+                      num_slots=2, batch_size=4, cpus=one)
+    try:
+        pool.submit(0, 0, 0, 0, [0, 1, 2, 3])
+        view, failures = pool.collect(0)  # they started and served a batch there
+        assert not failures and view.images.shape[0] == 4
+        deadline = time.monotonic() + 30  # a worker that took no chunk yet may still be starting
+        while (got := [os.sched_getaffinity(pid) for pid in pool.pids]) != [one, one]:
+            assert time.monotonic() < deadline, got
+            time.sleep(0.05)
+    finally:
+        pool.close()
+
+
+_FAULTS = """
+import random, resource, sys
+import gpufeed.workers as w
+if sys.argv[1] == "kept":
+    w._keep_heap()
+rng = random.Random(0)
+sizes = [rng.randrange(50_000, 600_000) for _ in range(400)]  # a worker's files and decoded crops
+for n in sizes[:50]:
+    bytes(n)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for n in sizes:
+    b = bytes(bytearray(n))  # allocated, written, freed
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_workers_keep_freed_sample_memory_mapped():
+    """A worker allocates and frees a file's bytes and a decoded image per sample; with glibc's default
+    thresholds every sample faults its pages back in. The workers' heap setting must remove that."""
+    faults = {how: int(subprocess.run([sys.executable, "-c", _FAULTS, how], capture_output=True, text=True,
+                                      check=True).stdout) for how in ("default", "kept")}
+    assert faults["kept"] * 10 < faults["default"], faults
 
 
 def _epoch(loader):

@@ -80,6 +80,16 @@ def usable_cores() -> int:
     return max(1, min(cores, int(limit))) if limit is not None else cores
 
 
+def worker_cpus(kept: int, mask: set[int] | None = None) -> set[int] | None:
+    """The CPUs for the loader's worker processes: this process's mask (``mask``: default ``affinity()``)
+    without its ``kept`` lowest CPUs (at most a quarter of them), which stay free of workers for the
+    threads that must not wait for a core (the training loop, the threads feeding the GPU decoders);
+    None (no restriction) on a mask of fewer than 8 CPUs or where ``kept`` < 1."""
+    cpus = sorted(affinity() if mask is None else mask)
+    kept = min(kept, len(cpus) // 4)
+    return set(cpus[kept:]) if len(cpus) >= 8 and kept >= 1 else None
+
+
 class IdleCores:
     """Idle cores among those this process may use, averaged over windows of ``WINDOW_S``.
 

@@ -1,6 +1,8 @@
 """GPU path: parity with the CPU path, odd images inside a GPU batch, poisoning, memory. Marked gpu."""
 
 import math
+import os
+import time
 
 import numpy as np
 import pytest
@@ -241,3 +243,19 @@ def test_nvjpeg_direct_decodes_a_mixed_batch_and_names_what_the_engines_refuse()
             assert _psnr(out.cpu().numpy(), ref[y : y + h, x : x + w]) >= 35.0, j
         else:
             assert (out == 7).all(), j
+
+
+def test_gpu_path_workers_stay_off_the_kept_cores(synth):
+    from gpufeed import cores
+    from gpufeed.loader import KEPT_CORES
+
+    loader = ImageLoader(synth, device="cuda", decode="gpu", batch_size=32, num_workers=2)
+    want = cores.worker_cpus(KEPT_CORES)
+    assert loader.worker_cpus == want
+    next(iter(loader))
+    deadline = time.monotonic() + 30  # a worker that took no chunk yet may still be starting
+    mask = want or cores.affinity()
+    while (got := [os.sched_getaffinity(pid) for pid in loader.worker_pids]) != [mask, mask]:
+        assert time.monotonic() < deadline, got
+        time.sleep(0.05)
+    loader.close()
