@@ -12,7 +12,8 @@ choice (``ImageLoader.worker_cpus``). ``b1`` makes the CUDA context block in syn
 spinning (``cuCtxSetFlags``), for that config and all after it. Also reported: the cores each thread of this
 process kept busy (decoder threads grouped) and the workers together. Per config: one ImageLoader(decode="gpu", batch 256), one warm-up
 epoch, then ``--epochs`` timed epochs (loader only: each batch reaches the device and is read once).
-Reported: images/s (median epoch), the CPU share at the end, the GPU stage's host time per batch (median;
+Reported: images/s (median epoch), images/s within epochs (from the second batch's arrival to the last's:
+what an epoch boundary costs is left out), the CPU share at the end, the GPU stage's host time per batch (median;
 ``start`` + ``finish`` in the prefetch thread: layout, copies, waiting for the decoders, kernel launch),
 the wait for the workers per batch (median), and the cores the process tree kept busy; then, per batch on
 average: how long ``finish`` waited for the decoder threads, the decoders' library calls (nvImageCodec's
@@ -173,7 +174,7 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
                  (NvJpegHwDecoder, "_batched", "decode")]
     for cls, name, phase in originals:
         setattr(cls, name, _timed(getattr(cls, name), phases[phase]))
-    rates, busy = [], []
+    rates, inner, busy = [], [], []
     try:
         for e in range(epochs + 1):
             if e == 1:
@@ -189,13 +190,16 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
                     v.clear()
                 monitor.start()
                 cpu0, t_cpu0 = _cpu_snapshot(loader.worker_pids), time.perf_counter()
-            n, t0 = 0, time.perf_counter()
+            n, t0, arrivals = 0, time.perf_counter(), []
             for images, _ in loader:
                 images.sum()
                 n += images.shape[0]
+                arrivals.append(time.perf_counter())
             torch.cuda.synchronize(device)
             if e >= 1:
                 rates.append(n / (time.perf_counter() - t0))
+                # within the epoch: from the second batch's arrival to the last's (no epoch boundary)
+                inner.append(images.shape[0] * (len(arrivals) - 2) / (arrivals[-1] - arrivals[1]))
         monitor.stop()
         busy = monitor.cores_busy
         cpu1, elapsed = _cpu_snapshot(loader.worker_pids), time.perf_counter() - t_cpu0
@@ -210,7 +214,7 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
         loader.close()
     gpu = sum(v for k, v in by.items() if k.startswith("gpu")) / max(1, sum(by.values()))
     per = lambda times: 1e3 * sum(times) / max(1, len(stage_s))  # ms per batch
-    return (f"| {config} | {statistics.median(rates):,.0f} | {share:.2f} | {gpu:.2f} | "
+    return (f"| {config} | {statistics.median(rates):,.0f} | {statistics.median(inner):,.0f} | {share:.2f} | {gpu:.2f} | "
             f"{1e3 * statistics.median(stage_s):.1f} | {1e3 * statistics.median(waits):.1f} | "
             f"{busy:.1f} | {', '.join(f'{r:,.0f}' for r in rates)} | {per(phases['decode_wait']):.1f} | "
             f"{per(phases['decode']):.1f} | {per(phases['decode_into']) - per(phases['decode']):.1f} | "
@@ -228,10 +232,10 @@ def main() -> None:
     print("\n".join(l for l in lscpu if l.split(":")[0] in ("Model name", "Thread(s) per core", "Core(s) per socket",
                                                             "Socket(s)", "CPU(s)", "L3 cache")))
     print(f"{workers.usable_cores()} usable cores; GPU {torch.cuda.get_device_name(device)}")
-    print("| config | images/s | CPU share | GPU-decoded | stage host ms/batch | worker wait ms/batch | cores busy "
+    print("| config | images/s | within epochs | CPU share | GPU-decoded | stage host ms/batch | worker wait ms/batch | cores busy "
           "| epochs | decode wait ms | decode() calls ms | rest of decode_into ms | stage outside the wait ms "
           "| cores busy by thread (this process) and workers |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     monitor = Monitor(device.index)
     for config in args.configs:
         try:

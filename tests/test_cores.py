@@ -92,3 +92,16 @@ def test_worker_cpus_leave_the_lowest_cores_to_the_training_process(n, kept, exp
     mask = {c + 10 for c in range(n)}  # CPU numbers need not start at 0 (taskset, torchrun bindings)
     got = cores.worker_cpus(kept, mask)
     assert got == (None if expected is None else {c + 10 for c in expected})
+
+
+def test_info_names_the_workers_cpus_as_ranges():
+    from gpufeed.info import _ranges, collect_info
+    from gpufeed.loader import KEPT_CORES
+
+    assert _ranges({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8" and _ranges({3}) == "3"
+    line = collect_info()["GPU path: workers' CPUs"]
+    kept = cores.worker_cpus(KEPT_CORES)
+    if kept is None:
+        assert line == "all (fewer than 8 in the mask)"
+    else:
+        assert line.startswith(_ranges(kept) + " (")
