@@ -439,13 +439,12 @@ class _ShareControl:
     that stayed idle. When training is the slower side this puts on the workers much of what the CPU
     can decode (a GPU decode spends the training process's time, its Python thread and the GIL, which
     the worker processes do not touch); when the GPU decoders are the slower side the CPU takes a part
-    beside them without crowding out the process that feeds them. On the H200 machine (16 cores),
-    loader only, fixed shares 0, 0.1, 0.15, 0.2, 0.25 gave 20,591 / 21,458 / 22,838 / 22,165 / 20,281
-    images/s with 5.9 / 8.3 / 9.7 / 11.3 / 11.9 cores busy, and the earlier rule (lateness alone, per
-    batch) settled at 0.38: 19,232 (BENCHMARKS.md, session 5). Training there: ResNet-50 settles at 1.00
-    (98.0% of its own rate); ResNet-18 at 0.56 (69.6%), where ``cpu_share=0`` measured 76.2% in another
-    call: at that pace the training thread itself wants the cores. Steps of 1/32; a change reaches
-    batches submitted from then on, a few batches later.
+    beside them without crowding out the process that feeds them. On the H200 machine (16 cores, the
+    workers off 3 of them: ``KEPT_CORES``), loader only, auto settled at 0.16-0.25 (20,554-25,242 images/s
+    in five calls; the engines alone 18,147-21,196; fixed 0.25 and 0.3 no better, 0.35 slower); training,
+    ResNet-50 at 1.00 (98.1% of its own rate) and ResNet-18 at 0.56 (77.6%, against 76.8% at 0; before
+    the kept cores it was 69.6%): BENCHMARKS.md, session 6. Steps of 1/32; a change reaches batches
+    submitted from then on, a few batches later.
     """
 
     STEP, LATE_S = 1 / 32, 0.002

@@ -1,0 +1,70 @@
+"""Worker CPU per sample through a real WorkerPool (no GPU needed): what a worker process spends per image.
+
+    python3 benchmarks/worker_cost.py DATA_DIR [--workers 1] [--share 0,0.25] [--cpu] [--epochs 3]
+
+Per configuration: one WorkerPool (as the loader makes it; ``--cpu``: the CPU path, pixels out; otherwise
+the GPU path, JPEG bytes and crop boxes out, ``--share`` of each batch decoded on the CPU), batches of 256
+over the first 7 x 256 files, one warm-up epoch, then ``--epochs`` epochs; reported: the workers' CPU time
+from /proc per image, and wall time per image. Nothing else runs, so one worker measures its own cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import gpufeed.workers as workers
+from gpufeed.augment.params import AugmentSpec
+from gpufeed.loader import GPU_BYTES_CAPACITY
+from gpufeed.sources import folder_source
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(data: str, num_workers: int, share: float, gpu_path: bool, epochs: int, batches: int = 7) -> str:
+    source = folder_source(data)
+    if len(source) < batches * 256:
+        raise SystemExit(f"{data} has {len(source)} files; this needs {batches * 256}")
+    spec = workers.PipelineSpec(source, AugmentSpec(), 10**8, gpu_bytes_capacity=GPU_BYTES_CAPACITY if gpu_path else 0)
+    pool = workers.WorkerPool(spec, num_workers=num_workers, num_slots=4, batch_size=256)
+    try:
+        def epoch(e: int) -> None:
+            for b in range(batches):
+                pool.submit(b, b % 4, 0, e, list(range(b * 256, (b + 1) * 256)), cpu_rows=round(share * 256))
+                pool.collect(b)
+
+        epoch(0)
+        cpu0, t0 = sum(_cpu_seconds(p) for p in pool.pids), time.perf_counter()
+        for e in range(1, epochs + 1):
+            epoch(e)
+        n = epochs * batches * 256
+        cpu = (sum(_cpu_seconds(p) for p in pool.pids) - cpu0) / n
+        wall = (time.perf_counter() - t0) / n
+    finally:
+        pool.close()
+    path = "CPU path" if not gpu_path else f"GPU path, CPU share {share:g}"
+    return f"| {path} | {num_workers} | {1e6 * cpu:,.0f} | {1e6 * wall:,.0f} |"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("data")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--share", default="0,0.25", help="comma-separated CPU shares (GPU path)")
+    p.add_argument("--cpu", action="store_true", help="also the CPU path (pixels out)")
+    p.add_argument("--epochs", type=int, default=3)
+    args = p.parse_args()
+    print("| path | workers | worker CPU us/image | wall us/image |\n|---|---|---|---|")
+    for share in (float(s) for s in args.share.split(",")):
+        print(measure(args.data, args.workers, share, True, args.epochs), flush=True)
+    if args.cpu:
+        print(measure(args.data, args.workers, 0.0, False, args.epochs), flush=True)
+
+
+if __name__ == "__main__":
+    main()
