@@ -288,7 +288,7 @@ WORKER_NICE = 5
 # glibc's malloc returns large blocks to the kernel as soon as they are freed (blocks over a threshold that
 # adapts to the sizes seen are mmapped, the heap's free top is trimmed past another); a worker frees a
 # file's bytes and a decoded image every sample, so the next sample page-faults the same memory back in:
-# 40% of a worker's time per GPU-bound sample on the development machine (87 vs 48 us). Fixed thresholds
+# 45% of a worker's time per GPU-bound sample on the development machine (87 vs 48 us). Fixed thresholds
 # keep blocks up to MMAP_THRESHOLD in the heap and up to TRIM_THRESHOLD of free heap top mapped.
 MMAP_THRESHOLD = 8 << 20
 TRIM_THRESHOLD = 64 << 20
