@@ -46,7 +46,8 @@ GPU_BYTES_CAPACITY = 2 * 1024 * 1024
 
 # GPU path: cores kept free of workers per rank (two decoder threads and the training loop). On the H200's
 # 16 cores, loader only, same share in the same call: 0.15, 2 kept 23,173 against none 22,334 / 23,135 (S6-1);
-# 0.25, 3 kept 24,264 against none 22,690 (S6-2). ResNet-18 with auto: 77.6% of its rate, 69.6% before.
+# 0.25, 3 kept 24,264 against none 22,690 (S6-2); auto, 3 kept 25,048 / 24,512 against none 24,189 / 24,002
+# (S6-8). ResNet-18 with auto: 77.6% of its rate, 69.6% before.
 KEPT_CORES = 3
 
 
@@ -442,7 +443,7 @@ class _ShareControl:
     the worker processes do not touch); when the GPU decoders are the slower side the CPU takes a part
     beside them without crowding out the process that feeds them. On the H200 machine (16 cores, the
     workers off 3 of them: ``KEPT_CORES``), loader only, auto settled at 0.16-0.25 (20,554-25,242 images/s
-    in five calls; the engines alone 18,147-21,196; fixed 0.25 and 0.3 no better, 0.35 slower); training,
+    in six calls; the engines alone 18,147-21,196; fixed 0.25 and 0.3 no better, 0.35 slower); training,
     ResNet-50 at 1.00 (98.1% of its own rate) and ResNet-18 at 0.56 (77.6%, against 76.8% at 0; before
     the kept cores it was 69.6%): BENCHMARKS.md, session 6. Steps of 1/32; a change reaches batches
     submitted from then on, a few batches later.
