@@ -296,7 +296,9 @@ TRIM_THRESHOLD = 64 << 20
 
 def _keep_heap() -> None:
     """Keep freed sample-sized blocks mapped in this process (glibc ``mallopt``; elsewhere nothing)."""
-    with contextlib.suppress(OSError, AttributeError):
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):  # a libc without mallopt
         libc = ctypes.CDLL(None)
         libc.mallopt(-1, TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
         libc.mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD
