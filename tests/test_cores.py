@@ -90,8 +90,25 @@ def test_idle_cores_under_a_quota_count_our_cgroup_usage(tmp_path, monkeypatch):
 ])
 def test_worker_cpus_leave_the_lowest_cores_to_the_training_process(n, kept, expected):
     mask = {c + 10 for c in range(n)}  # CPU numbers need not start at 0 (taskset, torchrun bindings)
-    got = cores.worker_cpus(kept, mask)
+    got = cores.worker_cpus(kept, mask, siblings=lambda c: {c})
     assert got == (None if expected is None else {c + 10 for c in expected})
+
+
+def test_worker_cpus_keep_whole_physical_cores():
+    # 16 cores with 2 threads each, numbered as Linux does on x86: core k is CPUs k and k + 16
+    siblings = lambda c: {c % 16, c % 16 + 16}
+    got = cores.worker_cpus(3, set(range(32)), siblings=siblings)
+    assert got == set(range(32)) - {0, 1, 2, 16, 17, 18}
+    # a quarter of 12 CPUs is 3: one whole core (2 CPUs) fits, a second would not
+    assert cores.worker_cpus(3, {0, 1, 2, 3, 4, 5, 16, 17, 18, 19, 20, 21}, siblings=siblings) == \
+        {1, 2, 3, 4, 5, 17, 18, 19, 20, 21}
+    # siblings outside the mask are not the workers' anyway
+    assert cores.worker_cpus(2, set(range(16)), siblings=siblings) == set(range(2, 16))
+
+
+def test_thread_siblings_from_sysfs_or_the_cpu_alone():
+    assert 0 in cores._thread_siblings(0)
+    assert cores._thread_siblings(10**6) == {10**6}  # no such CPU
 
 
 def test_info_names_the_workers_cpus_as_ranges():

@@ -80,14 +80,42 @@ def usable_cores() -> int:
     return max(1, min(cores, int(limit))) if limit is not None else cores
 
 
-def worker_cpus(kept: int, mask: set[int] | None = None) -> set[int] | None:
+def _thread_siblings(cpu: int) -> set[int]:
+    """The logical CPUs of ``cpu``'s physical core (SMT siblings), from sysfs; ``{cpu}`` where unknown."""
+    try:
+        text = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+    except OSError:
+        return {cpu}
+    out: set[int] = set()
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        if a.isdigit() and (not b or b.isdigit()):
+            out.update(range(int(a), int(b or a) + 1))
+    return out | {cpu}
+
+
+def worker_cpus(kept: int, mask: set[int] | None = None,
+                siblings: Callable[[int], set[int]] = _thread_siblings) -> set[int] | None:
     """The CPUs for the loader's worker processes: this process's mask (``mask``: default ``affinity()``)
-    without its ``kept`` lowest CPUs (at most a quarter of them), which stay free of workers for the
-    threads that must not wait for a core (the training loop, the threads feeding the GPU decoders);
-    None (no restriction) on a mask of fewer than 8 CPUs or where ``kept`` < 1."""
+    without its ``kept`` lowest physical cores (with their SMT siblings, so that no worker shares a core
+    with them), which stay free of workers for the threads that must not wait for a core (the training
+    loop, the threads feeding the GPU decoders). At most a quarter of the mask is kept; None (no
+    restriction) on a mask of fewer than 8 CPUs or where ``kept`` < 1."""
     cpus = sorted(affinity() if mask is None else mask)
-    kept = min(kept, len(cpus) // 4)
-    return set(cpus[kept:]) if len(cpus) >= 8 and kept >= 1 else None
+    if len(cpus) < 8 or kept < 1:
+        return None
+    free, taken = set(cpus), 0
+    for c in cpus:
+        if taken == kept:
+            break
+        if c not in free:  # a sibling of a core kept already
+            continue
+        core = siblings(c) & free
+        if len(cpus) - len(free) + len(core) > len(cpus) // 4:
+            break
+        free -= core
+        taken += 1
+    return free if taken else None
 
 
 class IdleCores:

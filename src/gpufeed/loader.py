@@ -114,7 +114,7 @@ class ImageLoader:
     as they keep up with while a quarter of the cores stay idle for the
     training process, the GPU decoders the rest (``_ShareControl``).
     ``loader.stats["cpu_share"]`` gives the current value. On the GPU path the
-    workers stay off the lowest few cores of this process's affinity mask
+    workers stay off the lowest few physical cores of this process's affinity mask
     (``loader.worker_cpus``; none kept below 8 cores), so that the threads
     feeding the GPU decoders and the training loop never wait for a core.
     """
