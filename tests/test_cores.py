@@ -112,7 +112,8 @@ def test_thread_siblings_from_sysfs_or_the_cpu_alone():
 
 
 def test_info_names_the_workers_cpus_as_ranges():
-    from gpufeed.info import _ranges, collect_info
+    from gpufeed.cores import cpu_ranges as _ranges
+    from gpufeed.info import collect_info
     from gpufeed.loader import KEPT_CORES
 
     assert _ranges({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8" and _ranges({3}) == "3"

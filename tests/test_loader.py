@@ -249,6 +249,15 @@ def test_workers_run_on_the_cpus_given(synth_root):
         pool.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux's")
+def test_cpu_path_workers_use_the_whole_mask(synth_root):
+    loader = make(synth_root)
+    assert loader.worker_cpus is None and loader.stats["worker_cpus"] is None
+    next(iter(loader))
+    assert all(os.sched_getaffinity(pid) == os.sched_getaffinity(0) for pid in loader.worker_pids)
+    loader.close()
+
+
 _FAULTS = """
 import random, resource, sys
 import gpufeed.workers as w

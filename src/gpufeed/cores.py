@@ -118,6 +118,18 @@ def worker_cpus(kept: int, mask: set[int] | None = None,
     return free if taken else None
 
 
+def cpu_ranges(cpus: set[int]) -> str:
+    """CPU numbers as ranges, e.g. {0, 1, 2, 5} -> "0-2,5"."""
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c != run[-1] + 1:
+            out.append(run)
+            run = []
+        run.append(c)
+    out += [run] if run else []
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in out)
+
+
 class IdleCores:
     """Idle cores among those this process may use, averaged over windows of ``WINDOW_S``.
 

@@ -72,23 +72,11 @@ def _probe_gpu_decode(choice: str) -> str:
     return f"works (PSNR {psnr:.1f} dB against the CPU decode{how})"
 
 
-def _ranges(cpus: set[int]) -> str:
-    """CPU numbers as ranges, e.g. {0, 1, 2, 5} -> "0-2,5"."""
-    out, run = [], []
-    for c in sorted(cpus):
-        if run and c != run[-1] + 1:
-            out.append(run)
-            run = []
-        run.append(c)
-    out += [run] if run else []
-    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in out)
-
-
 def collect_info() -> dict[str, str]:
     """Versions, hardware and backends as (name, value) text."""
     import torch
 
-    from .cores import affinity, cpu_limit, usable_cores, worker_cpus
+    from .cores import affinity, cpu_limit, cpu_ranges, usable_cores, worker_cpus
     from .loader import KEPT_CORES
 
     limit = cpu_limit()
@@ -99,7 +87,7 @@ def collect_info() -> dict[str, str]:
         "cpu cores (usable)": f"{usable_cores()} ({len(affinity())} in the affinity mask, "
                               + ("no cgroup CPU quota)" if limit is None else f"cgroup CPU quota {limit:g})"),
         "GPU path: workers' CPUs": ("all (fewer than 8 in the mask)" if kept is None else
-                                    f"{_ranges(kept)} ({_ranges(affinity() - kept)} kept for the training process)"),
+                                    f"{cpu_ranges(kept)} ({cpu_ranges(affinity() - kept)} kept for the training process)"),
         "gpufeed": _version("gpufeed"),
         "torch": torch.__version__,
         "torchvision": _version("torchvision"),

@@ -237,11 +237,13 @@ class ImageLoader:
 
     @property
     def stats(self) -> dict[str, Any]:
-        """Which backend decoded how many images so far (GPU path) and why this backend; under
-        ``on_error="skip"`` the number of skipped samples and (path, reason) for the first 10,000."""
+        """Which backend decoded how many images so far (GPU path) and why this backend, the CPU share, the
+        CPUs the workers run on (None: all of this process's); under ``on_error="skip"`` the number of
+        skipped samples and (path, reason) for the first 10,000."""
         by = dict(self._gpu_stage.decoded_by) if self._gpu_stage is not None else {}
         return {"decode_backend": self.decode_backend, "decode_reason": self.decode_reason, "decoded_by": by,
                 "cpu_share": round(self._share.value, 3) if self._gpu_stage is not None else 1.0,
+                "worker_cpus": sorted(self.worker_cpus) if self.worker_cpus is not None else None,
                 "skipped_count": self._skipped_total, "skipped": list(self._skipped)}
 
     def __enter__(self) -> "ImageLoader":

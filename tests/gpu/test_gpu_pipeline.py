@@ -251,7 +251,7 @@ def test_gpu_path_workers_stay_off_the_kept_cores(synth):
 
     loader = ImageLoader(synth, device="cuda", decode="gpu", batch_size=32, num_workers=2)
     want = cores.worker_cpus(KEPT_CORES)
-    assert loader.worker_cpus == want
+    assert loader.worker_cpus == want and loader.stats["worker_cpus"] == (sorted(want) if want else None)
     next(iter(loader))
     deadline = time.monotonic() + 30  # a worker that took no chunk yet may still be starting
     mask = want or cores.affinity()

@@ -25,7 +25,7 @@ from ..loader import ImageLoader
 from ..transfer import prefetch
 from ..synth import create_synthetic_dataset
 from .baseline import create_baseline_loader
-from ..cores import usable_cores
+from ..cores import cpu_ranges, usable_cores
 from .monitor import Monitor
 
 PIPELINES = ("baseline", "baseline+prefetch", "gpufeed", "gpufeed-cpu", "gpufeed-gpu", "gpufeed-gpu-only")
@@ -158,6 +158,8 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
     label = name
     if stats is not None:
         share = "" if stats["decode_backend"] == "cpu" else f", CPU share {stats['cpu_share']:.2f}"
+        if stats.get("worker_cpus"):
+            share += f", workers on CPUs {cpu_ranges(set(stats['worker_cpus']))}"
         label = f"{name} ({stats['decode_backend']} decode{share})"
     gpu_added = [e["gpu_mem_peak_bytes"] - epochs[0]["gpu_mem_start_bytes"] for e in epochs
                  if e["gpu_mem_peak_bytes"] is not None]
