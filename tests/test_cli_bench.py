@@ -59,3 +59,29 @@ def test_bench_smoke_writes_table_json_and_chart(tmp_path, synth_root, capsys):
 def test_bench_rejects_model_on_cpu(capsys):
     assert main(["bench", "--device", "cpu", "--model", "resnet18", "--n", "10"]) == 2
     assert "--model needs a CUDA device" in capsys.readouterr().err
+
+
+def test_bench_row_names_the_gpu_decoder_share_and_worker_cpus(monkeypatch):
+    """The row label says what ran: the decoder, the CPU share and the CPUs the workers were kept to."""
+    import torch
+
+    import gpufeed.bench.run as run
+    from gpufeed.bench.monitor import Monitor
+
+    class FakeGpuLoader:  # what ImageLoader(decode="gpu") reports, without a GPU
+        stats = {"decode_backend": "nvjpeg-hw", "cpu_share": 0.25, "worker_cpus": [3, 4, 5, 6, 7, 9]}
+
+        def __len__(self):
+            return 2
+
+        def __iter__(self):
+            return iter([(torch.zeros(4, 3, 8, 8), torch.zeros(4, dtype=torch.int64))] * 2)
+
+    class Bar:
+        update = close = lambda *a: None
+
+    monkeypatch.setattr(run, "_make_loader", lambda *a: FakeGpuLoader())
+    row = run.run_pipeline("gpufeed-gpu", "unused", run.BenchConfig(epochs=2), torch.device("cpu"), None,
+                           Monitor(None), lambda *a: Bar())
+    assert row["pipeline"] == "gpufeed-gpu (nvjpeg-hw decode, CPU share 0.25, workers on CPUs 3-7,9)"
+    assert row["loader_stats"]["worker_cpus"] == [3, 4, 5, 6, 7, 9]

@@ -1,9 +1,10 @@
-"""How many cores this process may use, and how many of them stay idle.
+"""How many cores this process may use, which of them the loader's workers run on, and how many stay idle.
 
 Two things narrow a machine's cores: the CPU affinity mask (``taskset``, Docker ``--cpuset-cpus``,
 torchrun's binding) and the cgroup CPU quota (Docker ``--cpus``, Kubernetes CPU limits), which the
 affinity mask does not show: a pod limited to 8 CPUs on a 96-core node sees 96 cores in its mask, and
-96 workers there would spend their time throttled. Both are read here.
+96 workers there would spend their time throttled. Both are read here. On the GPU path the workers are
+kept off a few whole physical cores (``worker_cpus``) for the threads that feed the GPU.
 """
 
 from __future__ import annotations
