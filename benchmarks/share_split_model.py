@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 import gpufeed.workers as workers
+from gpufeed.augment.cpu import decode_box_into
 from gpufeed.augment.params import AugmentSpec
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.loader import GPU_BYTES_CAPACITY
@@ -45,7 +46,7 @@ def main() -> None:
     for _ in range(2):
         for i, s in enumerate(samples):
             t0 = time.perf_counter()
-            workers.decode_box_into(dec, s.data, s.path, s.box, s.header[:2], s.header[2], out)
+            decode_box_into(dec, s.data, s.path, s.box, s.header[:2], s.header[2], out)
             cpu[i] = min(cpu[i], time.perf_counter() - t0)
     nbytes = np.array([len(s.data) for s in samples], np.float64)
     engine = args.engine_ns_per_byte * 1e-9 * nbytes + args.engine_us_per_image * 1e-6

@@ -11,19 +11,13 @@ from /proc per image, and wall time per image. Nothing else runs, so one worker 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import gpufeed.workers as workers
 from gpufeed.augment.params import AugmentSpec
 from gpufeed.loader import GPU_BYTES_CAPACITY
 from gpufeed.sources import folder_source
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from sweep_gpu_path import _cpu_seconds  # this folder's: CPU seconds of a process from /proc
 
 
 def measure(data: str, num_workers: int, share: float, gpu_path: bool, epochs: int, batches: int = 7) -> str:

@@ -40,12 +40,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from .augment.cpu import decode_box_into
 from .augment.fused import normalize_constants, resized_crop_reference, resized_crop_triton, triton
 from .augment.params import CropBox
 from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
 from .ring import KIND_BYTES
-from .workers import decode_box_into
 
 DEFAULT_MAX_BATCH_PIXELS = 256 * 1024 * 1024
 # Images per decode call: a batch's GPU images go out in calls of about this many, taken in turn by the

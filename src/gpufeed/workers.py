@@ -38,19 +38,18 @@ from typing import Any
 
 import numpy as np
 
-from .augment.cpu import crop_bounds, crop_resize_into, reduction_for, resize_flip_into
+from .augment.cpu import decode_box_into
 from .augment.params import AugmentSpec, CropBox
 from .cores import usable_cores
 from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
-from .decode.exif import apply_orientation, read_orientation, swaps_axes
+from .decode.exif import read_orientation, swaps_axes
 from .decode.jpeg_check import gpu_safe_jpeg
 from .ring import KIND_BYTES, KIND_PIXELS, Ring, SlotView, check_shm_space
 from .sources.base import FileSource, Source
 from .sources.shared import SharedFileSource
 
-__all__ = ["PipelineSpec", "SlotView", "WorkerError", "WorkerPool", "decode_box_into", "encode_sample_into",
-           "load_sample_into"]
+__all__ = ["PipelineSpec", "SlotView", "WorkerError", "WorkerPool", "encode_sample_into", "load_sample_into"]
 
 _POLL_S = 0.5
 
@@ -94,23 +93,6 @@ def _finish_on_cpu(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: in
         width, height = height, width
     box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
     decode_box_into(decoder, data, path, box, (width, height), fast, out, orientation)
-
-
-def decode_box_into(decoder: CpuDecoder, data: bytes, path: str, box: CropBox, size: tuple[int, int], fast: bool,
-                    out: np.ndarray, orientation: int = 1) -> None:
-    """Decode ``data`` (a ``size`` = (width, height) image as displayed after ``orientation``) and write
-    crop ``box`` into ``out`` ((S, S, 3) uint8), resized and flipped. Plain JPEGs decode at the DCT
-    reduction the output allows, and only the crop's rows and columns where the cropped decoder can."""
-    width, height = size
-    reduce = reduction_for(box, out.shape[0]) if fast and orientation == 1 else 1
-    if fast and orientation == 1:
-        scaled = (-(-width // reduce), -(-height // reduce))  # libjpeg's ceil(W / k) x ceil(H / k)
-        region = decoder.decode_region(data, path, crop_bounds(box, (width, height), scaled), reduce)
-        if region is not None:
-            resize_flip_into(region, box.flip, out)
-            return
-    image = apply_orientation(decoder.decode(data, path, fast=fast, reduce=reduce), orientation)
-    crop_resize_into(image, box, (width, height), out)
 
 
 def load_sample_into(
@@ -253,13 +235,16 @@ def _serve_chunk(spec: PipelineSpec, decoder: CpuDecoder, ring: Ring, mine: Any,
             failures.append((k, spec.source.path(index), f"{type(e).__name__}: {e}", tb))
             return None
 
+    def settle(k, index, fn, *args):  # ``attempt`` for a function returning the sample's label
+        label = attempt(k, index, fn, *args)
+        if label is not None:
+            ring.labels[slot, k] = label
+
     if not spec.gpu_bytes_capacity:
         for k, index in enumerate(indices, start):
-            label = attempt(k, index, load_sample_into, spec, decoder, seed, epoch, index, ring.images[slot, k])
+            settle(k, index, load_sample_into, spec, decoder, seed, epoch, index, ring.images[slot, k])
             if stop():
                 break
-            if label is not None:
-                ring.labels[slot, k] = label
         return failures
     gpu_ok: dict[int, _Inspected] = {}  # position -> a sample a GPU decoder may take (bytes held until placed)
     forced = 0
@@ -269,18 +254,14 @@ def _serve_chunk(spec: PipelineSpec, decoder: CpuDecoder, ring: Ring, mine: Any,
             gpu_ok[k] = sample
         elif sample is not None:  # no GPU decoder takes it: finished here at once, counted in the CPU's part
             forced += 1
-            label = attempt(k, index, place_sample, spec, decoder, seed, epoch, sample, ring, slot, k, True)
-            if label is not None:
-                ring.labels[slot, k] = label
+            settle(k, index, place_sample, spec, decoder, seed, epoch, sample, ring, slot, k, True)
         if stop():
             return failures
     on_cpu = cheapest_on_cpu(gpu_ok, cpu_quota - forced)
     for k, sample in gpu_ok.items():
-        label = attempt(k, sample.index, place_sample, spec, decoder, seed, epoch, sample, ring, slot, k, k in on_cpu)
+        settle(k, sample.index, place_sample, spec, decoder, seed, epoch, sample, ring, slot, k, k in on_cpu)
         if stop():
             break
-        if label is not None:
-            ring.labels[slot, k] = label
     return failures
 
 

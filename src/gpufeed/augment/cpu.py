@@ -17,10 +17,16 @@ torchvision's antialiased resize median 45.4 dB (INTER_AREA 42.5), minimum
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import cv2
 import numpy as np
 
+from ..decode.exif import apply_orientation
 from .params import CropBox
+
+if TYPE_CHECKING:
+    from ..decode.cpu import CpuDecoder
 
 cv2.setNumThreads(1)  # parallelism comes from worker processes, not from OpenCV's pool
 
@@ -81,3 +87,20 @@ def crop_resize_into(image: np.ndarray, box: CropBox, full_size: tuple[int, int]
     """
     x0, y0, x1, y1 = crop_bounds(box, full_size, (image.shape[1], image.shape[0]))
     resize_flip_into(image[y0:y1, x0:x1], box.flip, out)
+
+
+def decode_box_into(decoder: "CpuDecoder", data: bytes, path: str, box: CropBox, size: tuple[int, int], fast: bool,
+                    out: np.ndarray, orientation: int = 1) -> None:
+    """Decode ``data`` (a ``size`` = (width, height) image as displayed after ``orientation``) and write
+    crop ``box`` into ``out`` ((S, S, 3) uint8), resized and flipped. Plain JPEGs decode at the DCT
+    reduction the output allows, and only the crop's rows and columns where the cropped decoder can."""
+    width, height = size
+    reduce = reduction_for(box, out.shape[0]) if fast and orientation == 1 else 1
+    if fast and orientation == 1:
+        scaled = (-(-width // reduce), -(-height // reduce))  # libjpeg's ceil(W / k) x ceil(H / k)
+        region = decoder.decode_region(data, path, crop_bounds(box, (width, height), scaled), reduce)
+        if region is not None:
+            resize_flip_into(region, box.flip, out)
+            return
+    image = apply_orientation(decoder.decode(data, path, fast=fast, reduce=reduce), orientation)
+    crop_resize_into(image, box, (width, height), out)
