@@ -4,7 +4,7 @@
 
 CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>][,j<images per decode call>]
 [,l<late threshold ms>][,i<idle cores kept>][,a<cores kept from workers>][,c<images per worker chunk>][,v<decode choice>]
-[,r<region decode 0/1>]``,
+[,r<region decode 0/1>][,p<CPU pick: ratio/cpu_cost>]``,
 e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or ``w12,0.3,n10,d1,s6,j64,vnvjpeg``;
 d, s, j, l, c default to the loader's own settings, v to "gpu". ``a<k>`` keeps the workers off the first k usable cores (``sched_setaffinity``), leaving them to this
 process's threads (decoder threads, prefetch thread); ``a0`` lets them use all; without it, the loader's own
@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import functools
+import gc
 import os
 import statistics
 import subprocess
@@ -50,11 +52,11 @@ def parse(config: str) -> dict:
     parts = config.split(",")
     out = {"workers": int(parts[0][1:]), "share": parts[1] if parts[1] == "auto" else float(parts[1]),
            "nice": int(parts[2][1:]), "decoders": 2, "slots": None, "job": None,
-           "late_ms": None, "via": "gpu", "roi": None, "blocking": 0, "reserve": None, "kept": None, "chunk": None}
+           "late_ms": None, "via": "gpu", "roi": None, "blocking": 0, "reserve": None, "kept": None, "chunk": None, "pick": None}
     for extra in parts[3:]:
         key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms", "v": "via", "r": "roi",
-               "b": "blocking", "i": "reserve", "a": "kept", "c": "chunk"}[extra[0]]
-        out[key] = (extra[1:] if key == "via" else float(extra[1:]) if key in ("late_ms", "reserve")
+               "b": "blocking", "i": "reserve", "a": "kept", "c": "chunk", "p": "pick"}[extra[0]]
+        out[key] = (extra[1:] if key in ("via", "pick") else float(extra[1:]) if key in ("late_ms", "reserve")
                     else int(extra[1:]))
     return out
 
@@ -122,6 +124,8 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
         _set_blocking_sync()  # stays for the rest of this process: put b1 configs last
     loader = ImageLoader(data, batch_size=256, num_workers=c["workers"], device=device, decode=c["via"],
                          cpu_share=c["share"])
+    if c["pick"]:  # which samples the CPU's share takes (PipelineSpec.cpu_pick), before the pool starts
+        loader.spec = dataclasses.replace(loader.spec, cpu_pick=c["pick"])
     if c["slots"]:
         loader._num_slots = c["slots"]  # before the first epoch creates the ring
     stage = loader._gpu_stage
@@ -242,6 +246,9 @@ def main() -> None:
             print(run(args.data, config, args.epochs, device, monitor), flush=True)
         except Exception as e:  # one config failing must not lose the others
             print(f"| {config} | FAILED: {type(e).__name__}: {e} |", flush=True)
+        # the last loader's GPU stage sits in reference cycles: free its decoders (nvJPEG states, threads) now,
+        # not during a later config's timed epoch (S7-2: one epoch at 6,028 images/s when that happened)
+        gc.collect()
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ def test_the_cpu_share_goes_to_the_cheapest_samples_of_each_chunk(coloured):
         quota = round(5 * b / n) - round(5 * a / n)
         seen = [inspect_sample(pool._spec, CpuDecoder(), 0, 0, i) for i in range(a, b)]
         forced = {a + j for j, s in enumerate(seen) if not s.gpu_ok}
-        costs = sorted((s.cpu_cost(), a + j) for j, s in enumerate(seen) if s.gpu_ok)
+        costs = sorted((s.cpu_cost() / s.engine_cost(), a + j) for j, s in enumerate(seen) if s.gpu_ok)
         expected |= forced | {i for _, i in costs[: max(0, quota - len(forced))]}
     png = [i for i in range(n) if src.path(i).endswith("png.jpg")][0]
     assert on_cpu == expected and png in on_cpu and len(on_cpu) in (5, 6)  # 6: the PNG's chunk had no quota
@@ -156,6 +156,23 @@ def test_the_cpu_takes_small_boxes_near_the_top_first():
     assert cheapest_on_cpu(chunk, 0) == cheapest_on_cpu(chunk, -1) == set()
     assert cheapest_on_cpu(chunk, 2) == {11, 13}
     assert cheapest_on_cpu(chunk, 9) == {10, 11, 12, 13}
+    # same-sized files: dividing by the engines' cost (bytes + 36,000) keeps the order
+    assert cheapest_on_cpu(chunk, 2, "cpu_cost") == {11, 13}
+
+
+def test_the_cpu_takes_what_saves_the_engines_most_per_unit_of_its_own_cost():
+    def sample(nbytes, y, h, w):
+        return _Inspected(0, "x.jpg", bytes(nbytes), (100, 100, True), 1, True, CropBox(0, y, w, h))
+
+    # a: a large file with a small box at the top: CPU 100,000 x 20 / 100 + 200 = 20,200, engines 136,000
+    # b: a small file cropped whole:               CPU 4,000 + 5,000 = 9,000,              engines 40,000
+    chunk = {0: sample(100_000, 0, 20, 20), 1: sample(4_000, 0, 100, 100)}
+    assert [round(s.cpu_cost()) for s in chunk.values()] == [20_200, 9_000]
+    assert [s.engine_cost() for s in chunk.values()] == [136_000, 40_000]
+    assert cheapest_on_cpu(chunk, 1) == {0}  # 0.149 < 0.225
+    assert cheapest_on_cpu(chunk, 1, "cpu_cost") == {1}
+    with pytest.raises(ValueError, match="cpu_pick must be one of"):
+        cheapest_on_cpu(chunk, 1, "bytes")
 
 
 def test_stage_with_a_cpu_share_keeps_labels_aligned(coloured):

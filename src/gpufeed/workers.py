@@ -71,6 +71,13 @@ class PipelineSpec:
     # The structural JPEG check before a cropped or GPU decode. False only to measure what it costs
     # (benchmarks/check_cost.py): damaged JPEGs could then reach decoders that fill damage in silently.
     check_structure: bool = True
+    # Which of a chunk's GPU-decodable samples the CPU's share takes: "ratio", the lowest CPU cost per
+    # engine cost (``cheapest_on_cpu``); "cpu_cost", the lowest CPU cost alone (the rule before session 7).
+    cpu_pick: str = "ratio"
+
+    def __post_init__(self) -> None:
+        if self.cpu_pick not in CPU_PICKS:
+            raise ValueError(f"cpu_pick must be one of {CPU_PICKS}, got {self.cpu_pick!r}")
 
 
 def _read(spec: PipelineSpec, index: int) -> tuple[str, bytes]:
@@ -124,6 +131,16 @@ class _Inspected:
         box, height = self.box, self.header[1]
         return len(self.data) * (box.y + box.height) / height + 0.5 * box.width * box.height
 
+    def engine_cost(self) -> float:
+        """The NVJPG engines' cost in the same units as bytes: the file's bytes plus a per-image part worth
+        ``ENGINE_BYTES_PER_IMAGE`` (on the H200: 0.28 ns per byte + 10.2 us per image, pixels barely
+        count; ``benchmarks/engine_cost.py``, BENCHMARKS.md S6-9)."""
+        return len(self.data) + ENGINE_BYTES_PER_IMAGE
+
+
+ENGINE_BYTES_PER_IMAGE = 36_000
+CPU_PICKS = ("ratio", "cpu_cost")
+
 
 def inspect_sample(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int) -> _Inspected:
     """GPU path, first step: read sample ``index``, parse its header and decide whether a GPU decoder may
@@ -167,11 +184,17 @@ def encode_sample_into(
                         k, on_cpu)
 
 
-def cheapest_on_cpu(samples: dict[int, _Inspected], quota: int) -> set[int]:
-    """The keys of the ``quota`` samples (all GPU-decodable) with the lowest ``cpu_cost``: the CPU's part
-    of a chunk. The engines' cost is the whole file whatever the box, the cropped CPU decode's follows
-    the box: on synthetic ImageNet-like files the cheapest 2 of 8 cost half the mean (409 vs 799 us)."""
-    ranked = sorted(samples, key=lambda k: samples[k].cpu_cost())
+def cheapest_on_cpu(samples: dict[int, _Inspected], quota: int, pick: str = "ratio") -> set[int]:
+    """The keys of the ``quota`` samples (all GPU-decodable) the CPU's part of a chunk takes: those with
+    the lowest ``cpu_cost / engine_cost`` (``pick="ratio"``: the CPU takes what costs it least for what it
+    saves the engines, so neither side is left the other's expensive files), or the lowest ``cpu_cost``.
+    The engines' cost follows the file's bytes whatever the box, the cropped CPU decode's follows the box."""
+    if pick not in CPU_PICKS:
+        raise ValueError(f"cpu_pick must be one of {CPU_PICKS}, got {pick!r}")
+    if pick == "ratio":
+        ranked = sorted(samples, key=lambda k: samples[k].cpu_cost() / samples[k].engine_cost())
+    else:
+        ranked = sorted(samples, key=lambda k: samples[k].cpu_cost())
     return set(ranked[: max(0, quota)])
 
 
@@ -257,7 +280,7 @@ def _serve_chunk(spec: PipelineSpec, decoder: CpuDecoder, ring: Ring, mine: Any,
             settle(k, index, place_sample, spec, decoder, seed, epoch, sample, ring, slot, k, True)
         if stop():
             return failures
-    on_cpu = cheapest_on_cpu(gpu_ok, cpu_quota - forced)
+    on_cpu = cheapest_on_cpu(gpu_ok, cpu_quota - forced, spec.cpu_pick)
     for k, sample in gpu_ok.items():
         settle(k, sample.index, place_sample, spec, decoder, seed, epoch, sample, ring, slot, k, k in on_cpu)
         if stop():
