@@ -4,7 +4,7 @@
 
 CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>][,j<images per decode call>]
 [,l<late threshold ms>][,i<idle cores kept>][,a<cores kept from workers>][,c<images per worker chunk>][,v<decode choice>]
-[,r<region decode 0/1>][,p<CPU pick: ratio/cpu_cost>]``,
+[,r<region decode 0/1>][,p<CPU pick: ratio/cpu_cost>][,m<KB of each arena position mapped ahead>]``,
 e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or ``w12,0.3,n10,d1,s6,j64,vnvjpeg``;
 d, s, j, l, c default to the loader's own settings, v to "gpu". ``a<k>`` keeps the workers off the first k usable cores (``sched_setaffinity``), leaving them to this
 process's threads (decoder threads, prefetch thread); ``a0`` lets them use all; without it, the loader's own
@@ -52,10 +52,10 @@ def parse(config: str) -> dict:
     parts = config.split(",")
     out = {"workers": int(parts[0][1:]), "share": parts[1] if parts[1] == "auto" else float(parts[1]),
            "nice": int(parts[2][1:]), "decoders": 2, "slots": None, "job": None,
-           "late_ms": None, "via": "gpu", "roi": None, "blocking": 0, "reserve": None, "kept": None, "chunk": None, "pick": None}
+           "late_ms": None, "via": "gpu", "roi": None, "blocking": 0, "reserve": None, "kept": None, "chunk": None, "pick": None, "map_kb": None}
     for extra in parts[3:]:
         key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms", "v": "via", "r": "roi",
-               "b": "blocking", "i": "reserve", "a": "kept", "c": "chunk", "p": "pick"}[extra[0]]
+               "b": "blocking", "i": "reserve", "a": "kept", "c": "chunk", "p": "pick", "m": "map_kb"}[extra[0]]
         out[key] = (extra[1:] if key in ("via", "pick") else float(extra[1:]) if key in ("late_ms", "reserve")
                     else int(extra[1:]))
     return out
@@ -120,10 +120,13 @@ def _set_blocking_sync() -> None:
 
 def run(data: str, config: str, epochs: int, device: torch.device, monitor: Monitor) -> str:
     c = parse(config)
+    map_default = workers.RING_MAP_BYTES
     if c["blocking"]:
         _set_blocking_sync()  # stays for the rest of this process: put b1 configs last
     loader = ImageLoader(data, batch_size=256, num_workers=c["workers"], device=device, decode=c["via"],
                          cpu_share=c["share"])
+    if c["map_kb"] is not None:  # read when the loader's pool starts (first epoch); restored below
+        workers.RING_MAP_BYTES = c["map_kb"] << 10
     if c["pick"]:  # which samples the CPU's share takes (PipelineSpec.cpu_pick), before the pool starts
         loader.spec = dataclasses.replace(loader.spec, cpu_pick=c["pick"])
     if c["slots"]:
@@ -211,6 +214,7 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
         cpu_note = ", ".join(f"{k} {v:.2f}" for v, k in threads[:7] if v >= 0.01)
     finally:
         workers.WorkerPool.collect = collect
+        workers.RING_MAP_BYTES = map_default
         for cls, name, _ in originals:
             setattr(cls, name, getattr(cls, name).__wrapped__)
         share = loader.stats["cpu_share"]

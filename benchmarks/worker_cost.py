@@ -1,16 +1,23 @@
 """Worker CPU per sample through a real WorkerPool (no GPU needed): what a worker process spends per image.
 
-    python3 benchmarks/worker_cost.py DATA_DIR [--workers 1] [--share 0,0.25] [--cpu] [--epochs 3]
+    python3 benchmarks/worker_cost.py DATA_DIR [--workers 1] [--share 0,0.25] [--cpu] [--epochs 3] [--profile N]
+        [--map-bytes B,...]
 
 Per configuration: one WorkerPool (as the loader makes it; ``--cpu``: the CPU path, pixels out; otherwise
 the GPU path, JPEG bytes and crop boxes out, ``--share`` of each batch decoded on the CPU), batches of 256
 over the first 7 x 256 files, one warm-up epoch, then ``--epochs`` epochs; reported: the workers' CPU time
 from /proc per image, and wall time per image. Nothing else runs, so one worker measures its own cost.
+``--map-bytes``: each configuration with each value of ``workers.RING_MAP_BYTES`` (bytes of each arena
+position mapped ahead; 0: none). ``--profile N``: also the worker's GPU-path code at the first share run in this process under cProfile
+(``_serve_chunk`` over the same batches, chunks of 8), its N most expensive functions by own time.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import multiprocessing as mp
+import pstats
 import time
 
 import gpufeed.workers as workers
@@ -33,16 +40,56 @@ def measure(data: str, num_workers: int, share: float, gpu_path: bool, epochs: i
                 pool.collect(b)
 
         epoch(0)
-        cpu0, t0 = sum(_cpu_seconds(p) for p in pool.pids), time.perf_counter()
+        cpu0, t0, f0 = sum(_cpu_seconds(p) for p in pool.pids), time.perf_counter(), sum(map(_faults, pool.pids))
         for e in range(1, epochs + 1):
             epoch(e)
         n = epochs * batches * 256
         cpu = (sum(_cpu_seconds(p) for p in pool.pids) - cpu0) / n
+        faults = (sum(map(_faults, pool.pids)) - f0) / n
         wall = (time.perf_counter() - t0) / n
     finally:
         pool.close()
     path = "CPU path" if not gpu_path else f"GPU path, CPU share {share:g}"
-    return f"| {path} | {num_workers} | {1e6 * cpu:,.0f} | {1e6 * wall:,.0f} |"
+    path += f", {workers.RING_MAP_BYTES >> 10} KB mapped ahead"
+    return f"| {path} | {num_workers} | {1e6 * cpu:,.0f} | {1e6 * wall:,.0f} | {faults:,.1f} |"
+
+
+def _faults(pid: int) -> int:
+    """Minor page faults of a process so far, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+def profile(data: str, share: float, top: int, batches: int = 7) -> None:
+    """``_serve_chunk`` in this process, as a worker runs it, under cProfile: the ``top`` functions by own time."""
+    from multiprocessing import shared_memory
+
+    from gpufeed.decode.cpu import CpuDecoder
+    from gpufeed.ring import Ring
+
+    workers._keep_heap()
+    spec = workers.PipelineSpec(folder_source(data), AugmentSpec(), 10**8, gpu_bytes_capacity=GPU_BYTES_CAPACITY)
+    shm = shared_memory.SharedMemory(create=True, size=Ring.nbytes(1, 256, 224, GPU_BYTES_CAPACITY))
+    try:
+        ring, decoder, mine = Ring(shm, 1, 256, 224, GPU_BYTES_CAPACITY), CpuDecoder(), mp.Array("d", 4)
+
+        def epoch(e: int) -> None:
+            for b in range(batches):
+                for c in range(0, 256, 8):
+                    workers._serve_chunk(spec, decoder, ring, mine, b, c, 0, 0, e, c,
+                                         list(range(b * 256 + c, b * 256 + c + 8)), round(share * 8))
+
+        epoch(0)
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.runcall(epoch, 1)
+        print(f"\nin-process, CPU share {share:g}: {1e6 * (time.perf_counter() - t0) / (batches * 256):.0f} us "
+              "per image under the profiler")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+        ring = None  # its views of the block go before the block closes
+    finally:
+        shm.close()
+        shm.unlink()
 
 
 def main() -> None:
@@ -52,12 +99,17 @@ def main() -> None:
     p.add_argument("--share", default="0,0.25", help="comma-separated CPU shares (GPU path)")
     p.add_argument("--cpu", action="store_true", help="also the CPU path (pixels out)")
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--profile", type=int, default=0, metavar="N")
+    p.add_argument("--map-bytes", default=str(workers.RING_MAP_BYTES))
     args = p.parse_args()
-    print("| path | workers | worker CPU us/image | wall us/image |\n|---|---|---|---|")
-    for share in (float(s) for s in args.share.split(",")):
-        print(measure(args.data, args.workers, share, True, args.epochs), flush=True)
-    if args.cpu:
-        print(measure(args.data, args.workers, 0.0, False, args.epochs), flush=True)
+    print("| path | workers | worker CPU us/image | wall us/image | minor faults/image |\n|---|---|---|---|---|")
+    for workers.RING_MAP_BYTES in (int(b) for b in args.map_bytes.split(",")):
+        for share in (float(s) for s in args.share.split(",")):
+            print(measure(args.data, args.workers, share, True, args.epochs), flush=True)
+        if args.cpu:
+            print(measure(args.data, args.workers, 0.0, False, args.epochs), flush=True)
+    if args.profile:
+        profile(args.data, float(args.share.split(",")[0]), args.profile)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ no pixel or byte is pickled.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+import sys
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
@@ -45,6 +48,31 @@ class Ring:
                       ("arena", (num_slots, batch_size, capacity), np.uint8)]
         return parts
 
+    def map_pages(self, arena_bytes: int) -> bool:
+        """Map the ring into this process's page tables now: all of ``images`` and ``labels``, and the
+        first ``arena_bytes`` of each sample's room in ``arena`` (and ``meta``). Each worker process
+        otherwise takes one page fault per 4 KB page the first time it writes a position, and which
+        worker writes which position changes every batch, so each process faults in nearly every
+        page of the ring over the first epochs: on the H200 machine (a VM, where a fault costs
+        several microseconds) 13 workers spent about 400 us of CPU per GPU-bound image against 71 us
+        for one (BENCHMARKS.md, session 7). Uses ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14+), one
+        call per arena position; elsewhere reads a byte of each page (never writes: other processes
+        may be filling the ring). Memory: pages made resident are the ring's own, counted once
+        (``arena_bytes`` per position, bounded by the capacity). Returns whether madvise did it."""
+        parts = [self.images, self.labels] + [a for a in (self.meta,) if a is not None]
+        ranges = [(a.ctypes.data, a.nbytes) for a in parts]
+        if self.arena is not None and arena_bytes > 0:
+            n = min(arena_bytes, self.arena.shape[-1])
+            step = self.arena.strides[1]
+            ranges += [(self.arena.ctypes.data + i * step, n) for i in range(self.arena.shape[0] * self.arena.shape[1])]
+        if all(_populate_write(addr, length) for addr, length in ranges):
+            return True
+        for a in parts:  # one byte read per page: the kernel maps it (shared memory: writable)
+            a.reshape(-1).view(np.uint8)[::_PAGE].max()
+        if self.arena is not None and arena_bytes > 0:
+            self.arena[:, :, : min(arena_bytes, self.arena.shape[-1]) : _PAGE].max()
+        return False
+
     @classmethod
     def nbytes(cls, num_slots: int, batch_size: int, size: int, capacity: int = 0) -> int:
         return sum(_align(int(np.prod(shape)) * np.dtype(dt).itemsize)
@@ -53,6 +81,21 @@ class Ring:
 
 def _align(n: int, to: int = 4096) -> int:
     return (n + to - 1) // to * to
+
+
+_PAGE = 4096
+_MADV_POPULATE_WRITE = 23
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _populate_write(addr: int, length: int) -> bool:
+    """``madvise(MADV_POPULATE_WRITE)`` over [addr, addr + length) widened to pages; False where it is
+    not available (not Linux, a kernel before 5.14) or fails."""
+    if _libc is None:
+        return False
+    start = addr // _PAGE * _PAGE
+    size = _align(addr + length) - start
+    return _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(size), _MADV_POPULATE_WRITE) == 0
 
 
 @dataclass(frozen=True)

@@ -208,10 +208,12 @@ def _worker_main(
     progress: Any,
     generation: Any,
     cpus: set[int] | None = None,
+    map_bytes: int = 0,
 ) -> None:
     """Serve chunks until None arrives. ``progress[worker_id]`` holds (batch, chunk, position, start
     time) of the sample in hand, so the main process can name it if this process dies or hangs.
-    ``cpus``: the CPUs this process runs on (None: those it inherited)."""
+    ``cpus``: the CPUs this process runs on (None: those it inherited); ``map_bytes``: ``Ring.map_pages``'s
+    bytes per arena position (0: none; the ring's pixels and labels are mapped whenever it is > 0)."""
     _lower_priority()
     _keep_heap()
     if cpus:
@@ -219,6 +221,8 @@ def _worker_main(
             os.sched_setaffinity(0, cpus)
     shm = shared_memory.SharedMemory(name=shm_name)
     ring = Ring(shm, *ring_shape, spec.gpu_bytes_capacity)
+    if map_bytes:
+        ring.map_pages(map_bytes)
     decoder = CpuDecoder(max_pixels=spec.max_pixels, check_structure=spec.check_structure)
     mine = progress[worker_id]
     try:
@@ -288,6 +292,9 @@ def _serve_chunk(spec: PipelineSpec, decoder: CpuDecoder, ring: Ring, mine: Any,
     return failures
 
 
+# Bytes of each arena position every process maps at start (``Ring.map_pages``): files up to this size are
+# written and read without page faults; larger ones fault in the rest. 0: map nothing ahead.
+RING_MAP_BYTES = 256 << 10
 WORKER_NICE = 5
 # glibc's malloc returns large blocks to the kernel as soon as they are freed (blocks over a threshold that
 # adapts to the sizes seen are mmapped, the heap's free top is trimmed past another); a worker frees a
@@ -390,6 +397,9 @@ class WorkerPool:
         check_shm_space(Ring.nbytes(num_slots, batch_size, size, 0) + num_slots * batch_size * min(capacity, 512 << 10))
         self._shm = shared_memory.SharedMemory(create=True, size=Ring.nbytes(num_slots, batch_size, size, capacity))
         self._ring = Ring(self._shm, num_slots, batch_size, size, capacity)
+        self.map_bytes = RING_MAP_BYTES  # read here, so a benchmark may change it between pools
+        if self.map_bytes:  # this process reads the arena (GPU decoders' host side) and the pixels
+            self._ring.map_pages(self.map_bytes)
         self._tasks = ctx.Queue()
         self._results = ctx.Queue()
         self._progress = [ctx.Array("d", [-1.0, -1.0, -1.0, 0.0], lock=False) for _ in range(num_workers)]
@@ -409,7 +419,7 @@ class WorkerPool:
         p = self._ctx.Process(
             target=_worker_main,
             args=(i, self._spec, self._shm.name, (self.num_slots, self.batch_size, self.size), self._tasks,
-                  self._results, self._progress, self._generation, self.cpus),
+                  self._results, self._progress, self._generation, self.cpus, self.map_bytes),
             daemon=True, name=f"gpufeed-worker-{i}")
         with _main_not_reimported(self._spec):
             p.start()
