@@ -17,14 +17,16 @@ from __future__ import annotations
 import argparse
 import cProfile
 import multiprocessing as mp
+import os
 import pstats
 import time
+
+import numpy as np
 
 import gpufeed.workers as workers
 from gpufeed.augment.params import AugmentSpec
 from gpufeed.loader import GPU_BYTES_CAPACITY
 from gpufeed.sources import folder_source
-from sweep_gpu_path import _cpu_seconds  # this folder's: CPU seconds of a process from /proc
 
 
 def measure(data: str, num_workers: int, share: float, gpu_path: bool, epochs: int, batches: int = 7) -> str:
@@ -40,24 +42,31 @@ def measure(data: str, num_workers: int, share: float, gpu_path: bool, epochs: i
                 pool.collect(b)
 
         epoch(0)
-        cpu0, t0, f0 = sum(_cpu_seconds(p) for p in pool.pids), time.perf_counter(), sum(map(_faults, pool.pids))
+        counts = lambda: np.sum([_counters(p) for p in pool.pids], axis=0)
+        c0, t0 = counts(), time.perf_counter()
         for e in range(1, epochs + 1):
             epoch(e)
         n = epochs * batches * 256
-        cpu = (sum(_cpu_seconds(p) for p in pool.pids) - cpu0) / n
-        faults = (sum(map(_faults, pool.pids)) - f0) / n
         wall = (time.perf_counter() - t0) / n
+        user, system, faults, switches = (counts() - c0) / n
     finally:
         pool.close()
     path = "CPU path" if not gpu_path else f"GPU path, CPU share {share:g}"
     path += f", {workers.RING_MAP_BYTES >> 10} KB mapped ahead"
-    return f"| {path} | {num_workers} | {1e6 * cpu:,.0f} | {1e6 * wall:,.0f} | {faults:,.1f} |"
+    return (f"| {path} | {num_workers} | {1e6 * (user + system):,.0f} ({1e6 * system:,.0f}) | {1e6 * wall:,.0f} | "
+            f"{faults:,.1f} | {switches:,.2f} |")
 
 
-def _faults(pid: int) -> int:
-    """Minor page faults of a process so far, from /proc."""
+def _counters(pid: int) -> np.ndarray:
+    """A process's user and system CPU seconds, minor page faults and context switches so far, from /proc."""
     with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[7])
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    switches = 0
+    for task in os.listdir(f"/proc/{pid}/task"):  # all threads (the queue's feeder thread too)
+        with open(f"/proc/{pid}/task/{task}/status") as f:
+            switches += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+    return np.array([int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7]), switches], np.float64)
 
 
 def profile(data: str, share: float, top: int, batches: int = 7) -> None:
@@ -102,7 +111,8 @@ def main() -> None:
     p.add_argument("--profile", type=int, default=0, metavar="N")
     p.add_argument("--map-bytes", default=str(workers.RING_MAP_BYTES))
     args = p.parse_args()
-    print("| path | workers | worker CPU us/image | wall us/image | minor faults/image |\n|---|---|---|---|---|")
+    print("| path | workers | worker CPU us/image (system) | wall us/image | minor faults/image | context switches/image |"
+          "\n|---|---|---|---|---|---|")
     for workers.RING_MAP_BYTES in (int(b) for b in args.map_bytes.split(",")):
         for share in (float(s) for s in args.share.split(",")):
             print(measure(args.data, args.workers, share, True, args.epochs), flush=True)
