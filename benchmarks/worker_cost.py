@@ -29,17 +29,28 @@ from gpufeed.loader import GPU_BYTES_CAPACITY
 from gpufeed.sources import folder_source
 
 
-def measure(data: str, num_workers: int, share: float, gpu_path: bool, epochs: int, batches: int = 7) -> str:
+def measure(data: str, num_workers: int, share: float, gpu_path: bool, epochs: int, batches: int = 7,
+            inflight: int = 1, nice: int | None = None, chunk: int | None = None) -> str:
     source = folder_source(data)
     if len(source) < batches * 256:
         raise SystemExit(f"{data} has {len(source)} files; this needs {batches * 256}")
     spec = workers.PipelineSpec(source, AugmentSpec(), 10**8, gpu_bytes_capacity=GPU_BYTES_CAPACITY if gpu_path else 0)
     pool = workers.WorkerPool(spec, num_workers=num_workers, num_slots=4, batch_size=256)
+    if chunk:
+        pool._chunk = chunk
+    if nice is not None:
+        for pid in pool.pids:
+            os.setpriority(os.PRIO_PROCESS, pid, nice)
     try:
-        def epoch(e: int) -> None:
+        def epoch(e: int) -> None:  # ``inflight`` batches with the workers at a time, as the loader keeps slots
+            submit = lambda b: pool.submit(b, b % 4, 0, e, list(range(b * 256, (b + 1) * 256)),
+                                           cpu_rows=round(share * 256))
+            for b in range(min(inflight, batches)):
+                submit(b)
             for b in range(batches):
-                pool.submit(b, b % 4, 0, e, list(range(b * 256, (b + 1) * 256)), cpu_rows=round(share * 256))
                 pool.collect(b)
+                if b + inflight < batches:
+                    submit(b + inflight)
 
         epoch(0)
         counts = lambda: np.sum([_counters(p) for p in pool.pids], axis=0)
@@ -48,25 +59,29 @@ def measure(data: str, num_workers: int, share: float, gpu_path: bool, epochs: i
             epoch(e)
         n = epochs * batches * 256
         wall = (time.perf_counter() - t0) / n
-        user, system, faults, switches = (counts() - c0) / n
+        user, system, faults, switches, main_switches = (counts() - c0) / n
     finally:
         pool.close()
     path = "CPU path" if not gpu_path else f"GPU path, CPU share {share:g}"
-    path += f", {workers.RING_MAP_BYTES >> 10} KB mapped ahead"
+    path += f", {workers.RING_MAP_BYTES >> 10} KB mapped ahead, {inflight} in flight"
+    path += "".join(f", {k} {v}" for k, v in (("nice", nice), ("chunk", chunk)) if v is not None)
     return (f"| {path} | {num_workers} | {1e6 * (user + system):,.0f} ({1e6 * system:,.0f}) | {1e6 * wall:,.0f} | "
-            f"{faults:,.1f} | {switches:,.2f} |")
+            f"{faults:,.1f} | {switches:,.2f} ({main_switches:,.2f}) |")
 
 
 def _counters(pid: int) -> np.ndarray:
-    """A process's user and system CPU seconds, minor page faults and context switches so far, from /proc."""
+    """A process's user and system CPU seconds, minor page faults, context switches (all threads) and its
+    main thread's context switches so far, from /proc."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
-    switches = 0
+    switches = main = 0
     for task in os.listdir(f"/proc/{pid}/task"):  # all threads (the queue's feeder thread too)
         with open(f"/proc/{pid}/task/{task}/status") as f:
-            switches += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
-    return np.array([int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7]), switches], np.float64)
+            n = sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+        switches += n
+        main += n if int(task) == pid else 0
+    return np.array([int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7]), switches, main], np.float64)
 
 
 def profile(data: str, share: float, top: int, batches: int = 7) -> None:
@@ -110,14 +125,19 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--profile", type=int, default=0, metavar="N")
     p.add_argument("--map-bytes", default=str(workers.RING_MAP_BYTES))
+    p.add_argument("--inflight", type=int, default=1, help="batches with the workers at a time (at most 4)")
+    p.add_argument("--nice", type=int, help="the workers' nice value (default: the pool's own)")
+    p.add_argument("--chunk", type=int, help="samples per task (default: the pool's own)")
     args = p.parse_args()
-    print("| path | workers | worker CPU us/image (system) | wall us/image | minor faults/image | context switches/image |"
+    print("| path | workers | worker CPU us/image (system) | wall us/image | minor faults/image "
+          "| context switches/image (main threads) |"
           "\n|---|---|---|---|---|---|")
+    opts = dict(inflight=min(4, args.inflight), nice=args.nice, chunk=args.chunk)
     for workers.RING_MAP_BYTES in (int(b) for b in args.map_bytes.split(",")):
         for share in (float(s) for s in args.share.split(",")):
-            print(measure(args.data, args.workers, share, True, args.epochs), flush=True)
+            print(measure(args.data, args.workers, share, True, args.epochs, **opts), flush=True)
         if args.cpu:
-            print(measure(args.data, args.workers, 0.0, False, args.epochs), flush=True)
+            print(measure(args.data, args.workers, 0.0, False, args.epochs, **opts), flush=True)
     if args.profile:
         profile(args.data, float(args.share.split(",")[0]), args.profile)
 
