@@ -258,6 +258,50 @@ def test_cpu_path_workers_use_the_whole_mask(synth_root):
     loader.close()
 
 
+_THREADS = "import os, numpy, cv2; print(len(os.listdir('/proc/self/task')))"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+def test_workers_start_no_blas_thread_pools(synth_root):
+    """numpy's and OpenCV's OpenBLAS each start a thread per core when they load; a worker needs none."""
+    from gpufeed.worker_start import SINGLE_THREADED
+
+    env = {k: v for k, v in os.environ.items() if k not in SINGLE_THREADED}
+    plain = int(subprocess.run([sys.executable, "-c", _THREADS], env=env, capture_output=True, text=True,
+                               check=True).stdout)
+    if plain == 1:
+        pytest.skip("one core: the libraries start no pools here to compare with")
+    loader = make(synth_root)
+    next(iter(loader))
+    counts = [len(os.listdir(f"/proc/{pid}/task")) for pid in loader.worker_pids]
+    loader.close()
+    assert all(n <= 2 for n in counts), (counts, plain)  # its main thread and the result queue's feeder
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="lists POSIX shared memory in /dev/shm")
+def test_a_worker_that_cannot_start_leaves_no_shared_memory_or_process(synth_root, monkeypatch):
+    from gpufeed.augment.params import AugmentSpec
+    from gpufeed.sources import folder_source
+    from gpufeed.workers import PipelineSpec, WorkerPool
+
+    started, start = [], WorkerPool._start
+
+    def fail_second(self, i):
+        if i == 1:
+            raise OSError("pthread_create failed (a stand-in)")
+        started.append(start(self, i))
+        return started[-1]
+
+    monkeypatch.setattr(WorkerPool, "_start", fail_second)
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(OSError, match="stand-in"):
+        WorkerPool(PipelineSpec(folder_source(synth_root), AugmentSpec(image_size=32), 10**8), num_workers=3,
+                   num_slots=2, batch_size=4)
+    assert len(started) == 1 and not started[0].is_alive()
+    # the ring and the file list's blocks (the queues' semaphores go when the queues are collected)
+    assert {n for n in set(os.listdir("/dev/shm")) - before if not n.startswith("sem.")} == set()
+
+
 _FAULTS = """
 import random, resource, sys
 import gpufeed.workers as w

@@ -34,10 +34,12 @@ import types
 import weakref
 from dataclasses import dataclass
 from multiprocessing import shared_memory
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
 
+from . import worker_start
 from .augment.cpu import decode_box_into
 from .augment.params import AugmentSpec, CropBox
 from .cores import usable_cores
@@ -410,15 +412,22 @@ class WorkerPool:
             spec = dataclasses.replace(spec, source=shared)
             self._blocks.append(block)
         self._spec = spec
+        self._spec_pickle = bytes(ForkingPickler.dumps(spec))  # unpickled in the worker after its thread limits are set
         self._pending: dict[int, dict[str, Any]] = {}
-        self._procs = [self._start(i) for i in range(num_workers)]
+        self._procs: list = []
         self._unpin: list = []  # cudaHostUnregister calls, run before the memory is unmapped
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._tasks, self._blocks, self._unpin)
+        try:
+            for i in range(num_workers):
+                self._procs.append(self._start(i))
+        except BaseException:  # a worker that cannot start: stop the others, free the shared memory
+            self._finalizer()
+            raise
 
     def _start(self, i: int):
         p = self._ctx.Process(
-            target=_worker_main,
-            args=(i, self._spec, self._shm.name, (self.num_slots, self.batch_size, self.size), self._tasks,
+            target=worker_start.boot,  # limits the native thread pools, then runs _worker_main
+            args=(i, self._spec_pickle, self._shm.name, (self.num_slots, self.batch_size, self.size), self._tasks,
                   self._results, self._progress, self._generation, self.cpus, self.map_bytes),
             daemon=True, name=f"gpufeed-worker-{i}")
         with _main_not_reimported(self._spec):
