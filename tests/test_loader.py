@@ -170,6 +170,57 @@ def test_close_stops_workers(synth_root):
                 time.sleep(0.1)
 
 
+@pytest.mark.parametrize("batches", [2, None])  # broken off, run to the end
+def test_a_dropped_loader_stops_its_workers_without_a_garbage_collection(synth_root, batches):
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        loader = make(synth_root, on_error="skip")
+        for i, _ in enumerate(loader):
+            if i + 1 == batches:
+                break
+        pids, ref = loader.worker_pids, weakref.ref(loader)
+        del loader, _
+        assert ref() is None  # freed by reference counting: nothing it owns refers back to it
+        deadline = time.monotonic() + 10
+        while any(_running(pid) for pid in pids):
+            assert time.monotonic() < deadline, pids
+            time.sleep(0.05)
+    finally:
+        gc.enable()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_weak_method_does_not_keep_its_object():
+    import weakref
+
+    from gpufeed.loader import _weak_method
+
+    class Owner:
+        def __init__(self):
+            self.calls = []
+            self.callback = _weak_method(self.record)  # what the loader hands its GPU stage
+
+        def record(self, *args):
+            self.calls.append(args)
+            return len(self.calls)
+
+    owner = Owner()
+    assert owner.callback("a.jpg", "bad") == 1 and owner.calls == [("a.jpg", "bad")]
+    callback, ref = owner.callback, weakref.ref(owner)
+    del owner
+    assert ref() is None and callback("b.jpg", "bad") is None
+
+
 def test_too_small_dev_shm_is_a_clear_error(tmp_path):
     from gpufeed.ring import check_shm_space
 

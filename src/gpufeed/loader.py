@@ -18,8 +18,9 @@ import collections
 import itertools
 import logging
 import os
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -196,7 +197,7 @@ class ImageLoader:
             self._gpu_stage = GpuDecodeAugment(
                 gpu_decoders, device=self.device, image_size=image_size, mean=mean, std=std, dtype=dtype,
                 channels_last=channels_last, max_pixels=max_pixels,
-                on_skip=self._record_skip if on_error == "skip" else None)
+                on_skip=_weak_method(self._record_skip) if on_error == "skip" else None)
             self.decode_backend = self._gpu_stage.name
             transform = self._gpu_stage
         self._prefetcher = Prefetcher((), self.device, depth=prefetch_depth, transform=transform)
@@ -216,11 +217,20 @@ class ImageLoader:
         self.sampler.load_state_dict(state["sampler"])
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._prefetcher.iterable = self._host_batches()
+        host = self._prefetcher.iterable = self._host_batches()
         self._skipped_epoch = 0
-        for images, labels in self._prefetcher:
-            self.sampler.advance(self._consumed.popleft())
-            yield images, labels
+        batches = iter(self._prefetcher)
+        try:
+            for images, labels in batches:
+                self.sampler.advance(self._consumed.popleft())
+                yield images, labels
+        finally:
+            # Done, broken off or dropped: stop the prefetch thread, then let go of the host-side generator.
+            # It holds this loader, so keeping it would make the loader live until a garbage collection,
+            # workers, shared memory and GPU buffers included.
+            batches.close()
+            if self._prefetcher.iterable is host:  # not a later iteration's
+                self._prefetcher.iterable = ()
         if self._skipped_epoch:
             _log.warning("gpufeed: skipped %d undecodable sample(s) in epoch %d (%d in all); loader.stats['skipped'] "
                          "lists them, e.g. %s", self._skipped_epoch, self.sampler.epoch, self._skipped_total,
@@ -473,3 +483,16 @@ class _ShareControl:
         elif idle >= self.reserve + 1:
             self.value = min(1.0, self.value + self.STEP)
         self._batches = self._late = 0
+
+
+def _weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` called through a weak reference to its object: a callback the loader hands to a part it
+    owns (the GPU stage), which must not keep the loader alive (a reference cycle lives until a garbage
+    collection, and the loader's workers and shared memory with it)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        bound = ref()
+        return None if bound is None else bound(*args)
+
+    return call
