@@ -53,9 +53,9 @@ class Ring:
         first ``arena_bytes`` of each sample's room in ``arena`` (and ``meta``). Each worker process
         otherwise takes one page fault per 4 KB page the first time it writes a position, and which
         worker writes which position changes every batch, so each process faults in nearly every
-        page of the ring over the first epochs: on the H200 machine (a VM, where a fault costs
-        several microseconds) 13 workers spent about 400 us of CPU per GPU-bound image against 71 us
-        for one (BENCHMARKS.md, session 7). Uses ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14+), one
+        page of the ring over the first epochs: on the development machine 3-10 faults per image and
+        6-16% of the workers' CPU (BENCHMARKS.md, session 7; on the H200 machine, alternating in one
+        call, the workers' cores busy fell 5-13% at the same rate). Uses ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14+), one
         call per arena position; elsewhere reads a byte of each page (never writes: other processes
         may be filling the ring). Memory: pages made resident are the ring's own, counted once
         (``arena_bytes`` per position, bounded by the capacity). Returns whether madvise did it."""
