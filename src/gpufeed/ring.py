@@ -54,7 +54,7 @@ class Ring:
         otherwise takes one page fault per 4 KB page the first time it writes a position, and which
         worker writes which position changes every batch, so each process faults in nearly every
         page of the ring over the first epochs: on the development machine 3-10 faults per image and
-        6-16% of the workers' CPU (BENCHMARKS.md, session 7; on the H200 machine, alternating in one
+        3-16% of the workers' CPU (BENCHMARKS.md, session 7; on the H200 machine, alternating in one
         call, the workers' cores busy fell 5-13% at the same rate). Uses ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14+), one
         call per arena position; elsewhere reads a byte of each page (never writes: other processes
         may be filling the ring). Memory: pages made resident are the ring's own, counted once
