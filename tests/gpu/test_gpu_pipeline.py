@@ -259,3 +259,29 @@ def test_gpu_path_workers_stay_off_the_kept_cores(synth):
         assert time.monotonic() < deadline, got
         time.sleep(0.05)
     loader.close()
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])  # "skip": the GPU stage holds a callback to the loader
+def test_a_dropped_gpu_loader_is_freed_without_a_garbage_collection(synth, on_error):
+    """A loader dropped after a ``break`` goes at once, its GPU stage (decoders, decode buffers, threads)
+    and workers with it, not at some later collection (which stalled another loader's epoch, S7-2)."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        loader = ImageLoader(synth, device="cuda", decode="gpu", batch_size=16, num_workers=2, on_error=on_error)
+        for i, _ in enumerate(loader):
+            if i == 1:
+                break
+        stage, pids = weakref.ref(loader._gpu_stage), loader.worker_pids
+        ref = weakref.ref(loader)
+        del loader, _
+        assert ref() is None and stage() is None
+        deadline = time.monotonic() + 10
+        while any(os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+                  for pid in pids):
+            assert time.monotonic() < deadline, pids
+            time.sleep(0.05)
+    finally:
+        gc.enable()
