@@ -250,8 +250,9 @@ def main() -> None:
             print(run(args.data, config, args.epochs, device, monitor), flush=True)
         except Exception as e:  # one config failing must not lose the others
             print(f"| {config} | FAILED: {type(e).__name__}: {e} |", flush=True)
-        # the last loader's GPU stage sits in reference cycles: free its decoders (nvJPEG states, threads) now,
-        # not during a later config's timed epoch (S7-2: one epoch at 6,028 images/s when that happened)
+        # this script's timing wrappers on the stage (stage.start = a closure over stage.start) form a cycle:
+        # free the last loader's decoders (nvJPEG states, threads) now, not during a later config's timed
+        # epoch (S7-2: one epoch at 6,028 images/s when that happened)
         gc.collect()
 
 

@@ -9,7 +9,6 @@ no pixel or byte is pickled.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 from dataclasses import dataclass
@@ -61,16 +60,16 @@ class Ring:
         (``arena_bytes`` per position, bounded by the capacity). Returns whether madvise did it."""
         parts = [self.images, self.labels] + [a for a in (self.meta,) if a is not None]
         ranges = [(a.ctypes.data, a.nbytes) for a in parts]
-        if self.arena is not None and arena_bytes > 0:
-            n = min(arena_bytes, self.arena.shape[-1])
+        n = min(arena_bytes, self.arena.shape[-1]) if self.arena is not None else 0
+        if n > 0:
             step = self.arena.strides[1]
             ranges += [(self.arena.ctypes.data + i * step, n) for i in range(self.arena.shape[0] * self.arena.shape[1])]
         if all(_populate_write(addr, length) for addr, length in ranges):
             return True
         for a in parts:  # one byte read per page: the kernel maps it (shared memory: writable)
             a.reshape(-1).view(np.uint8)[::_PAGE].max()
-        if self.arena is not None and arena_bytes > 0:
-            self.arena[:, :, : min(arena_bytes, self.arena.shape[-1]) : _PAGE].max()
+        if n > 0:
+            self.arena[:, :, :n:_PAGE].max()
         return False
 
     @classmethod
@@ -85,7 +84,7 @@ def _align(n: int, to: int = 4096) -> int:
 
 _PAGE = 4096
 _MADV_POPULATE_WRITE = 23
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if sys.platform.startswith("linux") else None
+_libc = ctypes.CDLL(None) if sys.platform.startswith("linux") else None  # the process's symbols, libc's included
 
 
 def _populate_write(addr: int, length: int) -> bool:

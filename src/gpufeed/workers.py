@@ -141,7 +141,9 @@ class _Inspected:
 
 
 ENGINE_BYTES_PER_IMAGE = 36_000
-CPU_PICKS = ("ratio", "cpu_cost")
+# ``PipelineSpec.cpu_pick`` -> the key by which ``cheapest_on_cpu`` ranks a chunk's samples (lowest first)
+_PICK_KEYS = {"ratio": lambda s: s.cpu_cost() / s.engine_cost(), "cpu_cost": _Inspected.cpu_cost}
+CPU_PICKS = tuple(_PICK_KEYS)
 
 
 def inspect_sample(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int) -> _Inspected:
@@ -191,13 +193,10 @@ def cheapest_on_cpu(samples: dict[int, _Inspected], quota: int, pick: str = "rat
     the lowest ``cpu_cost / engine_cost`` (``pick="ratio"``: the CPU takes what costs it least for what it
     saves the engines, so neither side is left the other's expensive files), or the lowest ``cpu_cost``.
     The engines' cost follows the file's bytes whatever the box, the cropped CPU decode's follows the box."""
-    if pick not in CPU_PICKS:
+    key = _PICK_KEYS.get(pick)
+    if key is None:
         raise ValueError(f"cpu_pick must be one of {CPU_PICKS}, got {pick!r}")
-    if pick == "ratio":
-        ranked = sorted(samples, key=lambda k: samples[k].cpu_cost() / samples[k].engine_cost())
-    else:
-        ranked = sorted(samples, key=lambda k: samples[k].cpu_cost())
-    return set(ranked[: max(0, quota)])
+    return set(sorted(samples, key=lambda k: key(samples[k]))[: max(0, quota)])
 
 
 def _worker_main(
