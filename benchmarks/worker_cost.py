@@ -1,14 +1,15 @@
 """Worker CPU per sample through a real WorkerPool (no GPU needed): what a worker process spends per image.
 
     python3 benchmarks/worker_cost.py DATA_DIR [--workers 1] [--share 0,0.25] [--cpu] [--epochs 3] [--profile N]
-        [--map-bytes B,...]
+        [--map-bytes B,...] [--rows 1,0]
 
 Per configuration: one WorkerPool (as the loader makes it; ``--cpu``: the CPU path, pixels out; otherwise
 the GPU path, JPEG bytes and crop boxes out, ``--share`` of each batch decoded on the CPU), batches of 256
 over the first 7 x 256 files, one warm-up epoch, then ``--epochs`` epochs; reported: the workers' CPU time
 from /proc per image, and wall time per image. Nothing else runs, so one worker measures its own cost.
 ``--map-bytes``: each configuration with each value of ``workers.RING_MAP_BYTES`` (bytes of each arena
-position mapped ahead; 0: none). ``--profile N``: also the worker's GPU-path code at the first share run in this process under cProfile
+position mapped ahead; 0: none). ``--rows``: each share with the CPU's crops left as rows for the GPU to
+resize (1, the default) and/or resized by the worker (0). ``--profile N``: also the worker's GPU-path code at the first share run in this process under cProfile
 (``_serve_chunk`` over the same batches, chunks of 8), its N most expensive functions by own time.
 """
 
@@ -30,11 +31,12 @@ from gpufeed.sources import folder_source
 
 
 def measure(data: str, num_workers: int, share: float, gpu_path: bool, epochs: int, batches: int = 7,
-            inflight: int = 1, nice: int | None = None, chunk: int | None = None) -> str:
+            inflight: int = 1, nice: int | None = None, chunk: int | None = None, rows: bool = True) -> str:
     source = folder_source(data)
     if len(source) < batches * 256:
         raise SystemExit(f"{data} has {len(source)} files; this needs {batches * 256}")
-    spec = workers.PipelineSpec(source, AugmentSpec(), 10**8, gpu_bytes_capacity=GPU_BYTES_CAPACITY if gpu_path else 0)
+    spec = workers.PipelineSpec(source, AugmentSpec(), 10**8, gpu_bytes_capacity=GPU_BYTES_CAPACITY if gpu_path else 0,
+                                rows_to_gpu=rows)
     pool = workers.WorkerPool(spec, num_workers=num_workers, num_slots=4, batch_size=256)
     if chunk:
         pool._chunk = chunk
@@ -62,7 +64,7 @@ def measure(data: str, num_workers: int, share: float, gpu_path: bool, epochs: i
         user, system, faults, switches, main_switches = (counts() - c0) / n
     finally:
         pool.close()
-    path = "CPU path" if not gpu_path else f"GPU path, CPU share {share:g}"
+    path = "CPU path" if not gpu_path else f"GPU path, CPU share {share:g}" + ("" if rows else " resized here")
     path += f", {workers.RING_MAP_BYTES >> 10} KB mapped ahead, {inflight} in flight"
     path += "".join(f", {k} {v}" for k, v in (("nice", nice), ("chunk", chunk)) if v is not None)
     return (f"| {path} | {num_workers} | {1e6 * (user + system):,.0f} ({1e6 * system:,.0f}) | {1e6 * wall:,.0f} | "
@@ -128,6 +130,7 @@ def main() -> None:
     p.add_argument("--inflight", type=int, default=1, help="batches with the workers at a time (at most 4)")
     p.add_argument("--nice", type=int, help="the workers' nice value (default: the pool's own)")
     p.add_argument("--chunk", type=int, help="samples per task (default: the pool's own)")
+    p.add_argument("--rows", default="1", help="comma-separated: 1, the CPU share's rows go to the GPU; 0, resized here")
     args = p.parse_args()
     print("| path | workers | worker CPU us/image (system) | wall us/image | minor faults/image "
           "| context switches/image (main threads) |"
@@ -135,7 +138,8 @@ def main() -> None:
     opts = dict(inflight=min(4, args.inflight), nice=args.nice, chunk=args.chunk)
     for workers.RING_MAP_BYTES in (int(b) for b in args.map_bytes.split(",")):
         for share in (float(s) for s in args.share.split(",")):
-            print(measure(args.data, args.workers, share, True, args.epochs, **opts), flush=True)
+            for rows in (r == "1" for r in args.rows.split(",")):
+                print(measure(args.data, args.workers, share, True, args.epochs, rows=rows, **opts), flush=True)
         if args.cpu:
             print(measure(args.data, args.workers, 0.0, False, args.epochs, **opts), flush=True)
     if args.profile:

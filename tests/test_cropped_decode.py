@@ -74,3 +74,28 @@ def test_entropy_check_in_c_equals_the_numpy_form():
     assert jpeg_check.entropy_ok(b"\x00\x00", 2, 1) is False
     with pytest.raises(ValueError, match="outside"):
         jpeg_check._entropy_ok_c(b"\x00", 0, 5)
+
+
+@pytest.mark.parametrize("reduce", [1, 2])
+def test_region_into_a_buffer_packs_the_same_rows(reduce):
+    data = __import__("tests.corpus").corpus.jpeg(640, 480, 3)
+    dec = CpuDecoder()
+    full = dec.decode(data, "x", fast=True, reduce=reduce)
+    h, w = full.shape[:2]
+    bounds = (w // 5, h // 4, w - w // 7, h - h // 6)
+    out = np.full(w * h * 3, 7, np.uint8)
+    width, height, x = dec.decode_region_into(data, "x", bounds, reduce, out)
+    rows = out[: width * height * 3].reshape(height, width, 3)
+    assert height == bounds[3] - bounds[1] and width >= bounds[2] - bounds[0] + 16  # widened for the upsampling
+    np.testing.assert_array_equal(rows[:, x : x + bounds[2] - bounds[0]], full[bounds[1] : bounds[3], bounds[0] : bounds[2]])
+    assert (out[width * height * 3 :] == 7).all()  # nothing written past the rows
+
+
+def test_region_into_a_buffer_too_small_writes_nothing():
+    data = __import__("tests.corpus").corpus.jpeg(200, 100, 3)
+    out = np.full(50 * 50 * 3, 7, np.uint8)
+    assert CpuDecoder().decode_region_into(data, "x", (0, 0, 100, 50), 1, out) is None
+    assert (out == 7).all()
+    with pytest.raises(DecodeError, match="bad.jpg"):  # a damaged file still fails, naming the file
+        CpuDecoder().decode_region_into(UNDECODABLE["truncated_scan"](), "bad.jpg", (0, 0, 96, 72), 1,
+                                        np.empty(1 << 20, np.uint8))

@@ -11,9 +11,8 @@ from gpufeed.augment.params import AugmentSpec, CropBox
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.gpu_stage import EncodedBatch, GpuDecodeAugment
 from gpufeed.sources import folder_source
-from gpufeed.ring import KIND_BYTES, KIND_PIXELS
+from gpufeed.ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS
 from gpufeed.loader import _ShareControl
-from gpufeed.gpu_stage import _runs
 from gpufeed.workers import PipelineSpec, WorkerError, WorkerPool, _Inspected, cheapest_on_cpu, inspect_sample
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -51,9 +50,10 @@ def coloured(tmp_path):
     return tmp_path
 
 
-def _pool_batch(root, capacity=1 << 20, size=16, cpu_rows=0):
+def _pool_batch(root, capacity=1 << 20, size=16, cpu_rows=0, **spec_kw):
     src = folder_source(root)
-    spec = PipelineSpec(src, AugmentSpec(image_size=size, resize_size=size), 10**8, gpu_bytes_capacity=capacity)
+    spec = PipelineSpec(src, AugmentSpec(image_size=size, resize_size=size), 10**8, gpu_bytes_capacity=capacity,
+                        **spec_kw)
     pool = WorkerPool(spec, num_workers=2, num_slots=2, batch_size=len(src))
     pool.submit(0, 0, 0, 0, list(range(len(src))), cpu_rows=cpu_rows)
     view, failures = pool.collect(0)
@@ -81,9 +81,9 @@ def test_files_over_the_capacity_are_decoded_by_the_workers(coloured):
     pool.close()
 
 
-def _stage_output(root, decoder, budget=None, cpu_rows=0, job_images=None):
-    src, pool, view = _pool_batch(root, cpu_rows=cpu_rows)
-    kw = dict(device=torch.device("cpu"), image_size=16, mean=MEAN, std=STD, dtype=torch.float32,
+def _stage_output(root, decoder, budget=None, cpu_rows=0, job_images=None, size=16, **spec_kw):
+    src, pool, view = _pool_batch(root, size=size, cpu_rows=cpu_rows, **spec_kw)
+    kw = dict(device=torch.device("cpu"), image_size=size, mean=MEAN, std=STD, dtype=torch.float32,
               channels_last=False, max_pixels=10**8)
     if budget:
         kw["max_batch_pixels"] = budget
@@ -91,8 +91,9 @@ def _stage_output(root, decoder, budget=None, cpu_rows=0, job_images=None):
     if job_images:
         stage.job_images = job_images
     batch = EncodedBatch(torch.from_numpy(view.labels.copy()), view.meta, view.arena, view.images,
-                         lambda i: src.path(i))
+                         lambda i: src.path(i), rooms=view.rooms)
     images, labels = stage(batch)
+    stage.kinds = view.meta[:, 0].copy()
     pool.close()
     return images, labels, stage
 
@@ -131,7 +132,7 @@ def test_stage_splits_batches_over_the_pixel_budget(coloured):
 def test_the_cpu_share_goes_to_the_cheapest_samples_of_each_chunk(coloured):
     src, pool, view = _pool_batch(coloured, cpu_rows=5)
     n, chunk = len(src), pool._chunk
-    on_cpu = set(np.flatnonzero(view.meta[:, 0] == KIND_PIXELS).tolist())
+    on_cpu = set(np.flatnonzero(view.meta[:, 0] != KIND_BYTES).tolist())
     expected = set()
     for a in range(0, n, chunk):  # 5 rows spread over the chunks; in each, the PNG first, then the cheapest
         b = min(a + chunk, n)
@@ -142,8 +143,51 @@ def test_the_cpu_share_goes_to_the_cheapest_samples_of_each_chunk(coloured):
         expected |= forced | {i for _, i in costs[: max(0, quota - len(forced))]}
     png = [i for i in range(n) if src.path(i).endswith("png.jpg")][0]
     assert on_cpu == expected and png in on_cpu and len(on_cpu) in (5, 6)  # 6: the PNG's chunk had no quota
-    assert (view.images[sorted(on_cpu)].reshape(len(on_cpu), -1).max(axis=1) > 0).all()  # decoded and cropped
+    for i in on_cpu:  # decoded: cropped and resized (pixels), or the crop's rows left for the GPU
+        kind, length = view.meta[i, :2]
+        assert (view.images[i].max() if kind == KIND_PIXELS else view.rooms[i, :length].max()) > 0
     pool.close()
+
+
+@pytest.fixture()
+def textured(tmp_path):
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(6):
+            h, w = 60 + 7 * i, 90 - 5 * i
+            yy, xx = np.mgrid[0:h, 0:w]
+            img = np.stack([xx * 255 // w, yy * 255 // h, rng.integers(0, 256, (h, w))], -1).astype(np.uint8)
+            Image.fromarray(img).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=90)
+    return tmp_path
+
+
+def test_the_cpu_shares_rows_give_the_kernel_the_pixels_of_a_gpu_decode(textured):
+    """The CPU's share leaves its crops' decoded rows for the kernel (KIND_ROWS): the output equals the
+    same samples decoded whole by a GPU decoder (a stand-in here) and cropped by the kernel. Resized on
+    the CPU instead (``rows_to_gpu=False``), it is close, not equal (another filter)."""
+    n = 12
+    gpu, labels, stage = _stage_output(textured, CpuStandIn(), size=48)
+    assert stage.decoded_by["gpu:standin"] == n
+    rows, labels_rows, stage = _stage_output(textured, CpuStandIn(), size=48, cpu_rows=n)
+    assert (stage.kinds == KIND_ROWS).all() and stage.decoded_by["cpu"] == n
+    assert torch.equal(labels, labels_rows)
+    torch.testing.assert_close(rows, gpu, atol=1e-4, rtol=0)
+    resized, _, stage = _stage_output(textured, CpuStandIn(), size=48, cpu_rows=n, rows_to_gpu=False)
+    assert (stage.kinds == KIND_PIXELS).all()
+    err = (resized - gpu).abs()
+    assert 0 < err.mean() < 0.05, err.mean()
+
+
+def test_rows_that_do_not_fit_the_pixel_room_are_resized_by_the_worker(textured):
+    # at S = 32 a position's room holds 3 x 32 x 32 pixels: the larger crops' rows do not fit
+    images, labels, stage = _stage_output(textured, CpuStandIn(), size=32, cpu_rows=12)
+    assert set(stage.kinds.tolist()) == {KIND_ROWS, KIND_PIXELS}
+    gpu, labels_gpu, _ = _stage_output(textured, CpuStandIn(), size=32)
+    assert torch.equal(labels, labels_gpu)
+    rows = torch.from_numpy(stage.kinds == KIND_ROWS)
+    torch.testing.assert_close(images[rows], gpu[rows], atol=1e-4, rtol=0)
+    assert 0 < (images[~rows] - gpu[~rows]).abs().mean() < 0.05
 
 
 def test_the_cpu_takes_small_boxes_near_the_top_first():
@@ -181,11 +225,6 @@ def test_stage_with_a_cpu_share_keeps_labels_aligned(coloured):
     assert torch.equal(_colour_index(images), labels)
     # 6 rows by the workers, the PNG (if not among them) and the refused JPEG after the GPU
     assert stage.decoded_by["cpu"] in (7, 8) and stage.decoded_by["cpu"] + stage.decoded_by["gpu:standin"] == 13
-
-
-def test_runs_of_consecutive_rows():
-    assert _runs(np.array([0, 1, 2, 5, 6, 9])) == [(0, 3), (5, 7), (9, 10)]
-    assert _runs(np.array([], dtype=np.int64)) == []
 
 
 class _ScriptedIdle:
@@ -307,7 +346,7 @@ def test_gpu_path_workers_report_a_broken_file_and_place_the_rest(coloured, cpu_
             good = [i for i in range(len(src)) if i != bad]
             assert view.labels[good].tolist() == [src.label(i) for i in good]
             kinds = view.meta[good, 0]
-            assert set(kinds.tolist()) <= {KIND_BYTES, KIND_PIXELS}
+            assert set(kinds.tolist()) <= {KIND_BYTES, KIND_PIXELS, KIND_ROWS}
             # the PNG is always decoded here and counts in its chunk's quota; the broken file takes none of it
-            assert (kinds == KIND_PIXELS).sum() == max(1, cpu_rows)
+            assert (kinds != KIND_BYTES).sum() == max(1, cpu_rows)
         pool.close()

@@ -3,7 +3,6 @@
 import sys
 from multiprocessing import shared_memory
 
-import numpy as np
 import pytest
 
 import gpufeed.ring as ring_mod
@@ -24,7 +23,7 @@ def ring():
     shm = shared_memory.SharedMemory(create=True, size=Ring.nbytes(*shape, capacity))
     r = Ring(shm, *shape, capacity)
     yield r
-    r.images = r.labels = r.meta = r.arena = None
+    r.images = r.labels = r.meta = r.arena = r.rooms = None
     shm.close()
     shm.unlink()
 
@@ -36,6 +35,29 @@ def test_layout_views_do_not_overlap(ring):
     ring.arena[:] = 4
     assert (ring.images == 1).all() and (ring.labels == 2).all() and (ring.meta == 3).all()
     assert ring.arena.shape == (2, 8, 256 << 10) and ring.arena.strides[1] % 4096 == 0
+
+
+def test_on_the_gpu_path_each_image_is_the_head_of_its_pixel_room(ring):
+    px = 32 * 32 * 3
+    assert ring.rooms.shape == (2, 8, ring_mod.PIXEL_ROOM * px) and ring.pixels is ring.rooms
+    for s in range(2):
+        for k in range(8):
+            ring.rooms[s, k] = 10 * s + k
+    assert all((ring.images[s, k] == 10 * s + k).all() for s in range(2) for k in range(8))
+    ring.images[1, 3] = 99  # writes the first S x S x 3 bytes of that room only
+    assert (ring.rooms[1, 3, :px] == 99).all() and (ring.rooms[1, 3, px:] == 13).all()
+    assert (ring.rooms[1, 4] == 14).all() and (ring.rooms[1, 2] == 12).all()
+
+
+def test_the_cpu_path_ring_has_contiguous_images_and_no_rooms():
+    shm = shared_memory.SharedMemory(create=True, size=Ring.nbytes(2, 4, 16, 0))
+    try:
+        r = Ring(shm, 2, 4, 16, 0)
+        assert r.rooms is None and r.meta is None and r.images.flags.c_contiguous and r.pixels is r.images
+        r = None
+    finally:
+        shm.close()
+        shm.unlink()
 
 
 def _write_positions(ring, lo: int, hi: int) -> int:

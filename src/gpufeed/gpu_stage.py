@@ -1,19 +1,22 @@
 """The GPU stage: decode a batch on the GPU and crop/resize/flip/normalise it in one kernel.
 
-Input is an ``EncodedBatch`` that CPU workers filled: per sample either the
-JPEG bytes and crop box (``kind == KIND_BYTES``) or pixels they already
-cropped (``KIND_PIXELS``: files no GPU decoder takes, and the CPU's share of
-the batch). It runs as the Prefetcher's transform, on its side stream, in its
+Input is an ``EncodedBatch`` that CPU workers filled: per sample the JPEG
+bytes and crop box (``kind == KIND_BYTES``), or the rows of the crop they
+decoded and the box within them (``KIND_ROWS``: the CPU's share of the
+batch, resized here with the rest), or pixels they already cropped and
+resized (``KIND_PIXELS``: files no GPU decoder takes, and shares whose rows
+did not fit in the ring). It runs as the Prefetcher's transform, on its side stream, in its
 background thread, in two steps: ``start`` lays batch k+1 out and hands its
 JPEGs to the decoder threads, then ``finish`` completes batch k (CPU fallbacks,
 kernel); the consumer's stream waits on the event recorded after the kernel.
 Two decode buffers are used in turn, so batch k+1 decodes while batch k's
 kernel is still to run.
 
-    a flat uint8 buffer on the device, laid out from the workers' headers:
-    [ pre-cropped S x S rows | image 0 (h0, w0, 3) | image 1 ... ]
-          ▲ one H2D copy         ▲ GPU decoders write here directly (threads, own streams)
-                                 ▲ a file the GPU refuses: CPU decode + crop here, copied in
+    a flat uint8 buffer on the device, in batch order, laid out from the workers' headers:
+    [ image 0 (h0, w0, 3) | CPU rows of 1 | pre-cropped 2 (S, S, 3) | image 3 ... ]
+          ▲ GPU decoders write here directly (threads, own streams)
+                            ▲ one H2D copy each, from the ring's page-locked pixel rooms
+          ▲ a file the GPU refuses: CPU decode + crop here, copied in
     ──► one fused crop/resize/flip/normalise kernel ──► (B, 3, S, S)
 
 Decoding straight into place (no per-image tensors, no packing copy) and
@@ -25,7 +28,8 @@ batch's decode before finishing the current one doubled it again
 region decode on (``roi`` on the nvJPEG decoders; off by default: not faster
 on the H200's engines) each image's crop box alone is decoded.
 A pre-cropped image enters the kernel as an S x S image with box (0, 0, S, S),
-which the kernel copies exactly while normalising. Batches whose images
+which the kernel copies exactly while normalising; CPU-decoded rows enter it
+as an image with their box, like a GPU-decoded one. Batches whose images
 together exceed ``max_batch_pixels`` go through in consecutive slices, so
 decode memory stays bounded.
 """
@@ -45,7 +49,7 @@ from .augment.fused import normalize_constants, resized_crop_reference, resized_
 from .augment.params import CropBox
 from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
-from .ring import KIND_BYTES
+from .ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS
 
 DEFAULT_MAX_BATCH_PIXELS = 256 * 1024 * 1024
 # Images per decode call: a batch's GPU images go out in calls of about this many, taken in turn by the
@@ -60,7 +64,10 @@ class EncodedBatch:
 
     labels (B,) int64; meta (B, 9) int64 (``ring.META_FIELDS``); arena (B, capacity)
     uint8 with sample i's bytes in ``arena[i, :meta[i, 1]]``; pixels (B, S, S, 3) uint8 for
-    ``KIND_PIXELS`` rows; ``path(i)`` names sample i's file for error messages.
+    ``KIND_PIXELS`` rows; rooms (B, R) uint8, each position's pixel room (``pixels[i]`` is its
+    first S x S x 3 bytes), with a ``KIND_ROWS`` sample's decoded rows in ``rooms[i, :meta[i, 1]]``
+    (None: ``pixels`` is contiguous and no sample is ``KIND_ROWS``); ``path(i)`` names sample i's file
+    for error messages.
     """
 
     labels: torch.Tensor
@@ -69,14 +76,7 @@ class EncodedBatch:
     pixels: np.ndarray
     path: Callable[[int], str]
     release: Callable[[], None] | None = None  # called once the stage no longer reads the host arrays
-
-
-def _runs(ids: np.ndarray) -> list[tuple[int, int]]:
-    """[start, stop) runs of consecutive values in sorted ``ids``: [0, 1, 2, 5, 6] -> [(0, 3), (5, 7)]."""
-    if not len(ids):
-        return []
-    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
-    return [(int(g[0]), int(g[-1]) + 1) for g in np.split(ids, breaks)]
+    rooms: np.ndarray | None = None
 
 
 def _slices(sizes: Sequence[tuple[int, int]], budget: int) -> list[range]:
@@ -133,12 +133,13 @@ class GpuDecodeAugment:
         the decoder threads; returns at once (on CUDA). ``finish`` completes it: the Prefetcher starts
         batch k+1 before it finishes batch k, so the decoders always have the next batch queued.
         A batch over ``max_batch_pixels`` goes through in slices here, synchronously."""
-        s = self.size
-        encoded = batch.meta[:, 0] == KIND_BYTES
-        # decoded extents: the header's (or the crop box's, decoding regions) for encoded samples, S x S for
-        # pre-cropped ones
-        heights = np.where(encoded, batch.meta[:, 7 if self._roi else 3], s)
-        widths = np.where(encoded, batch.meta[:, 6 if self._roi else 2], s)
+        s, meta = self.size, batch.meta
+        encoded = meta[:, 0] == KIND_BYTES
+        # decoded extents: the header's (or the crop box's, decoding regions) for encoded samples, the rows'
+        # for CPU-decoded rows, S x S for pre-cropped ones
+        cpu_rows = meta[:, 0] == KIND_ROWS
+        heights = np.where(encoded, meta[:, 7 if self._roi else 3], np.where(cpu_rows, meta[:, 3], s))
+        widths = np.where(encoded, meta[:, 6 if self._roi else 2], np.where(cpu_rows, meta[:, 2], s))
         started = _Started(batch)
         parts = _slices(list(zip(widths.tolist(), heights.tolist())), self.max_batch_pixels)
         try:
@@ -196,27 +197,41 @@ class GpuDecodeAugment:
     def _prepare(self, batch: EncodedBatch, r: range, encoded: np.ndarray, h: np.ndarray, w: np.ndarray,
                  turn: bool) -> "_Part":
         """Samples ``r`` of ``batch`` laid out in a decode buffer (local row j is sample r.start + j), the
-        kernel's rows, and the pre-cropped rows' copy queued. ``turn``: take the other buffer than last
-        time (the previous batch's kernel may not have run yet)."""
+        kernel's rows, and the copies of what the CPU filled (pre-cropped pixels, decoded rows) queued.
+        ``turn``: take the other buffer than last time (the previous batch's kernel may not have run yet)."""
         s, px = self.size, self.size * self.size * 3
         local = np.arange(len(r))
-        pre, enc = local[~encoded], local[encoded]
+        meta = batch.meta[r.start : r.stop]
+        host, enc = local[~encoded], local[encoded]
+        pre = local[meta[:, 0] == KIND_PIXELS]
+        # what the CPU filled, in each sample's pixel room: pre-cropped S x S x 3, or the crop's decoded rows
+        filled = np.where(meta[:, 0] == KIND_ROWS, meta[:, 1], px)
         # In batch order, as in the slot; encoded images get at least S x S x 3 bytes, so a GPU refusal
         # cropped on the CPU fits in its place.
-        room = np.where(encoded, np.maximum(h * w * 3, px), px)
+        room = np.where(encoded, np.maximum(h * w * 3, px), filled)
         offset = np.concatenate([[0], np.cumsum(room)[:-1]])
         flat = self._buffer(int(room.sum()), turn)
-        meta = batch.meta[r.start : r.stop]
         rows = np.empty((len(r), 8), np.int64)
         rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3:] = offset, h, w, meta[:, 4:]
         if self._roi:
-            rows[:, 3:5] = 0  # the decoded region is the box
+            rows[enc, 3:5] = 0  # the decoded region is the box
         rows[pre, 1:] = (s, s, 0, 0, s, s, 0)
-        for a, b in _runs(pre):  # one copy per run of consecutive pre-cropped rows
-            flat[offset[a] : offset[a] + (b - a) * px].copy_(
-                self._host(batch.pixels[r.start + a : r.start + b]).view(-1), non_blocking=True)
-        self.decoded_by["cpu"] += len(pre)
+        if len(host):  # one copy each (a sample's room is larger than what it holds)
+            rooms = self._rooms(batch)
+            for j in host.tolist():
+                n = int(filled[j])
+                flat[offset[j] : offset[j] + n].copy_(rooms(r.start + j, n), non_blocking=True)
+        self.decoded_by["cpu"] += len(host)
         return _Part(r, enc, flat, offset[enc], h[enc], w[enc], rows)
+
+    def _rooms(self, batch: EncodedBatch) -> Callable[[int, int], torch.Tensor]:
+        """(i, n) -> the first n bytes of sample i's pixel room as a host tensor for an H2D copy (``_host``;
+        the page-locked check is made once per batch)."""
+        rooms = batch.rooms if batch.rooms is not None else batch.pixels.reshape(len(batch.pixels), -1)
+        t = torch.from_numpy(rooms)
+        if self.device.type != "cuda" or t.is_pinned():
+            return lambda i, n: t[i, :n]
+        return lambda i, n: t[i, :n].pin_memory()
 
     def _finish_on_cpu(self, batch: EncodedBatch, i: int, row: np.ndarray, flat: torch.Tensor,
                        dropped: list[int]) -> None:

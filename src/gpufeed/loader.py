@@ -33,7 +33,6 @@ from .gpu_stage import EncodedBatch, GpuDecodeAugment
 from .transfer import Prefetcher
 from .sampling import ShardedSampler, resolve_rank
 from .sources import Source, create_source
-from .ring import SlotView
 from .workers import PipelineSpec, WorkerPool, check_source_importable, default_num_workers
 
 __all__ = ["ImageLoader", "resolve_device"]
@@ -346,7 +345,8 @@ class ImageLoader:
                 else:  # the GPU stage releases the slot when it is done with it (it finishes a batch late)
                     yield EncodedBatch(labels, view.meta, view.arena, view.images,
                                        lambda i, p=positions: self.source.path(p[i]),
-                                       release=lambda s=slot: slots.release(s, self._prefetcher._stream))
+                                       release=lambda s=slot: slots.release(s, self._prefetcher._stream),
+                                       rooms=view.rooms)
                     self._share.update(collect_wait)
         finally:
             slots.reclaim(everything=True)  # the next iteration's workers may write these slots at once
@@ -379,7 +379,8 @@ class ImageLoader:
                 if f.reason != "retry":
                     self._record_skip(f.path, f.reason)
             keep = [k for k in range(len(positions)) if k not in bad]
-            for arr in (view.images, view.labels, view.meta, view.arena):
+            pixels = view.images if view.rooms is None else view.rooms  # images are a view of the rooms
+            for arr in (pixels, view.labels, view.meta, view.arena):
                 if arr is not None:
                     arr[: len(keep)] = arr[keep]
             positions = [positions[k] for k in keep]
@@ -393,10 +394,7 @@ class ImageLoader:
             pool.submit(bid, slot, run.seed, run.epoch, take, start=len(positions))
             view, failures = pool.collect(bid)
             positions += take
-        n = len(positions)
-        view = SlotView(view.images[:n], view.labels[:n], None if view.meta is None else view.meta[:n],
-                        None if view.arena is None else view.arena[:n])
-        return view, positions, extra
+        return view.head(len(positions)), positions, extra
 
     def _record_skip(self, path: str | None, reason: str) -> None:
         self._skipped_total += 1

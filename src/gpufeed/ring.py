@@ -1,9 +1,11 @@
 """The shared-memory batch ring: one block of slots, each holding a whole batch.
 
 Per slot and sample: the augmented pixels (S, S, 3) uint8 and the label; on
-the GPU path also a metadata row and room for the encoded bytes. Worker
-processes write into it; the main process reads views of finished slots, so
-no pixel or byte is pickled.
+the GPU path also a metadata row and room for the encoded bytes, and the
+pixels' place is larger (``PIXEL_ROOM``): it also holds the rows of a crop
+the CPU decoded for the GPU to resize (``KIND_ROWS``). Worker processes
+write into it; the main process reads views of finished slots, so no pixel
+or byte is pickled.
 """
 
 from __future__ import annotations
@@ -17,15 +19,24 @@ from multiprocessing import shared_memory
 import numpy as np
 
 META_FIELDS = ("kind", "length", "width", "height", "x", "y", "box_w", "box_h", "flip")
-KIND_PIXELS, KIND_BYTES = 0, 1
+# What a GPU-path position holds: KIND_PIXELS, the finished (S, S, 3) crop in ``images``; KIND_BYTES, the JPEG
+# in ``arena`` (length bytes, a width x height image) and its crop box; KIND_ROWS, decoded RGB rows in
+# ``rooms`` (length bytes: height rows of width pixels) and the crop box within them, for the GPU to resize.
+KIND_PIXELS, KIND_BYTES, KIND_ROWS = 0, 1, 2
+# GPU path: each position's pixel room holds this many S x S x 3 images' worth of bytes (the rows of a
+# crop the CPU decoded; larger crops are resized by the worker itself).
+PIXEL_ROOM = 3
 
 
 class Ring:
     """Views of the shared block, per slot and sample.
 
     images (slots, B, S, S, 3) uint8 and labels (slots, B) int64 always; for the
-    GPU path also meta (slots, B, 9) int64 (``META_FIELDS``) and arena
-    (slots, B, capacity) uint8 holding each sample's encoded bytes.
+    GPU path also meta (slots, B, 9) int64 (``META_FIELDS``), arena
+    (slots, B, capacity) uint8 holding each sample's encoded bytes, and rooms
+    (slots, B, PIXEL_ROOM x S x S x 3) uint8, each position's pixel room, whose
+    first S x S x 3 bytes are its ``images`` entry (None on the CPU path, where
+    ``images`` is contiguous).
     """
 
     def __init__(self, shm: shared_memory.SharedMemory, num_slots: int, batch_size: int, size: int,
@@ -35,17 +46,30 @@ class Ring:
         for name, shape, dtype in self.layout(num_slots, batch_size, size, capacity):
             views[name] = np.ndarray(shape, dtype, shm.buf, offset)
             offset = _align(offset + int(np.prod(shape)) * np.dtype(dtype).itemsize)
-        self.images, self.labels = views["images"], views["labels"]
+        self.rooms = views.get("rooms")
+        if self.rooms is None:
+            self.images = views["images"]
+        else:  # each position's first S x S x 3 bytes
+            stride = self.rooms.strides[1]
+            self.images = np.ndarray((num_slots, batch_size, size, size, 3), np.uint8, self.rooms,
+                                     strides=(batch_size * stride, stride, size * 3, 3, 1))
+        self.labels = views["labels"]
         self.meta, self.arena = views.get("meta"), views.get("arena")
 
     @staticmethod
     def layout(num_slots: int, batch_size: int, size: int, capacity: int) -> list:
-        parts = [("images", (num_slots, batch_size, size, size, 3), np.uint8),
-                 ("labels", (num_slots, batch_size), np.int64)]
-        if capacity:
-            parts += [("meta", (num_slots, batch_size, len(META_FIELDS)), np.int64),
-                      ("arena", (num_slots, batch_size, capacity), np.uint8)]
-        return parts
+        if not capacity:
+            return [("images", (num_slots, batch_size, size, size, 3), np.uint8),
+                    ("labels", (num_slots, batch_size), np.int64)]
+        return [("rooms", (num_slots, batch_size, PIXEL_ROOM * size * size * 3), np.uint8),
+                ("labels", (num_slots, batch_size), np.int64),
+                ("meta", (num_slots, batch_size, len(META_FIELDS)), np.int64),
+                ("arena", (num_slots, batch_size, capacity), np.uint8)]
+
+    @property
+    def pixels(self) -> np.ndarray:
+        """The whole pixel area, contiguous: ``rooms`` on the GPU path, ``images`` on the CPU path."""
+        return self.images if self.rooms is None else self.rooms
 
     def map_pages(self, arena_bytes: int) -> bool:
         """Map the ring into this process's page tables now: all of ``images`` and ``labels``, and the
@@ -58,7 +82,7 @@ class Ring:
         call per arena position; elsewhere reads a byte of each page (never writes: other processes
         may be filling the ring). Memory: pages made resident are the ring's own, counted once
         (``arena_bytes`` per position, bounded by the capacity). Returns whether madvise did it."""
-        parts = [self.images, self.labels] + [a for a in (self.meta,) if a is not None]
+        parts = [self.pixels, self.labels] + [a for a in (self.meta,) if a is not None]
         ranges = [(a.ctypes.data, a.nbytes) for a in parts]
         n = min(arena_bytes, self.arena.shape[-1]) if self.arena is not None else 0
         if n > 0:
@@ -100,12 +124,19 @@ def _populate_write(addr: int, length: int) -> bool:
 @dataclass(frozen=True)
 class SlotView:
     """numpy views of one finished batch in the ring: images (n, S, S, 3) uint8, labels (n,) int64,
-    and on the GPU path meta (n, 9) int64 and arena (n, capacity) uint8. Valid until the slot is reused."""
+    and on the GPU path meta (n, 9) int64, arena (n, capacity) uint8 and rooms (n, room) uint8 (``Ring``).
+    Valid until the slot is reused."""
 
     images: np.ndarray
     labels: np.ndarray
-    meta: np.ndarray | None
-    arena: np.ndarray | None
+    meta: np.ndarray | None = None
+    arena: np.ndarray | None = None
+    rooms: np.ndarray | None = None
+
+    def head(self, n: int) -> "SlotView":
+        """The first ``n`` samples."""
+        cut = lambda a: None if a is None else a[:n]
+        return SlotView(self.images[:n], self.labels[:n], cut(self.meta), cut(self.arena), cut(self.rooms))
 
 
 def check_shm_space(needed: int, root: str = "/dev/shm") -> None:

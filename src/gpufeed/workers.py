@@ -40,14 +40,14 @@ from typing import Any
 import numpy as np
 
 from . import worker_start
-from .augment.cpu import decode_box_into
+from .augment.cpu import decode_box_into, decode_box_rows_into
 from .augment.params import AugmentSpec, CropBox
 from .cores import usable_cores
 from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
 from .decode.exif import read_orientation, swaps_axes
 from .decode.jpeg_check import gpu_safe_jpeg
-from .ring import KIND_BYTES, KIND_PIXELS, Ring, SlotView, check_shm_space
+from .ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, PIXEL_ROOM, Ring, SlotView, check_shm_space
 from .sources.base import FileSource, Source
 from .sources.shared import SharedFileSource
 
@@ -76,6 +76,9 @@ class PipelineSpec:
     # Which of a chunk's GPU-decodable samples the CPU's share takes: "ratio", the lowest CPU cost per
     # engine cost (``cheapest_on_cpu``); "cpu_cost", the lowest CPU cost alone (the rule before session 7).
     cpu_pick: str = "ratio"
+    # The CPU's share hands the GPU its crop's decoded rows to resize (True), or resizes them itself (False,
+    # the rule before session 8).
+    rows_to_gpu: bool = True
 
     def __post_init__(self) -> None:
         if self.cpu_pick not in CPU_PICKS:
@@ -162,7 +165,9 @@ def inspect_sample(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: in
 def place_sample(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, s: _Inspected, ring: "Ring",
                  slot: int, k: int, on_cpu: bool) -> int:
     """GPU path, second step: put the JPEG bytes and crop box at position ``k`` of the slot for GPU
-    decode, or (``on_cpu``, or no GPU decoder may take it) decode, crop and resize it here; its label."""
+    decode; or (``on_cpu``) decode the crop's rows here and leave them with the box for the GPU to
+    resize (``KIND_ROWS``; when they fit in the position's pixel room, else as below); or (no GPU
+    decoder may take it) decode, crop and resize it here. Its label."""
     width, height, fast = s.header
     box = s.box
     if s.gpu_ok and not on_cpu:
@@ -170,7 +175,13 @@ def place_sample(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int,
         ring.meta[slot, k] = (KIND_BYTES, len(s.data), width, height, box.x, box.y, box.width, box.height,
                               int(box.flip))
         return spec.source.label(s.index)
-    if s.gpu_ok:  # the CPU's share: a plain JPEG whose box is drawn already (orientation 1)
+    if s.gpu_ok:  # the CPU's share: a plain JPEG that passed the structural check, its box drawn already
+        rows = decode_box_rows_into(decoder, s.data, s.path, box, (width, height), spec.augment.image_size,
+                                    ring.rooms[slot, k]) if spec.rows_to_gpu else None
+        if rows is not None:
+            w, h, x, y, bw, bh = rows
+            ring.meta[slot, k] = (KIND_ROWS, w * h * 3, w, h, x, y, bw, bh, int(box.flip))
+            return spec.source.label(s.index)
         decode_box_into(decoder, s.data, s.path, box, (width, height), fast, ring.images[slot, k])
     else:
         _finish_on_cpu(spec, decoder, seed, epoch, s.index, s.path, s.data, ring.images[slot, k], s.header,
@@ -395,7 +406,11 @@ class WorkerPool:
         self.last_wait = 0.0
         self._ctx = ctx = _default_context()
         capacity = spec.gpu_bytes_capacity
-        check_shm_space(Ring.nbytes(num_slots, batch_size, size, 0) + num_slots * batch_size * min(capacity, 512 << 10))
+        # the bytes the ring touches: pixels and labels; on the GPU path the pixel rooms and typical JPEGs too
+        touched = Ring.nbytes(num_slots, batch_size, size, 0)
+        if capacity:
+            touched += num_slots * batch_size * ((PIXEL_ROOM - 1) * size * size * 3 + min(capacity, 512 << 10))
+        check_shm_space(touched)
         self._shm = shared_memory.SharedMemory(create=True, size=Ring.nbytes(num_slots, batch_size, size, capacity))
         self._ring = Ring(self._shm, num_slots, batch_size, size, capacity)
         self.map_bytes = RING_MAP_BYTES  # read here, so a benchmark may change it between pools
@@ -469,9 +484,8 @@ class WorkerPool:
             raise WorkerError(f"failed to load {f.path!r}: {f.reason}" + (f"\n\nworker traceback:\n{f.traceback}"
                                                                           if f.traceback else ""))
         n, slot, r = entry["n"], entry["slot"], self._ring
-        view = SlotView(r.images[slot, :n], r.labels[slot, :n],
-                        None if r.meta is None else r.meta[slot, :n], None if r.arena is None else r.arena[slot, :n])
-        return view, failures
+        cut = lambda a: None if a is None else a[slot, :n]
+        return SlotView(r.images[slot, :n], r.labels[slot, :n], cut(r.meta), cut(r.arena), cut(r.rooms)), failures
 
     @property
     def closed(self) -> bool:
@@ -533,17 +547,18 @@ class WorkerPool:
             self._procs[i] = self._start(i)  # the finalizer holds this same list
 
     def pin_images(self) -> bool:
-        """Page-lock the ring's image slots for CUDA (``cudaHostRegister``), so that host-to-device
-        copies read a finished slot directly instead of through a staging copy. Returns whether it
-        worked (it needs CUDA; without it copies stage through pinned buffers as before). A pinned
-        slot is reused only after the copies that read it completed (the caller's events)."""
+        """Page-lock the ring's pixel area (images; on the GPU path each position's whole pixel room) for
+        CUDA (``cudaHostRegister``), so that host-to-device copies read a finished slot directly instead of
+        through a staging copy. Returns whether it worked (it needs CUDA; without it copies stage through
+        pinned buffers as before). A pinned slot is reused only after the copies that read it completed
+        (the caller's events)."""
         import torch
 
-        images = self._ring.images
+        pixels = self._ring.pixels
         rt = torch.cuda.cudart()
-        if int(rt.cudaHostRegister(images.ctypes.data, images.nbytes, 0)) != 0:
+        if int(rt.cudaHostRegister(pixels.ctypes.data, pixels.nbytes, 0)) != 0:
             return False
-        self._unpin.append(lambda ptr=images.ctypes.data: rt.cudaHostUnregister(ptr))
+        self._unpin.append(lambda ptr=pixels.ctypes.data: rt.cudaHostUnregister(ptr))
         return True
 
     def close(self) -> None:

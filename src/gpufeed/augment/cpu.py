@@ -89,18 +89,44 @@ def crop_resize_into(image: np.ndarray, box: CropBox, full_size: tuple[int, int]
     resize_flip_into(image[y0:y1, x0:x1], box.flip, out)
 
 
+def _region_request(box: CropBox, size: tuple[int, int], out_size: int) -> tuple[tuple[int, int, int, int], int]:
+    """(bounds in the reduced image, DCT reduction) for decoding ``box`` of a ``size`` = (width, height) JPEG
+    that ends ``out_size`` square."""
+    width, height = size
+    reduce = reduction_for(box, out_size)
+    scaled = (-(-width // reduce), -(-height // reduce))  # libjpeg's ceil(W / k) x ceil(H / k)
+    return crop_bounds(box, size, scaled), reduce
+
+
 def decode_box_into(decoder: "CpuDecoder", data: bytes, path: str, box: CropBox, size: tuple[int, int], fast: bool,
                     out: np.ndarray, orientation: int = 1) -> None:
     """Decode ``data`` (a ``size`` = (width, height) image as displayed after ``orientation``) and write
     crop ``box`` into ``out`` ((S, S, 3) uint8), resized and flipped. Plain JPEGs decode at the DCT
     reduction the output allows, and only the crop's rows and columns where the cropped decoder can."""
-    width, height = size
-    reduce = reduction_for(box, out.shape[0]) if fast and orientation == 1 else 1
+    reduce = 1
     if fast and orientation == 1:
-        scaled = (-(-width // reduce), -(-height // reduce))  # libjpeg's ceil(W / k) x ceil(H / k)
-        region = decoder.decode_region(data, path, crop_bounds(box, (width, height), scaled), reduce)
+        bounds, reduce = _region_request(box, size, out.shape[0])
+        region = decoder.decode_region(data, path, bounds, reduce)
         if region is not None:
             resize_flip_into(region, box.flip, out)
             return
     image = apply_orientation(decoder.decode(data, path, fast=fast, reduce=reduce), orientation)
-    crop_resize_into(image, box, (width, height), out)
+    crop_resize_into(image, box, size, out)
+
+
+def decode_box_rows_into(decoder: "CpuDecoder", data: bytes, path: str, box: CropBox, size: tuple[int, int],
+                         out_size: int, out: np.ndarray) -> tuple[int, int, int, int, int, int] | None:
+    """Decode crop ``box`` of a plain JPEG (orientation 1, structure checked) at the DCT reduction an
+    ``out_size`` output allows, without resizing: rows of RGB pixels packed into ``out`` (1-D uint8),
+    for the GPU kernel to crop, resize and flip. Returns (width, height, x, y, box width, box height):
+    the rows' extent and the crop's place in them; None when they need more room than ``out`` has or
+    the cropped decoder is not built here (nothing written: resize on the CPU instead). The rows keep
+    a row above and below the crop and 16 columns each side where the image has them, so the kernel's
+    filter reads the same neighbours as on a whole decoded image: the same pixels out as a GPU decode."""
+    (x0, y0, x1, y1), reduce = _region_request(box, size, out_size)
+    top = max(0, y0 - 1)
+    done = decoder.decode_region_into(data, path, (x0, top, x1, y1 + 1), reduce, out)
+    if done is None:
+        return None
+    width, height, x = done
+    return width, height, x, y0 - top, x1 - x0, y1 - y0

@@ -1,11 +1,13 @@
 /* Cropped JPEG decode with libjpeg-turbo: decode only the rows and columns a crop needs.
  *
- * decode_crop(data, x0, y0, x1, y1, denom) -> (pixels: bytes, width, height, left, top)
+ * decode_crop(data, x0, y0, x1, y1, denom[, out]) -> (pixels: bytes, width, height, left, top)
  *   (x0, y0, x1, y1): the crop in the coordinates of the image scaled by 1/denom (denom in 1, 2, 4, 8).
  *   Rows above the crop are skipped (jpeg_skip_scanlines: entropy-decoded, not IDCT'd), rows below it are
  *   never decoded, and columns are limited to the crop rounded out to iMCU boundaries (jpeg_crop_scanline).
  *   Returns RGB rows of `width` pixels covering columns [left, left + width) and rows [top, top + height) of
  *   the scaled image; the caller takes its exact crop from them.
+ *   With `out` (a writable C-contiguous buffer) the rows are written there, packed, and pixels is None;
+ *   when they need more than len(out) bytes nothing is written and None is returned.
  *
  * Strict: any libjpeg warning (corrupt or truncated data) raises ValueError, as simplejpeg(strict=True) does.
  *
@@ -40,9 +42,15 @@ static void strict_emit_message(j_common_ptr cinfo, int level) {
 }
 
 static PyObject *decode_crop(PyObject *self, PyObject *args) {
-    Py_buffer data;
+    Py_buffer data, dest;
     int x0, y0, x1, y1, denom;
-    if (!PyArg_ParseTuple(args, "y*iiiii", &data, &x0, &y0, &x1, &y1, &denom)) return NULL;
+    PyObject *target = Py_None;
+    if (!PyArg_ParseTuple(args, "y*iiiii|O", &data, &x0, &y0, &x1, &y1, &denom, &target)) return NULL;
+    int into = target != Py_None;
+    if (into && PyObject_GetBuffer(target, &dest, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
 
     struct jpeg_decompress_struct cinfo;
     struct strict_error_mgr jerr;
@@ -55,6 +63,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
         jpeg_destroy_decompress(&cinfo);
         Py_XDECREF(out);
         PyBuffer_Release(&data);
+        if (into) PyBuffer_Release(&dest);
         PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", jerr.message);
         return NULL;
     }
@@ -74,6 +83,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     if (x1 <= x0 || y1 <= y0) {
         jpeg_destroy_decompress(&cinfo);
         PyBuffer_Release(&data);
+        if (into) PyBuffer_Release(&dest);
         PyErr_Format(PyExc_ValueError, "empty crop (%d, %d, %d, %d) of a %dx%d image", x0, y0, x1, y1, W, H);
         return NULL;
     }
@@ -82,9 +92,20 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     if (y0 > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)y0);
     int height = y1 - y0;
     Py_ssize_t stride = (Py_ssize_t)width * 3;
-    out = PyBytes_FromStringAndSize(NULL, stride * height);
-    if (out == NULL) longjmp(jerr.jump, 1);
-    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
+    unsigned char *dst;
+    if (into) {
+        if (stride * height > dest.len) { /* does not fit: the caller decodes another way */
+            jpeg_destroy_decompress(&cinfo);
+            PyBuffer_Release(&data);
+            PyBuffer_Release(&dest);
+            Py_RETURN_NONE;
+        }
+        dst = (unsigned char *)dest.buf;
+    } else {
+        out = PyBytes_FromStringAndSize(NULL, stride * height);
+        if (out == NULL) longjmp(jerr.jump, 1);
+        dst = (unsigned char *)PyBytes_AS_STRING(out);
+    }
     int done = 0;
     /* The GIL is kept: errors leave through longjmp, and workers are single-threaded processes anyway. */
     while (done < height) {
@@ -99,6 +120,10 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     jpeg_abort_decompress(&cinfo); /* the rows below the crop are not needed */
     jpeg_destroy_decompress(&cinfo);
     PyBuffer_Release(&data);
+    if (into) {
+        PyBuffer_Release(&dest);
+        return Py_BuildValue("(Oiiii)", Py_None, (int)width, height, (int)left, y0);
+    }
     return Py_BuildValue("(Niiii)", out, (int)width, height, (int)left, y0);
 }
 

@@ -90,13 +90,33 @@ class CpuDecoder:
         """
         if _turbo_crop is None or (self.check_structure and not gpu_safe_jpeg(data)):
             return None
-        x0, y0, x1, y1 = bounds
-        try:
-            pixels, width, height, left, top = _turbo_crop.decode_crop(data, max(0, x0 - 16), y0, x1 + 16, y1, reduce)
-        except ValueError as e:
-            raise DecodeError(path, f"corrupt or truncated JPEG ({e})") from None
+        x0, _, x1, _ = bounds
+        pixels, width, height, left, _ = self._crop(data, path, bounds, reduce)
         rows = np.frombuffer(pixels, np.uint8).reshape(height, width, 3)
         return rows[:, x0 - left : x1 - left]
+
+    def decode_region_into(self, data: bytes, path: str, bounds: tuple[int, int, int, int], reduce: int,
+                           out: np.ndarray) -> tuple[int, int, int] | None:
+        """``decode_region`` written into ``out`` (1-D uint8, C-contiguous) as packed (height, width, 3)
+        rows that hold the crop from column ``x`` on, for a consumer that crops and resizes them itself
+        (the GPU kernel); returns (width, height, x), or None when the rows need more than ``out`` holds
+        or the cropped decoder is not built here (nothing written then). For a file already known to be
+        a plain sequential JPEG (``gpu_safe_jpeg`` passed): the structural check is not repeated."""
+        if _turbo_crop is None:
+            return None
+        done = self._crop(data, path, bounds, reduce, out)
+        if done is None:
+            return None
+        _, width, height, left, _ = done
+        return width, height, bounds[0] - left
+
+    @staticmethod
+    def _crop(data: bytes, path: str, bounds: tuple[int, int, int, int], reduce: int, out=None):
+        x0, y0, x1, y1 = bounds
+        try:
+            return _turbo_crop.decode_crop(data, max(0, x0 - 16), y0, x1 + 16, y1, reduce, out)
+        except ValueError as e:
+            raise DecodeError(path, f"corrupt or truncated JPEG ({e})") from None
 
     def decode(self, data: bytes, path: str, *, fast: bool, reduce: int = 1) -> np.ndarray:
         """(h, w, 3) uint8 RGB. ``reduce`` in {1, 2, 4, 8} shrinks JPEGs in the DCT domain
