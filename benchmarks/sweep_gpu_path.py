@@ -5,8 +5,7 @@
 CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>][,j<images per decode call>]
 [,l<late threshold ms>][,i<idle cores kept>][,a<cores kept from workers>][,c<images per worker chunk>][,v<decode choice>]
 [,r<region decode 0/1>][,p<CPU pick: ratio/cpu_cost>][,m<KB of each arena position mapped ahead>]
-[,z<0: the CPU share resized by the workers; 1: its rows resized by the GPU kernel, the default>]
-[,g<most steps of the auto share per window (the loader's _ShareControl.MAX_STEPS; 1: the rule before session 8)>]``,
+[,z<0: the CPU share resized by the workers; 1: its rows resized by the GPU kernel, the default>]``,
 e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or ``w12,0.3,n10,d1,s6,j64,vnvjpeg``;
 d, s, j, l, c default to the loader's own settings, v to "gpu". ``a<k>`` keeps the workers off the first k usable cores (``sched_setaffinity``), leaving them to this
 process's threads (decoder threads, prefetch thread); ``a0`` lets them use all; without it, the loader's own
@@ -17,7 +16,8 @@ epoch, then ``--epochs`` timed epochs (loader only: each batch reaches the devic
 Reported: images/s (median epoch), images/s within epochs (from the second batch's arrival to the last's:
 what an epoch boundary costs is left out), the CPU share at the end, the GPU stage's host time per batch (median;
 ``start`` + ``finish`` in the prefetch thread: layout, copies, waiting for the decoders, kernel launch),
-the wait for the workers per batch (median), and the cores the process tree kept busy; then, per batch on
+the wait for the workers per batch (median), and the cores the process tree kept busy; per timed epoch, the
+CPU share (mean over its batches) and the time this process spent in the garbage collector; then, per batch on
 average: how long ``finish`` waited for the decoder threads, the decoders' library calls (nvImageCodec's
 ``decode()``, nvJPEG's batched call) and the rest of their ``decode_into``/``decode_packed`` (CodeStreams,
 target wrapping, result checks), both summed over the decoder threads, and the stage's time outside the
@@ -55,11 +55,11 @@ def parse(config: str) -> dict:
     out = {"workers": int(parts[0][1:]), "share": parts[1] if parts[1] == "auto" else float(parts[1]),
            "nice": int(parts[2][1:]), "decoders": 2, "slots": None, "job": None,
            "late_ms": None, "via": "gpu", "roi": None, "blocking": 0, "reserve": None, "kept": None, "chunk": None, "pick": None, "map_kb": None,
-           "rows": None, "max_steps": None}
+           "rows": None}
     for extra in parts[3:]:
         key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms", "v": "via", "r": "roi",
                "b": "blocking", "i": "reserve", "a": "kept", "c": "chunk", "p": "pick", "m": "map_kb",
-               "z": "rows", "g": "max_steps"}[extra[0]]
+               "z": "rows"}[extra[0]]
         out[key] = (extra[1:] if key in ("via", "pick") else float(extra[1:]) if key in ("late_ms", "reserve")
                     else int(extra[1:]))
     return out
@@ -133,8 +133,6 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
         workers.RING_MAP_BYTES = c["map_kb"] << 10
     if c["pick"]:  # which samples the CPU's share takes (PipelineSpec.cpu_pick), before the pool starts
         loader.spec = dataclasses.replace(loader.spec, cpu_pick=c["pick"])
-    if c["max_steps"] is not None:  # how fast the auto share moves (this loader only)
-        loader._share.MAX_STEPS = c["max_steps"]
     if c["rows"] is not None:  # the CPU share's crops: rows for the GPU kernel (1) or resized by the workers (0)
         loader.spec = dataclasses.replace(loader.spec, rows_to_gpu=bool(c["rows"]))
     if c["slots"]:
@@ -189,7 +187,8 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
                  (NvJpegHwDecoder, "_batched", "decode")]
     for cls, name, phase in originals:
         setattr(cls, name, _timed(getattr(cls, name), phases[phase]))
-    rates, inner, busy = [], [], []
+    rates, inner, busy, shares, pauses = [], [], [], [], []
+    gc_pause = _GcPauses()
     try:
         for e in range(epochs + 1):
             if e == 1:
@@ -205,13 +204,17 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
                     v.clear()
                 monitor.start()
                 cpu0, t_cpu0 = _cpu_snapshot(loader.worker_pids), time.perf_counter()
-            n, t0, arrivals = 0, time.perf_counter(), []
+            n, t0, arrivals, seen = 0, time.perf_counter(), [], []
+            gc_pause.reset()
             for images, _ in loader:
                 images.sum()
                 n += images.shape[0]
                 arrivals.append(time.perf_counter())
+                seen.append(loader._share.value)
             torch.cuda.synchronize(device)
             if e >= 1:
+                shares.append(statistics.mean(seen))
+                pauses.append(gc_pause.total)
                 rates.append(n / (time.perf_counter() - t0))
                 # within the epoch: from the second batch's arrival to the last's (no epoch boundary)
                 inner.append(images.shape[0] * (len(arrivals) - 2) / (arrivals[-1] - arrivals[1]))
@@ -221,6 +224,7 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
         threads = sorted(((cpu1[k] - cpu0.get(k, 0.0)) / elapsed, k) for k in cpu1)[::-1]
         cpu_note = ", ".join(f"{k} {v:.2f}" for v, k in threads[:7] if v >= 0.01)
     finally:
+        gc_pause.close()
         workers.WorkerPool.collect = collect
         workers.RING_MAP_BYTES = map_default
         for cls, name, _ in originals:
@@ -234,7 +238,28 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
             f"{1e3 * statistics.median(stage_s):.1f} | {1e3 * statistics.median(waits):.1f} | "
             f"{busy:.1f} | {', '.join(f'{r:,.0f}' for r in rates)} | {per(phases['decode_wait']):.1f} | "
             f"{per(phases['decode']):.1f} | {per(phases['decode_into']) - per(phases['decode']):.1f} | "
-            f"{per(stage_s) - per(phases['decode_wait']):.1f} | {cpu_note} |")
+            f"{per(stage_s) - per(phases['decode_wait']):.1f} | {cpu_note} | "
+            f"{', '.join(f'{v:.2f}' for v in shares)} | {', '.join(f'{1e3 * v:.0f}' for v in pauses)} |")
+
+
+class _GcPauses:
+    """Seconds this process spent in the garbage collector (all generations) since ``reset``."""
+
+    def __init__(self) -> None:
+        self.total, self._t0 = 0.0, 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._t0
+
+    def reset(self) -> None:
+        self.total = 0.0
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 def main() -> None:
@@ -250,8 +275,8 @@ def main() -> None:
     print(f"{workers.usable_cores()} usable cores; GPU {torch.cuda.get_device_name(device)}")
     print("| config | images/s | within epochs | CPU share | GPU-decoded | stage host ms/batch | worker wait ms/batch | cores busy "
           "| epochs | decode wait ms | decode() calls ms | rest of decode_into ms | stage outside the wait ms "
-          "| cores busy by thread (this process) and workers |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| cores busy by thread (this process) and workers | mean CPU share by epoch | GC pauses ms by epoch |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     monitor = Monitor(device.index)
     for config in args.configs:
         try:

@@ -455,13 +455,11 @@ class _ShareControl:
     workers off 3 of them: ``KEPT_CORES``), loader only, auto settled at 0.16-0.25 (20,554-25,242 images/s
     in six calls; the engines alone 18,147-21,196; fixed 0.25 and 0.3 no better, 0.35 slower); training,
     ResNet-50 at 1.00 (98.1% of its own rate) and ResNet-18 at 0.56 (77.6%, against 76.8% at 0; before
-    the kept cores it was 69.6%): BENCHMARKS.md, session 6. Steps of 1/32, one per core idle beyond the
-    margin or missing from the reserve (at most ``MAX_STEPS`` a window; one for late batches): from its
-    start at 0.5, loader only settled within about a second (BENCHMARKS.md, session 8) where one step a
-    window took three or four. A change reaches batches submitted from then on, a few batches later.
+    the kept cores it was 69.6%): BENCHMARKS.md, session 6. Steps of 1/32; a change reaches batches
+    submitted from then on, a few batches later.
     """
 
-    STEP, LATE_S, MAX_STEPS = 1 / 32, 0.002, 4
+    STEP, LATE_S = 1 / 32, 0.002
 
     def __init__(self, setting: float | str, idle: IdleCores | None = None) -> None:
         self.auto = setting == "auto"
@@ -478,14 +476,10 @@ class _ShareControl:
         idle = self._idle.poll()
         if idle is None:
             return
-        if idle < self.reserve:  # the workers crowd the cores the training process needs
-            steps = min(self.MAX_STEPS, max(1, round(self.reserve - idle)))
-            self.value = max(0.0, self.value - steps * self.STEP)
-        elif 2 * self._late > self._batches:  # they do not keep up
+        if 2 * self._late > self._batches or idle < self.reserve:
             self.value = max(0.0, self.value - self.STEP)
         elif idle >= self.reserve + 1:
-            steps = min(self.MAX_STEPS, int(idle - self.reserve))
-            self.value = min(1.0, self.value + steps * self.STEP)
+            self.value = min(1.0, self.value + self.STEP)
         self._batches = self._late = 0
 
 
