@@ -5,7 +5,9 @@
 CONFIG is ``w<workers>,<share>,n<nice>[,d<decoders>][,s<ring slots>][,j<images per decode call>]
 [,l<late threshold ms>][,i<idle cores kept>][,a<cores kept from workers>][,c<images per worker chunk>][,v<decode choice>]
 [,r<region decode 0/1>][,p<CPU pick: ratio/cpu_cost>][,m<KB of each arena position mapped ahead>]
-[,z<0: the CPU share resized by the workers; 1: its rows resized by the GPU kernel, the default>]``,
+[,z<0: the CPU share resized by the workers; 1: its rows resized by the GPU kernel, the default>]
+[,g<most steps down of the auto share per window (the loader's _ShareControl.MAX_DOWN_STEPS; g1: the rule before
+session 8)>]``,
 e.g. ``w16,auto,n5`` (the loader's defaults on a 16-core machine) or ``w12,0.3,n10,d1,s6,j64,vnvjpeg``;
 d, s, j, l, c default to the loader's own settings, v to "gpu". ``a<k>`` keeps the workers off the first k usable cores (``sched_setaffinity``), leaving them to this
 process's threads (decoder threads, prefetch thread); ``a0`` lets them use all; without it, the loader's own
@@ -55,11 +57,11 @@ def parse(config: str) -> dict:
     out = {"workers": int(parts[0][1:]), "share": parts[1] if parts[1] == "auto" else float(parts[1]),
            "nice": int(parts[2][1:]), "decoders": 2, "slots": None, "job": None,
            "late_ms": None, "via": "gpu", "roi": None, "blocking": 0, "reserve": None, "kept": None, "chunk": None, "pick": None, "map_kb": None,
-           "rows": None}
+           "rows": None, "down": None}
     for extra in parts[3:]:
         key = {"d": "decoders", "s": "slots", "j": "job", "l": "late_ms", "v": "via", "r": "roi",
                "b": "blocking", "i": "reserve", "a": "kept", "c": "chunk", "p": "pick", "m": "map_kb",
-               "z": "rows"}[extra[0]]
+               "z": "rows", "g": "down"}[extra[0]]
         out[key] = (extra[1:] if key in ("via", "pick") else float(extra[1:]) if key in ("late_ms", "reserve")
                     else int(extra[1:]))
     return out
@@ -133,6 +135,8 @@ def run(data: str, config: str, epochs: int, device: torch.device, monitor: Moni
         workers.RING_MAP_BYTES = c["map_kb"] << 10
     if c["pick"]:  # which samples the CPU's share takes (PipelineSpec.cpu_pick), before the pool starts
         loader.spec = dataclasses.replace(loader.spec, cpu_pick=c["pick"])
+    if c["down"] is not None:  # how fast the auto share comes down (this loader only)
+        loader._share.MAX_DOWN_STEPS = c["down"]
     if c["rows"] is not None:  # the CPU share's crops: rows for the GPU kernel (1) or resized by the workers (0)
         loader.spec = dataclasses.replace(loader.spec, rows_to_gpu=bool(c["rows"]))
     if c["slots"]:

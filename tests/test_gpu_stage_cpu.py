@@ -259,9 +259,17 @@ def test_share_control_gives_the_workers_what_they_keep_up_with_and_leaves_cores
     idle.readings = [8.0]
     auto.update(0.0)
     assert auto.value == pytest.approx(start + 2 * step)
-    idle.readings = [2.0]
-    auto.update(0.0)  # fewer than 4 cores idle: less
+    idle.readings = [3.7]
+    auto.update(0.0)  # fewer than 4 cores idle: less, a step per core missing (at least one)
     assert auto.value == pytest.approx(start + step)
+    idle.readings = [1.0, 12.0]
+    auto.update(0.0)
+    assert auto.value == pytest.approx(start - 2 * step)
+    auto.update(0.0)  # up: one step a window however many cores idle
+    assert auto.value == pytest.approx(start - step)
+    idle.readings = [0.0]
+    auto.update(0.0)  # 4 missing: 4 steps, the most a window
+    assert auto.value == pytest.approx(start - 5 * step)
     idle.readings = [16.0] * 100
     for _ in range(100):
         auto.update(0.0)

@@ -455,11 +455,15 @@ class _ShareControl:
     workers off 3 of them: ``KEPT_CORES``), loader only, auto settled at 0.16-0.25 (20,554-25,242 images/s
     in six calls; the engines alone 18,147-21,196; fixed 0.25 and 0.3 no better, 0.35 slower); training,
     ResNet-50 at 1.00 (98.1% of its own rate) and ResNet-18 at 0.56 (77.6%, against 76.8% at 0; before
-    the kept cores it was 69.6%): BENCHMARKS.md, session 6. Steps of 1/32; a change reaches batches
-    submitted from then on, a few batches later.
+    the kept cores it was 69.6%): BENCHMARKS.md, session 6. Steps of 1/32, up one a window; down one
+    for late batches, or one per core missing from the reserve (at most ``MAX_DOWN_STEPS``), so a share
+    too high for the CPU comes down within a few windows (from the start at 0.5, loader only: about 9
+    windows at one step each). Up stays one step: while the workers start and at epoch boundaries the
+    cores idle with no batch to decode, and larger steps up then left the share too high (BENCHMARKS.md,
+    session 8). A change reaches batches submitted from then on, a few batches later.
     """
 
-    STEP, LATE_S = 1 / 32, 0.002
+    STEP, LATE_S, MAX_DOWN_STEPS = 1 / 32, 0.002, 4
 
     def __init__(self, setting: float | str, idle: IdleCores | None = None) -> None:
         self.auto = setting == "auto"
@@ -476,7 +480,10 @@ class _ShareControl:
         idle = self._idle.poll()
         if idle is None:
             return
-        if 2 * self._late > self._batches or idle < self.reserve:
+        if idle < self.reserve:  # the workers crowd the cores the training process needs
+            steps = min(self.MAX_DOWN_STEPS, max(1, round(self.reserve - idle)))
+            self.value = max(0.0, self.value - steps * self.STEP)
+        elif 2 * self._late > self._batches:  # they do not keep up
             self.value = max(0.0, self.value - self.STEP)
         elif idle >= self.reserve + 1:
             self.value = min(1.0, self.value + self.STEP)
