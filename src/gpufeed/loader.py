@@ -110,7 +110,8 @@ class ImageLoader:
 
     ``cpu_share`` (GPU decode only): the fraction of each batch that the CPU
     workers decode beside the GPU decoders (each chunk's cheapest samples to
-    decode on the CPU). "auto" adapts it as it goes: the workers take as much
+    decode on the CPU: only the crop's rows, which the GPU kernel resizes with
+    the rest of the batch). "auto" adapts it as it goes: the workers take as much
     as they keep up with while a quarter of the cores stay idle for the
     training process, the GPU decoders the rest (``_ShareControl``).
     ``loader.stats["cpu_share"]`` gives the current value. On the GPU path the
