@@ -137,9 +137,9 @@ class GpuDecodeAugment:
         encoded = meta[:, 0] == KIND_BYTES
         # decoded extents: the header's (or the crop box's, decoding regions) for encoded samples, the rows'
         # for CPU-decoded rows, S x S for pre-cropped ones
-        cpu_rows = meta[:, 0] == KIND_ROWS
-        heights = np.where(encoded, meta[:, 7 if self._roi else 3], np.where(cpu_rows, meta[:, 3], s))
-        widths = np.where(encoded, meta[:, 6 if self._roi else 2], np.where(cpu_rows, meta[:, 2], s))
+        decoded_rows = meta[:, 0] == KIND_ROWS
+        heights = np.where(encoded, meta[:, 7 if self._roi else 3], np.where(decoded_rows, meta[:, 3], s))
+        widths = np.where(encoded, meta[:, 6 if self._roi else 2], np.where(decoded_rows, meta[:, 2], s))
         started = _Started(batch)
         parts = _slices(list(zip(widths.tolist(), heights.tolist())), self.max_batch_pixels)
         try:
@@ -226,9 +226,10 @@ class GpuDecodeAugment:
 
     def _rooms(self, batch: EncodedBatch) -> Callable[[int, int], torch.Tensor]:
         """(i, n) -> the first n bytes of sample i's pixel room as a host tensor for an H2D copy (``_host``;
-        the page-locked check is made once per batch)."""
-        rooms = batch.rooms if batch.rooms is not None else batch.pixels.reshape(len(batch.pixels), -1)
-        t = torch.from_numpy(rooms)
+        the page-locked check is made once per batch). Without rooms, sample i's pixels."""
+        if batch.rooms is None:  # pre-cropped pixels only
+            return lambda i, n: self._host(batch.pixels[i]).view(-1)[:n]
+        t = torch.from_numpy(batch.rooms)
         if self.device.type != "cuda" or t.is_pinned():
             return lambda i, n: t[i, :n]
         return lambda i, n: t[i, :n].pin_memory()

@@ -380,8 +380,7 @@ class ImageLoader:
                 if f.reason != "retry":
                     self._record_skip(f.path, f.reason)
             keep = [k for k in range(len(positions)) if k not in bad]
-            pixels = view.images if view.rooms is None else view.rooms  # images are a view of the rooms
-            for arr in (pixels, view.labels, view.meta, view.arena):
+            for arr in (view.pixels, view.labels, view.meta, view.arena):  # images are a view of the pixels
                 if arr is not None:
                     arr[: len(keep)] = arr[keep]
             positions = [positions[k] for k in keep]
@@ -446,10 +445,9 @@ class _ShareControl:
     """The CPU workers' share of each GPU-path batch: fixed, or adapted ("auto").
 
     The workers take what they keep up with without starving the training process of cores: at the
-    end of every ``IdleCores.WINDOW_S`` window of batches, the share goes down a step if most of
-    them were late (the GPU stage waited more than ``LATE_S`` for the batch) or if fewer than
-    ``reserve`` cores (a quarter) stayed idle, and up a step if neither and at least one more core than
-    that stayed idle. When training is the slower side this puts on the workers much of what the CPU
+    end of every ``IdleCores.WINDOW_S`` window of batches, the share goes down if fewer than
+    ``reserve`` cores (a quarter) stayed idle or if most batches were late (the GPU stage waited more
+    than ``LATE_S`` for them), and up if neither and at least one more core than that stayed idle. When training is the slower side this puts on the workers much of what the CPU
     can decode (a GPU decode spends the training process's time, its Python thread and the GIL, which
     the worker processes do not touch); when the GPU decoders are the slower side the CPU takes a part
     beside them without crowding out the process that feeds them. On the H200 machine (16 cores, the

@@ -71,6 +71,11 @@ class Ring:
         """The whole pixel area, contiguous: ``rooms`` on the GPU path, ``images`` on the CPU path."""
         return self.images if self.rooms is None else self.rooms
 
+    def slot(self, slot: int) -> "SlotView":
+        """Views of one whole slot."""
+        pick = lambda a: None if a is None else a[slot]
+        return SlotView(self.images[slot], self.labels[slot], pick(self.meta), pick(self.arena), pick(self.rooms))
+
     def map_pages(self, arena_bytes: int) -> bool:
         """Map the ring into this process's page tables now: all of ``images`` and ``labels``, and the
         first ``arena_bytes`` of each sample's room in ``arena`` (and ``meta``). Each worker process
@@ -132,6 +137,11 @@ class SlotView:
     meta: np.ndarray | None = None
     arena: np.ndarray | None = None
     rooms: np.ndarray | None = None
+
+    @property
+    def pixels(self) -> np.ndarray:
+        """The pixel area of these samples, whole (``Ring.pixels``): rooms if there are, else images."""
+        return self.images if self.rooms is None else self.rooms
 
     def head(self, n: int) -> "SlotView":
         """The first ``n`` samples."""

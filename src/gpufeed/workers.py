@@ -47,7 +47,7 @@ from .decode.base import DecodeError
 from .decode.cpu import CpuDecoder
 from .decode.exif import read_orientation, swaps_axes
 from .decode.jpeg_check import gpu_safe_jpeg
-from .ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, PIXEL_ROOM, Ring, SlotView, check_shm_space
+from .ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, Ring, SlotView, check_shm_space
 from .sources.base import FileSource, Source
 from .sources.shared import SharedFileSource
 
@@ -406,11 +406,8 @@ class WorkerPool:
         self.last_wait = 0.0
         self._ctx = ctx = _default_context()
         capacity = spec.gpu_bytes_capacity
-        # the bytes the ring touches: pixels and labels; on the GPU path the pixel rooms and typical JPEGs too
-        touched = Ring.nbytes(num_slots, batch_size, size, 0)
-        if capacity:
-            touched += num_slots * batch_size * ((PIXEL_ROOM - 1) * size * size * 3 + min(capacity, 512 << 10))
-        check_shm_space(touched)
+        # the bytes the ring touches: all of it but the arena's room beyond typical JPEGs
+        check_shm_space(Ring.nbytes(num_slots, batch_size, size, min(capacity, 512 << 10)))
         self._shm = shared_memory.SharedMemory(create=True, size=Ring.nbytes(num_slots, batch_size, size, capacity))
         self._ring = Ring(self._shm, num_slots, batch_size, size, capacity)
         self.map_bytes = RING_MAP_BYTES  # read here, so a benchmark may change it between pools
@@ -483,9 +480,7 @@ class WorkerPool:
             f = failures[0]
             raise WorkerError(f"failed to load {f.path!r}: {f.reason}" + (f"\n\nworker traceback:\n{f.traceback}"
                                                                           if f.traceback else ""))
-        n, slot, r = entry["n"], entry["slot"], self._ring
-        cut = lambda a: None if a is None else a[slot, :n]
-        return SlotView(r.images[slot, :n], r.labels[slot, :n], cut(r.meta), cut(r.arena), cut(r.rooms)), failures
+        return self._ring.slot(entry["slot"]).head(entry["n"]), failures
 
     @property
     def closed(self) -> bool:

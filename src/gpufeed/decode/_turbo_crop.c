@@ -41,6 +41,13 @@ static void strict_emit_message(j_common_ptr cinfo, int level) {
     }
 }
 
+/* Everything decode_crop holds, let go on every way out. */
+static void release(struct jpeg_decompress_struct *cinfo, Py_buffer *data, Py_buffer *dest, int into) {
+    jpeg_destroy_decompress(cinfo);
+    PyBuffer_Release(data);
+    if (into) PyBuffer_Release(dest);
+}
+
 static PyObject *decode_crop(PyObject *self, PyObject *args) {
     Py_buffer data, dest;
     int x0, y0, x1, y1, denom;
@@ -60,10 +67,8 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     jerr.pub.emit_message = strict_emit_message;
     jerr.message[0] = 0;
     if (setjmp(jerr.jump)) {
-        jpeg_destroy_decompress(&cinfo);
         Py_XDECREF(out);
-        PyBuffer_Release(&data);
-        if (into) PyBuffer_Release(&dest);
+        release(&cinfo, &data, &dest, into);
         PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", jerr.message);
         return NULL;
     }
@@ -81,9 +86,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     if (x1 > W) x1 = W;
     if (y1 > H) y1 = H;
     if (x1 <= x0 || y1 <= y0) {
-        jpeg_destroy_decompress(&cinfo);
-        PyBuffer_Release(&data);
-        if (into) PyBuffer_Release(&dest);
+        release(&cinfo, &data, &dest, into);
         PyErr_Format(PyExc_ValueError, "empty crop (%d, %d, %d, %d) of a %dx%d image", x0, y0, x1, y1, W, H);
         return NULL;
     }
@@ -95,9 +98,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     unsigned char *dst;
     if (into) {
         if (stride * height > dest.len) { /* does not fit: the caller decodes another way */
-            jpeg_destroy_decompress(&cinfo);
-            PyBuffer_Release(&data);
-            PyBuffer_Release(&dest);
+            release(&cinfo, &data, &dest, into);
             Py_RETURN_NONE;
         }
         dst = (unsigned char *)dest.buf;
@@ -118,13 +119,8 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
         longjmp(jerr.jump, 1);
     }
     jpeg_abort_decompress(&cinfo); /* the rows below the crop are not needed */
-    jpeg_destroy_decompress(&cinfo);
-    PyBuffer_Release(&data);
-    if (into) {
-        PyBuffer_Release(&dest);
-        return Py_BuildValue("(Oiiii)", Py_None, (int)width, height, (int)left, y0);
-    }
-    return Py_BuildValue("(Niiii)", out, (int)width, height, (int)left, y0);
+    release(&cinfo, &data, &dest, into);
+    return Py_BuildValue("(Niiii)", into ? Py_NewRef(Py_None) : out, (int)width, height, (int)left, y0);
 }
 
 static PyObject *entropy_ok(PyObject *self, PyObject *args) {
