@@ -109,17 +109,3 @@ def test_worker_cpus_keep_whole_physical_cores():
 def test_thread_siblings_from_sysfs_or_the_cpu_alone():
     assert 0 in cores._thread_siblings(0)
     assert cores._thread_siblings(10**6) == {10**6}  # no such CPU
-
-
-def test_info_names_the_workers_cpus_as_ranges():
-    from gpufeed.cores import cpu_ranges as _ranges
-    from gpufeed.info import collect_info
-    from gpufeed.loader import KEPT_CORES
-
-    assert _ranges({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8" and _ranges({3}) == "3"
-    line = collect_info()["GPU path: workers' CPUs"]
-    kept = cores.worker_cpus(KEPT_CORES)
-    if kept is None:
-        assert line == "all (fewer than 8 in the mask)"
-    else:
-        assert line.startswith(_ranges(kept) + " (")

@@ -7,7 +7,8 @@ import gpufeed.decode.cpu as cpu_mod
 from gpufeed.augment.params import AugmentSpec
 from gpufeed.decode import CpuDecoder, DecodeError
 from gpufeed.sources import folder_source
-from gpufeed.workers import PipelineSpec, load_sample_into
+from gpufeed.workers import PipelineSpec
+from gpufeed.workers.chunks import load_sample_into
 from tests.corpus import DECODABLE, UNDECODABLE
 
 pytestmark = pytest.mark.skipif(not cpu_mod.cropped_decode_available(),
@@ -25,7 +26,7 @@ def test_same_output_as_the_full_decode(synth_root, monkeypatch):
         return out
 
     cropped = run()
-    monkeypatch.setattr(cpu_mod, "_turbo_crop", None)
+    monkeypatch.setattr(cpu_mod, "_decode_crop", None)
     full = run()
     np.testing.assert_array_equal(cropped, full)
 
@@ -48,14 +49,6 @@ def test_damaged_files_still_refused(kind):
     assert dec.decode_region(data, "bad.jpg", (0, 0, 8, 8), 1) is None  # structural check: full strict decode
     with pytest.raises(DecodeError, match="bad.jpg"):
         dec.decode(data, "bad.jpg", fast=True)
-
-
-def test_check_structure_off_lets_a_progressive_jpeg_take_the_cropped_decode():
-    # The switch that benchmarks/check_cost.py measures with: it turns off the structural test and nothing else.
-    data = DECODABLE["progressive"]()
-    assert CpuDecoder().decode_region(data, "p.jpg", (0, 0, 8, 8), 1) is None
-    region = CpuDecoder(check_structure=False).decode_region(data, "p.jpg", (0, 0, 8, 8), 1)
-    assert region is not None and region.shape == (8, 8, 3)
 
 
 def test_entropy_check_in_c_equals_the_numpy_form():

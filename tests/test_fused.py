@@ -10,11 +10,10 @@ import pytest
 import torch
 
 from gpufeed.augment.cpu import crop_resize_into
-from gpufeed.augment.fused import normalize_constants, pack_images, resized_crop_reference, taps_for
+from gpufeed.augment.fused import normalize_constants, resized_crop_reference, taps_for
 from gpufeed.augment.params import CropBox
 from gpufeed.decode.cpu import CpuDecoder
-from gpufeed.decode.placement import create_gpu_decoder
-from gpufeed.gpu_stage import _slices
+from gpufeed.decode.gpu_stage import _slices
 from gpufeed.synth import synthetic_jpeg
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -29,6 +28,14 @@ def _to_uint8(x: torch.Tensor) -> np.ndarray:
     """(3, S, S) normalised -> (S, S, 3) uint8-range float."""
     m, s = torch.tensor(MEAN).view(3, 1, 1), torch.tensor(STD).view(3, 1, 1)
     return ((x.float() * s + m) * 255).permute(1, 2, 0).numpy()
+
+
+def pack(images):
+    """(h, w, 3) uint8 images in one flat buffer, as the GPU stage lays them out; the buffer and the offsets."""
+    offsets = [0]
+    for im in images[:-1]:
+        offsets.append(offsets[-1] + im.numel())
+    return torch.cat([im.reshape(-1) for im in images]), offsets
 
 
 def test_taps():
@@ -49,7 +56,7 @@ def test_reference_matches_the_cpu_path_for_the_same_boxes():
         images.append(torch.from_numpy(full.copy()))
         boxes.append(box)
         cpu.append(out)
-    flat, offs = pack_images(images)
+    flat, offs = pack(images)
     meta = torch.tensor([[o, im.shape[0], im.shape[1], b.x, b.y, b.width, b.height, int(b.flip)]
                          for o, im, b in zip(offs, images, boxes)])
     out = torch.full((6, 3, 224, 224), float("nan"))
@@ -61,10 +68,11 @@ def test_reference_matches_the_cpu_path_for_the_same_boxes():
 
 _INTERPRETER_CHECK = r"""
 import torch
-from gpufeed.augment.fused import pack_images, resized_crop_reference, resized_crop_triton
+from gpufeed.augment.fused import resized_crop_reference, resized_crop_triton
 g = torch.Generator().manual_seed(0)
 imgs = [torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=g) for h, w in ((50, 70), (31, 17), (90, 120), (1, 1))]
-flat, offs = pack_images(imgs)
+flat = torch.cat([im.reshape(-1) for im in imgs])
+offs = [0, 50 * 70 * 3, 50 * 70 * 3 + 31 * 17 * 3, 50 * 70 * 3 + 31 * 17 * 3 + 90 * 120 * 3]
 meta = torch.tensor([[offs[0], 50, 70, 5, 3, 60, 40, 0], [offs[1], 31, 17, 0, 0, 17, 31, 1],
                      [offs[2], 90, 120, 10, 5, 100, 80, 1], [offs[3], 1, 1, 0, 0, 1, 1, 0]])
 sc, sh = [0.01, 0.02, 0.03], [-1.0, -2.0, 0.5]
@@ -91,50 +99,3 @@ def test_slices_respect_the_pixel_budget():
     sizes = [(100, 100)] * 5 + [(1000, 1000)] + [(100, 100)] * 2
     assert _slices(sizes, 30_000) == [range(0, 3), range(3, 5), range(5, 6), range(6, 8)]
     assert _slices(sizes, 10**9) == [range(0, 8)]
-
-
-def test_decoder_placement_on_the_cpu(monkeypatch):
-    assert create_gpu_decoder("auto", torch.device("cpu"))[0] is None
-    import gpufeed.augment.fused as fused
-
-    with monkeypatch.context() as m:
-        m.setattr(fused, "triton", None)
-        assert create_gpu_decoder("auto", torch.device("cuda", 0)) == (
-            None, "decode='auto': Triton is not installed (the fused GPU kernel needs it); CPU workers")
-    decoders, why = create_gpu_decoder("auto", torch.device("cuda", 0))
-    if decoders is None:  # no GPU here: the CPU workers, and the reason says why for each GPU decoder
-        assert why.startswith("decode='auto': nvjpeg unavailable") and "nvimgcodec unavailable" in why
-        assert "CPU workers" in why
-    else:
-        assert decoders[0].name in ("nvjpeg-hw", "nvimgcodec")  # never torchvision's decoder
-    assert create_gpu_decoder("cpu", torch.device("cpu"))[0] is None
-    with pytest.raises(ValueError, match="decode='nvimgcodec' needs a CUDA device"):
-        create_gpu_decoder("nvimgcodec", torch.device("cpu"))
-    with pytest.raises(ValueError, match="decode must be one of"):
-        create_gpu_decoder("dali", torch.device("cpu"))
-
-
-def test_decoder_placement_order_and_fallback(monkeypatch):
-    """Each choice tries its decoders in order, says why each earlier one was passed over, and an explicit
-    single choice that cannot work raises instead of quietly decoding elsewhere."""
-    import gpufeed.decode.placement as placement
-
-    def broken(device, threads):
-        raise RuntimeError("no engines on this GPU")
-
-    made = lambda name: (lambda device, threads: ([name] * threads, f"{name} works"))
-    cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(placement, "_MAKERS", {"nvjpeg": broken, "nvimgcodec": made("nvimgcodec"),
-                                               "torchvision": made("torchvision")})
-    decoders, why = create_gpu_decoder("gpu", cuda, threads=2)
-    assert decoders == ["nvimgcodec", "nvimgcodec"]
-    assert why == "nvjpeg unavailable: RuntimeError: no engines on this GPU; nvimgcodec works"
-    with pytest.raises(ValueError, match="nvjpeg unavailable: RuntimeError: no engines"):
-        create_gpu_decoder("nvjpeg", cuda)
-    monkeypatch.setitem(placement._MAKERS, "nvimgcodec", broken)
-    assert create_gpu_decoder("gpu", cuda)[0][0] == "torchvision"
-    decoders, why = create_gpu_decoder("auto", cuda)
-    assert decoders is None and why.endswith("; CPU workers (pip install gpufeed[nvjpeg-cu13] or gpufeed[nvimgcodec-cu13])")
-    monkeypatch.setitem(placement._MAKERS, "torchvision", broken)
-    decoders, why = create_gpu_decoder("gpu", cuda)
-    assert decoders is None and why.count("unavailable") == 3 and why.endswith("CPU decode")

@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from gpufeed.augment.params import AugmentSpec
+from gpufeed.decode.base import DecodeJob
 from gpufeed.decode.cpu import CpuDecoder
+from gpufeed.decode.gpu_stage import GpuDecodeAugment
 from gpufeed.decode.nvjpeg_hw import NvJpegHwDecoder, load_nvjpeg
-from gpufeed.decode.placement import create_gpu_decoder
-from gpufeed.gpu_stage import EncodedBatch, GpuDecodeAugment
-from gpufeed.ring import KIND_BYTES
+from gpufeed.placement import create_gpu_decoders
+from gpufeed.ring import KIND_BYTES, SlotView
+from gpufeed.schedule import HostBatch
 from tests.corpus import jpeg
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -27,31 +29,13 @@ class FakeNvjpeg:
     def __init__(self, refuse=()):
         self.refuse, self.cpu, self.n, self.parsed = set(refuse), CpuDecoder(), 0, b""
         self.batches: list[int] = []
-        self.regions: dict[int, tuple] = {}  # decode parameters object -> ROI
-
-    def nvjpegDecodeParamsCreate(self, handle, params):
-        params._obj.value = 1000 + len(self.regions)
-        self.regions[params._obj.value] = (0, 0, -1, -1)
-        return 0
-
-    def nvjpegDecodeParamsSetROI(self, params, x, y, w, h):
-        self.regions[params.value] = (x, y, w, h)
-        return 0
-
-    def nvjpegDecodeBatchedEx(self, handle, state, src, lengths, images, params, stream):
-        regions = np.ctypeslib.as_array((ctypes.c_uint64 * self.n).from_address(params))
-        return self.nvjpegDecodeBatched(handle, state, src, lengths, images, stream,
-                                        [self.regions[int(p)] for p in regions])
-
-    def nvjpegDecodeBatchedSupportedEx(self, handle, jstream, params, supported):
-        return self.nvjpegDecodeBatchedSupported(handle, jstream, supported)
 
     def nvjpegDecodeBatchedInitialize(self, handle, state, n, threads, fmt):
         assert fmt == 5 and threads == 1  # NVJPEG_OUTPUT_RGBI
         self.n = n
         return 0
 
-    def nvjpegDecodeBatched(self, handle, state, src, lengths, images, stream, regions=None):
+    def nvjpegDecodeBatched(self, handle, state, src, lengths, images, stream):
         n = self.n
         src = np.ctypeslib.as_array((ctypes.c_uint64 * n).from_address(src))
         lengths = np.ctypeslib.as_array((ctypes.c_uint64 * n).from_address(lengths))
@@ -60,11 +44,8 @@ class FakeNvjpeg:
         self.batches.append(n)
         if any(d in self.refuse for d in datas):
             return 4  # NVJPEG_STATUS_JPEG_NOT_SUPPORTED
-        for j, (d, row) in enumerate(zip(datas, table)):
+        for d, row in zip(datas, table):
             img = self.cpu.decode(d, "x", fast=True)
-            if regions is not None and regions[j][2] > 0:
-                x, y, w, h = regions[j]
-                img = np.ascontiguousarray(img[y : y + h, x : x + w])
             assert int(row[4]) == img.shape[1] * 3 and not row[1:4].any() and not row[5:].any()
             ctypes.memmove(int(row[0]), img.tobytes(), img.nbytes)
         return 0
@@ -94,11 +75,15 @@ class _Stream:
     cuda_stream = 0
 
 
-def _decoder(lib, roi=False):
+def _decoder(lib):
     d = NvJpegHwDecoder.__new__(NvJpegHwDecoder)  # no CUDA here: the state the constructor would make
     d._lib, d._handle, d._jstream, d.device = lib, ctypes.c_void_p(1), ctypes.c_void_p(2), torch.device("cpu")
-    d._states, d._turn, d.roi, d._params = [(ctypes.c_void_p(3 + k), _Event()) for k in range(2)], 0, roi, {}
+    d._states, d._turn = [(ctypes.c_void_p(3 + k), _Event()) for k in range(2)], 0
     return d
+
+
+def _decode(lib, datas, outs):
+    return _decoder(lib).decode(DecodeJob.of([np.frombuffer(d, np.uint8) for d in datas], outs), _Stream()).tolist()
 
 
 @pytest.fixture(autouse=True)
@@ -116,7 +101,7 @@ def test_a_good_batch_is_one_call_with_every_pixel_in_place():
     datas, refs = _case()
     lib = FakeNvjpeg()
     outs = [torch.full(r.shape, 7, dtype=torch.uint8) for r in refs]
-    ok = _decoder(lib).decode_into([np.frombuffer(d, np.uint8) for d in datas], outs, _Stream())
+    ok = _decode(lib, datas, outs)
     assert ok == [True] * 5 and lib.batches == [5]
     for out, ref in zip(outs, refs):
         assert np.array_equal(out.numpy(), ref)
@@ -126,7 +111,7 @@ def test_a_refused_image_fails_alone_and_its_place_is_left_alone():
     datas, refs = _case()
     lib = FakeNvjpeg(refuse={datas[2]})
     outs = [torch.full(r.shape, 7, dtype=torch.uint8) for r in refs]
-    ok = _decoder(lib).decode_into([np.frombuffer(d, np.uint8) for d in datas], outs, _Stream())
+    ok = _decode(lib, datas, outs)
     assert ok == [True, True, False, True, True]
     assert lib.batches == [5, 4]  # the whole batch, then the four supported ones again
     assert (outs[2] == 7).all()
@@ -141,14 +126,15 @@ def test_a_size_other_than_the_buffers_is_never_decoded():
     lib = FakeNvjpeg(refuse={datas[0]})  # force the checked path
     shapes = [refs[0].shape, (refs[1].shape[0], refs[1].shape[1] - 8, 3), refs[2].shape]
     outs = [torch.full(s, 7, dtype=torch.uint8) for s in shapes]
-    ok = _decoder(lib).decode_into([np.frombuffer(d, np.uint8) for d in datas], outs, _Stream())
+    ok = _decode(lib, datas, outs)
     assert ok == [False, False, True] and lib.batches == [3, 1]
     assert (outs[1] == 7).all() and np.array_equal(outs[2].numpy(), refs[2])
 
 
 def test_gpu_stage_hands_ring_rows_and_buffer_places_by_address():
-    """The stage's packed path: source addresses are rows of the arena, destinations places in the
-    decode buffer; with one refusal the output equals the stand-in-free result (CPU finishes it)."""
+    """The stage gives the decoders addresses: sources are rows of the arena, destinations places in the
+    decode buffer; with one refusal the output equals the clean result but for that sample, which the CPU
+    finishes from the same box."""
     datas, refs = _case(6)
     cap = max(map(len, datas)) + 5
     meta = np.zeros((6, 9), np.int64)
@@ -159,14 +145,21 @@ def test_gpu_stage_hands_ring_rows_and_buffer_places_by_address():
         box = spec.draw(w, h, seed=0, epoch=0, index=i)
         meta[i] = (KIND_BYTES, len(d), w, h, box.x, box.y, box.width, box.height, int(box.flip))
         arena[i, : len(d)] = np.frombuffer(d, np.uint8)
-    batch = EncodedBatch(torch.arange(6), meta, arena, np.zeros((6, 16, 16, 3), np.uint8), lambda i: f"f{i}")
+    slot = SlotView(np.zeros((6, 16, 16, 3), np.uint8), np.arange(6), meta, arena)
+    batch = HostBatch(torch.arange(6), slot, lambda i: f"f{i}", 6, lambda: None)
 
-    def stage(lib, decoders=2, roi=False):
-        s = GpuDecodeAugment([_decoder(lib, roi) for _ in range(decoders)], device=torch.device("cpu"),
+    class OnAStream:  # the stage on the CPU passes no stream; the decoder under test wants one
+        def __init__(self, inner):
+            self.inner, self.name, self.job_images = inner, inner.name, inner.job_images
+
+        def decode(self, job, stream):
+            return self.inner.decode(job, _Stream())
+
+    def stage(lib, decoders=2):
+        s = GpuDecodeAugment([OnAStream(_decoder(lib)) for _ in range(decoders)], device=torch.device("cpu"),
                              image_size=16, mean=MEAN, std=STD, dtype=torch.float32, channels_last=False,
                              max_pixels=10**8)
-        s._streams = [_Stream()] * decoders
-        assert s._packed and s.job_images == NvJpegHwDecoder.job_images
+        assert s.job_images == NvJpegHwDecoder.job_images
         return s
 
     clean = stage(FakeNvjpeg())
@@ -179,18 +172,6 @@ def test_gpu_stage_hands_ring_rows_and_buffer_places_by_address():
     # sample 4 came from the CPU path's cropped decode instead of the decoder's full one: close, not equal
     torch.testing.assert_close(got[[0, 1, 2, 3, 5]], want[[0, 1, 2, 3, 5]], rtol=0, atol=0)
     assert (got[4] - want[4]).abs().mean() < 0.05
-    # region decode: each image's crop box only, then the kernel crops nothing: the same output but at the
-    # box's edges, where the kernel's filter taps no longer reach the pixels outside the box (as crop-then-
-    # resize, torchvision's order, has it): under half a grey level there
-    regions = FakeNvjpeg(refuse={datas[4]})
-    roi = stage(regions, roi=True)
-    assert roi._roi
-    got_roi, _ = roi(batch)
-    torch.testing.assert_close(got_roi, got, rtol=0, atol=0.5 / 255 / 0.225)
-    torch.testing.assert_close(got_roi[4], got[4], rtol=0, atol=0)  # the CPU's sample: untouched by regions
-    assert sorted(regions.regions.values())[-6:] != [(0, 0, -1, -1)] * 6
-    boxes = {tuple(int(v) for v in m[4:8]) for m in meta}
-    assert boxes <= set(regions.regions.values())  # every box was asked for as a region
 
 
 def test_library_discovery_reports_what_it_found():
@@ -204,7 +185,7 @@ def test_library_discovery_reports_what_it_found():
 
 def test_nvjpeg_choice_needs_a_cuda_device():
     with pytest.raises(ValueError, match="decode='nvjpeg' needs a CUDA device"):
-        create_gpu_decoder("nvjpeg", torch.device("cpu"))
+        create_gpu_decoders("nvjpeg", torch.device("cpu"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")

@@ -43,8 +43,11 @@ def test_loader_over_tar_equals_loader_over_folder(tmp_path, synth_root):
     _shards(synth_root, tmp_path / "shards")
     kw = dict(batch_size=8, image_size=32, num_workers=2, device="cpu", seed=4)
     with ImageLoader(synth_root, **kw) as a, ImageLoader(tmp_path / "shards", **kw) as b:
-        for (xa, ya), (xb, yb) in zip(a, b):
+        compared = 0
+        for (xa, ya), (xb, yb) in zip(a, b, strict=True):
             assert torch.equal(ya, yb) and torch.equal(xa, xb)
+            compared += 1
+        assert compared == len(a) == 5
 
 
 def test_tar_errors_name_the_shard(tmp_path):

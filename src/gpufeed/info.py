@@ -49,17 +49,19 @@ def _probe_gpu_decode(choice: str) -> str:
     import numpy as np
     import torch
 
+    from .decode.base import DecodeJob
     from .decode.cpu import CpuDecoder
-    from .decode.placement import create_gpu_decoder
+    from .placement import create_gpu_decoders
     from .synth import synthetic_jpeg
 
     if not torch.cuda.is_available():
         return "no CUDA device"
     try:
-        decoders, _ = create_gpu_decoder(choice, torch.device("cuda", torch.cuda.current_device()))
+        decoders, _ = create_gpu_decoders(choice, torch.device("cuda", torch.cuda.current_device()))
         data, (w, h) = synthetic_jpeg(np.random.default_rng(0))
         img = torch.full((h, w, 3), 7, dtype=torch.uint8, device="cuda")
-        ok = decoders[0].decode_into([np.frombuffer(data, np.uint8)], [img], torch.cuda.current_stream())[0]
+        job = DecodeJob.of([np.frombuffer(data, np.uint8)], [img])
+        ok = bool(decoders[0].decode(job, torch.cuda.current_stream())[0])
         torch.cuda.synchronize()
     except Exception as e:  # report any failure as "does not work here", with the reason
         return f"does not work here ({type(e).__name__}: {str(e)[:160]})"
@@ -68,7 +70,7 @@ def _probe_gpu_decode(choice: str) -> str:
     ref = CpuDecoder().decode(data, "<probe>", fast=True).astype(np.float64)
     mse = float(((img.cpu().numpy().astype(np.float64) - ref) ** 2).mean())
     psnr = 99.0 if mse == 0 else 10 * np.log10(255**2 / mse)
-    how = {True: ", decodes in place", False: ", decodes then copies"}.get(getattr(decoders[0], "_in_place", None), "")
+    how = {True: ", decodes in place", False: ", decodes then copies"}.get(getattr(decoders[0], "in_place", None), "")
     return f"works (PSNR {psnr:.1f} dB against the CPU decode{how})"
 
 
@@ -76,11 +78,11 @@ def collect_info() -> dict[str, str]:
     """Versions, hardware and backends as (name, value) text."""
     import torch
 
-    from .cores import affinity, cpu_limit, cpu_ranges, usable_cores, worker_cpus
-    from .loader import KEPT_CORES
+    from .cores import affinity, cpu_limit, cpu_ranges, usable_cores
+    from .placement import worker_cpus
 
     limit = cpu_limit()
-    kept = worker_cpus(KEPT_CORES)
+    kept = worker_cpus(gpu_path=True)
     info = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -118,10 +120,10 @@ def collect_info() -> dict[str, str]:
     info["decode: nvjpeg hardware engines (GPU)"] = _probe_gpu_decode("nvjpeg")
     info["decode: nvimgcodec (GPU)"] = _probe_gpu_decode("nvimgcodec")
     info["decode: torchvision (GPU)"] = _probe_gpu_decode("torchvision")
-    from .decode.placement import create_gpu_decoder
+    from .placement import create_gpu_decoders
 
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    info["ImageLoader decode='auto' uses"] = create_gpu_decoder("auto", device)[1]
+    info["ImageLoader decode='auto' uses"] = create_gpu_decoders("auto", device)[1]
     return info
 
 

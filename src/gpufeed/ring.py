@@ -14,15 +14,36 @@ import ctypes
 import os
 import sys
 from dataclasses import dataclass
+from enum import IntEnum
 from multiprocessing import shared_memory
 
 import numpy as np
 
-META_FIELDS = ("kind", "length", "width", "height", "x", "y", "box_w", "box_h", "flip")
+
+class Meta(IntEnum):
+    """Columns of a GPU-path position's metadata row (``Ring.meta[slot, k]``, int64): what it holds
+    (``KIND``), its byte count, the extent of the image those bytes are, and the crop box within it."""
+
+    KIND = 0
+    LENGTH = 1
+    WIDTH = 2
+    HEIGHT = 3
+    BOX_X = 4
+    BOX_Y = 5
+    BOX_W = 6
+    BOX_H = 7
+    FLIP = 8
+
+
+# the box columns, in the fused kernel's order: x, y, width, height, flip
+BOX = slice(Meta.BOX_X, Meta.FLIP + 1)
 # What a GPU-path position holds: KIND_PIXELS, the finished (S, S, 3) crop in ``images``; KIND_BYTES, the JPEG
 # in ``arena`` (length bytes, a width x height image) and its crop box; KIND_ROWS, decoded RGB rows in
 # ``rooms`` (length bytes: height rows of width pixels) and the crop box within them, for the GPU to resize.
 KIND_PIXELS, KIND_BYTES, KIND_ROWS = 0, 1, 2
+# Bytes of each arena position every process maps when it starts (``Ring.map_pages``): files up to this size
+# are written and read without page faults; larger ones fault in the rest (BENCHMARKS.md#worker-processes).
+MAP_ARENA_BYTES = 256 << 10
 # GPU path: each position's pixel room holds this many S x S x 3 images' worth of bytes (the rows of a
 # crop the CPU decoded; larger crops are resized by the worker itself).
 PIXEL_ROOM = 3
@@ -32,7 +53,7 @@ class Ring:
     """Views of the shared block, per slot and sample.
 
     images (slots, B, S, S, 3) uint8 and labels (slots, B) int64 always; for the
-    GPU path also meta (slots, B, 9) int64 (``META_FIELDS``), arena
+    GPU path also meta (slots, B, 9) int64 (columns ``Meta``), arena
     (slots, B, capacity) uint8 holding each sample's encoded bytes, and rooms
     (slots, B, PIXEL_ROOM x S x S x 3) uint8, each position's pixel room, whose
     first S x S x 3 bytes are its ``images`` entry (None on the CPU path, where
@@ -63,7 +84,7 @@ class Ring:
                     ("labels", (num_slots, batch_size), np.int64)]
         return [("rooms", (num_slots, batch_size, PIXEL_ROOM * size * size * 3), np.uint8),
                 ("labels", (num_slots, batch_size), np.int64),
-                ("meta", (num_slots, batch_size, len(META_FIELDS)), np.int64),
+                ("meta", (num_slots, batch_size, len(Meta)), np.int64),
                 ("arena", (num_slots, batch_size, capacity), np.uint8)]
 
     @property
@@ -76,17 +97,15 @@ class Ring:
         pick = lambda a: None if a is None else a[slot]
         return SlotView(self.images[slot], self.labels[slot], pick(self.meta), pick(self.arena), pick(self.rooms))
 
-    def map_pages(self, arena_bytes: int) -> bool:
+    def map_pages(self, arena_bytes: int = MAP_ARENA_BYTES) -> bool:
         """Map the ring into this process's page tables now: all of ``images`` and ``labels``, and the
-        first ``arena_bytes`` of each sample's room in ``arena`` (and ``meta``). Each worker process
-        otherwise takes one page fault per 4 KB page the first time it writes a position, and which
-        worker writes which position changes every batch, so each process faults in nearly every
-        page of the ring over the first epochs: on the development machine 3-10 faults per image and
-        3-16% of the workers' CPU (BENCHMARKS.md, session 7; on the H200 machine, alternating in one
-        call, the workers' cores busy fell 5-13% at the same rate). Uses ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14+), one
-        call per arena position; elsewhere reads a byte of each page (never writes: other processes
-        may be filling the ring). Memory: pages made resident are the ring's own, counted once
-        (``arena_bytes`` per position, bounded by the capacity). Returns whether madvise did it."""
+        first ``arena_bytes`` of each sample's room in ``arena`` (and ``meta``). Otherwise each worker
+        takes a page fault per 4 KB page the first time it writes a position, and which worker writes
+        which position changes every batch, so every process faults in nearly the whole ring over the
+        first epochs (3-16% of the workers' CPU: BENCHMARKS.md#worker-processes). Uses
+        ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14+), one call per arena position; elsewhere reads a
+        byte of each page (never writes: other processes may be filling the ring). The pages made
+        resident are the ring's own, counted once. Returns whether madvise did it."""
         parts = [self.pixels, self.labels] + [a for a in (self.meta,) if a is not None]
         ranges = [(a.ctypes.data, a.nbytes) for a in parts]
         n = min(arena_bytes, self.arena.shape[-1]) if self.arena is not None else 0

@@ -16,6 +16,11 @@ Stream contract (CUDA):
   until the copy that reads it has finished. The source tensor may therefore
   be reused by its producer as soon as the next item is requested.
 
+- ``on_issued(item)``, if given, is called in the thread that issues the copies, with the side stream
+  current, once the item's copies and its transform (or the transform's ``start``) are queued: an event
+  recorded on the current stream then completes when they have run, after which the producer may reuse
+  the item's host memory (the loader hands ring slots back this way).
+
 - Threads: on CUDA a background thread pulls from the iterable and issues
   the copies and the transform (GPU decode, for the GPU path), up to
   ``depth`` batches ahead; the consumer thread only waits on events. A
@@ -64,16 +69,19 @@ class Prefetcher:
 
     ``transform(batch) -> batch`` runs on the device, on the side stream, after
     the copy (e.g. normalise, cast, channels_last). ``depth``: batches in
-    flight ahead of the consumer.
+    flight ahead of the consumer. ``on_issued``: see the module docstring.
+    Iterating it iterates ``iterable``; ``iterate(other)`` runs the same
+    stream and settings over another iterable (one at a time).
     """
 
     def __init__(
         self,
-        iterable: Iterable[Any],
+        iterable: Iterable[Any] = (),
         device: str | torch.device = "cuda",
         *,
         depth: int = 2,
         transform: Callable[[Any], Any] | None = None,
+        on_issued: Callable[[Any], None] | None = None,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
@@ -83,27 +91,43 @@ class Prefetcher:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.depth = depth
         self.transform = transform
+        self.on_issued = on_issued
         self._stream: torch.cuda.Stream | None = None
 
     def __len__(self) -> int:
         return len(self.iterable)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
+        return self.iterate(self.iterable)
+
+    def iterate(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """Batches of ``iterable`` on the device (closing the returned iterator stops the work and closes
+        ``iterable``'s iterator)."""
         if self.device.type != "cuda":
-            return self._iter_host()
-        return self._iter_cuda()
+            return self._iter_host(iterable)
+        return self._iter_cuda(iterable)
 
-    def _iter_host(self) -> Iterator[Any]:
-        for batch in self.iterable:
-            batch = _map_tensors(batch, lambda t: t.to(self.device))
-            yield self.transform(batch) if self.transform else batch
+    def _iter_host(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        it = iter(iterable)
+        try:
+            for item in it:
+                batch = _map_tensors(item, lambda t: t.to(self.device))
+                batch = self.transform(batch) if self.transform else batch
+                if self.on_issued is not None:
+                    self.on_issued(item)
+                yield batch
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
 
-    def _iter_cuda(self) -> Iterator[Any]:
+    def _iter_cuda(self, iterable: Iterable[Any]) -> Iterator[Any]:
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
         handoff: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
-        thread = threading.Thread(target=self._produce, args=(handoff, stop), daemon=True, name="gpufeed-prefetch")
+        thread = threading.Thread(target=self._produce, args=(iterable, handoff, stop), daemon=True,
+                                  name="gpufeed-prefetch")
         thread.start()
         try:
             while True:
@@ -126,7 +150,7 @@ class Prefetcher:
                     pass
             thread.join()
 
-    def _produce(self, handoff: queue.Queue, stop: threading.Event) -> None:
+    def _produce(self, iterable: Iterable[Any], handoff: queue.Queue, stop: threading.Event) -> None:
         """Background thread: pull host batches, issue copy + transform on the side stream.
 
         A transform with ``start`` and ``finish`` (the GPU decode stage) is run one batch deep: batch k+1
@@ -134,7 +158,7 @@ class Prefetcher:
         decoders) overlaps this thread's own. Every started batch is finished, also when the loop stops
         early or fails (``finish`` releases what ``start`` holds)."""
         torch.cuda.set_device(self.device)
-        it = iter(self.iterable)
+        it = iter(iterable)
         stream = self._stream
         if hasattr(self.transform, "start") and hasattr(self.transform, "finish"):
             begin, end, lag = self.transform.start, self.transform.finish, 1
@@ -170,8 +194,11 @@ class Prefetcher:
         if any(on_gpu):
             stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            batch = _map_tensors(batch, self._to_device)
-            return begin(batch) if begin is not None else batch
+            moved = _map_tensors(batch, self._to_device)
+            started = begin(moved) if begin is not None else moved
+            if self.on_issued is not None:
+                self.on_issued(batch)
+            return started
 
     def _finish(self, started: Any, stream: torch.cuda.Stream,
                 end: Callable[[Any], Any] | None) -> tuple[torch.cuda.Event, Any]:

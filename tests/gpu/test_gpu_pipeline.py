@@ -1,6 +1,5 @@
 """GPU path: parity with the CPU path, odd images inside a GPU batch, poisoning, memory. Marked gpu."""
 
-import dataclasses
 import math
 import os
 import time
@@ -11,13 +10,13 @@ import torch
 from PIL import Image
 
 from gpufeed import ImageLoader
-from gpufeed.augment.fused import normalize_constants, pack_images, resized_crop_reference, resized_crop_triton
+from gpufeed.augment.fused import normalize_constants, resized_crop_reference, resized_crop_triton
+from gpufeed.decode.base import DecodeJob
 from gpufeed.synth import create_synthetic_dataset
 
 pytestmark = pytest.mark.gpu
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-ENGINE_PATHS = ["nvimgcodec", "nvjpeg", "nvjpeg-regions"]  # nvJPEG's batched hardware decode called directly
-# ("gpu" picks it), whole images or each image's crop box only
+ENGINE_PATHS = ["nvimgcodec", "nvjpeg"]  # nvJPEG's batched hardware decode called directly ("gpu" picks it)
 
 
 def _uint8(x):
@@ -37,42 +36,26 @@ def synth(tmp_path_factory):
 
 
 def _gpu_loader(root, decode, **kw):
-    """ImageLoader on CUDA; decode "nvjpeg-regions" is decode="nvjpeg" with region decode on."""
-    loader = ImageLoader(root, device="cuda", decode=decode.replace("-regions", ""), **kw)
-    if decode.endswith("-regions"):
-        _regions(loader, True)
-    return loader
+    return ImageLoader(root, device="cuda", decode=decode, **kw)
 
 
-def _regions(loader, on):
-    """Region decode on the nvJPEG path switched on or off (each image's crop box only)."""
-    stage = loader._gpu_stage
-    for d in stage.decoders:
-        d.roi = on
-    stage._roi = on
-
-
-@pytest.mark.parametrize("decode, job_images, roi", [("gpu", None, None), ("nvimgcodec", None, None),
-                                                     ("nvimgcodec", 3, None), ("nvjpeg", 5, False),
-                                                     ("nvjpeg", None, True), ("nvjpeg", 5, True),
-                                                     ("torchvision", None, None)])
-def test_gpu_matches_cpu_for_the_same_crops(synth, decode, job_images, roi):
+@pytest.mark.parametrize("decode, job_images", [("gpu", None), ("nvimgcodec", None), ("nvimgcodec", 3), ("nvjpeg", 5),
+                                                ("torchvision", None)])
+def test_gpu_matches_cpu_for_the_same_crops(synth, decode, job_images):
     kw = dict(batch_size=32, num_workers=2, seed=7)
     gpu = ImageLoader(synth, device="cuda", decode=decode, cpu_share=0.0, **kw)  # every image on the GPU
     if job_images:  # many small decode calls, dealt in turn to the decoder threads
         gpu._gpu_stage.job_images = job_images
-    if roi is not None:
-        _regions(gpu, roi)
     cpu = ImageLoader(synth, device="cpu", **kw)
     assert gpu.decode_backend != "cpu"
     scores = []
-    for (xg, yg), (xc, yc) in zip(gpu, cpu):
+    for (xg, yg), (xc, yc) in zip(gpu, cpu, strict=True):
         assert xg.is_cuda and yg.is_cuda and xg.dtype == torch.float32
         assert torch.equal(yg.cpu(), yc)
         a, b = _uint8(xg), _uint8(xc)
         assert (a.reshape(len(a), -1).max(axis=1) > 0).all()  # no image all-zero
         scores += [_psnr(a[i], b[i]) for i in range(len(a))]
-    assert min(scores) >= 30.0, sorted(scores)[:5]
+    assert len(scores) == 96 and min(scores) >= 30.0, sorted(scores)[:5]
     assert gpu.stats["decoded_by"].get(f"gpu:{gpu.decode_backend}", 0) == 96
     gpu.close(), cpu.close()
 
@@ -80,7 +63,8 @@ def test_gpu_matches_cpu_for_the_same_crops(synth, decode, job_images, roi):
 def test_kernel_writes_every_element_and_matches_reference():
     g = torch.Generator().manual_seed(1)
     imgs = [torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=g) for h, w in ((375, 500), (17, 900), (1, 1))]
-    flat, offs = pack_images([i.cuda() for i in imgs])
+    flat = torch.cat([i.reshape(-1) for i in imgs]).cuda()
+    offs = [0, 375 * 500 * 3, 375 * 500 * 3 + 17 * 900 * 3]
     meta = torch.tensor([[offs[0], 375, 500, 10, 20, 400, 300, 1], [offs[1], 17, 900, 0, 0, 900, 17, 0],
                          [offs[2], 1, 1, 0, 0, 1, 1, 0]], device="cuda")
     sc, sh = normalize_constants(MEAN, STD)
@@ -118,8 +102,7 @@ def test_odd_images_in_a_gpu_batch_fall_back_to_the_cpu(tmp_path, decode):
     loader.close()
 
 
-@pytest.mark.parametrize("decode, share", [("gpu", "auto"), ("nvimgcodec", 0.0), ("nvjpeg", 0.0),
-                                           ("nvjpeg-regions", "auto")])
+@pytest.mark.parametrize("decode, share", [("gpu", "auto"), ("nvimgcodec", 0.0), ("nvjpeg", 0.0)])
 def test_gpu_memory_flat_across_epochs(synth, decode, share):
     loader = _gpu_loader(synth, decode, batch_size=32, num_workers=2, cpu_share=share)
     reserved = []
@@ -179,40 +162,35 @@ def test_cpu_decode_to_cuda_from_the_page_locked_ring_is_exact(synth):
     equal the CPU device's (same pipeline), with the GPU kept busy so copies lag behind."""
     kw = dict(batch_size=8, num_workers=2, seed=3, decode="cpu")
     gpu, cpu = ImageLoader(synth, device="cuda", **kw), ImageLoader(synth, device="cpu", **kw)
+    compared = 0
     for epoch in range(2):
-        for (xg, yg), (xc, yc) in zip(gpu, cpu):
-            if epoch == 0:
-                assert torch.from_numpy(gpu._pool._ring.images).is_pinned()  # page-locked: no staging copy
+        for (xg, yg), (xc, yc) in zip(gpu, cpu, strict=True):
             torch.cuda._sleep(2_000_000)  # the consumer's stream lags; the next copies run meanwhile
             torch.testing.assert_close(xg.cpu(), xc, atol=1e-5, rtol=0)  # same pixels; normalised on each device
             assert torch.equal(yg.cpu(), yc)
+            compared += 1
+    assert compared == 2 * len(cpu) == 24
+    assert gpu.stats["ring_page_locked"] is True  # copied to the GPU without a staging copy
     gpu.close(), cpu.close()
 
 
 @pytest.mark.parametrize("share", [0.5, 1.0])
 def test_gpu_decode_with_a_cpu_share_matches_the_cpu_path(synth, share):
-    """The CPU's share decodes its crops' rows and the kernel resizes them (the default): they come out as
-    the engines' decode of the same boxes does (the two decoders agree to ~87 dB), within 30 dB of the
-    CPU path. Resized by the workers instead (``rows_to_gpu=False``) they are the CPU path's pixels."""
+    """The CPU's share decodes its crops' rows and the kernel resizes them: they come out as the engines'
+    decode of the same boxes does (the two decoders agree to ~87 dB), within 30 dB of the CPU path."""
     kw = dict(batch_size=32, num_workers=2, seed=7)
     gpu = ImageLoader(synth, device="cuda", decode="gpu", cpu_share=share, **kw)
     engines = ImageLoader(synth, device="cuda", decode="gpu", cpu_share=0.0, **kw)
-    resized = ImageLoader(synth, device="cuda", decode="gpu", cpu_share=share, **kw)
-    resized.spec = dataclasses.replace(resized.spec, rows_to_gpu=False)  # before its workers start
     cpu = ImageLoader(synth, device="cpu", **kw)
     scores = []
-    for (xg, yg), (xe, ye), (xr, yr), (xc, yc) in zip(gpu, engines, resized, cpu):
-        assert torch.equal(yg.cpu(), yc) and torch.equal(ye.cpu(), yc) and torch.equal(yr.cpu(), yc)
-        a, e, r, b = _uint8(xg), _uint8(xe), _uint8(xr), _uint8(xc)
+    for (xg, yg), (xe, ye), (xc, yc) in zip(gpu, engines, cpu, strict=True):
+        assert torch.equal(yg.cpu(), yc) and torch.equal(ye.cpu(), yc)
+        a, e, b = _uint8(xg), _uint8(xe), _uint8(xc)
         scores += [_psnr(a[i], b[i]) for i in range(len(a))]
         assert min(_psnr(a[i], e[i]) for i in range(len(a))) >= 45.0
-        # the workers' rows (each chunk's cheapest) are the CPU path's pixels; GPU rows may match too
-        exact = sum(np.abs(r[i] - b[i]).max() < 0.5 for i in range(len(r)))
-        assert exact >= round(share * len(r))
-    assert min(scores) >= 30.0
-    for loader in (gpu, resized):
-        assert loader.stats["decoded_by"]["cpu"] == round(share * 32) * 3 and loader.stats["cpu_share"] == share
-    gpu.close(), engines.close(), resized.close(), cpu.close()
+    assert len(scores) == 96 and min(scores) >= 30.0
+    assert gpu.stats["decoded_by"]["cpu"] == round(share * 32) * 3 and gpu.stats["cpu_share"] == share
+    gpu.close(), engines.close(), cpu.close()
 
 
 def test_nvjpeg_direct_decodes_a_mixed_batch_and_names_what_the_engines_refuse():
@@ -227,8 +205,7 @@ def test_nvjpeg_direct_decodes_a_mixed_batch_and_names_what_the_engines_refuse()
     refs = [CpuDecoder().decode(d, "x", fast=True) for d in datas]
     outs = [torch.full(r.shape, 7, dtype=torch.uint8, device="cuda") for r in refs]
     dec = NvJpegHwDecoder(torch.device("cuda", 0))
-    stream = torch.cuda.current_stream()
-    ok = dec.decode_into([np.frombuffer(d, np.uint8) for d in datas], outs, stream)
+    ok = dec.decode(DecodeJob.of([np.frombuffer(d, np.uint8) for d in datas], outs), torch.cuda.current_stream())
     torch.cuda.synchronize()
     for j, (good, out, ref) in enumerate(zip(ok, outs, refs)):
         if good:
@@ -236,30 +213,13 @@ def test_nvjpeg_direct_decodes_a_mixed_batch_and_names_what_the_engines_refuse()
         else:
             assert (out == 7).all(), j
     assert ok[0] and ok[1] and ok[3] and ok[5], ok
-    # the same batch by regions (each image's centre quarter), through the address interface
-    datas = [np.frombuffer(d, np.uint8) for d in datas]
-    roi = np.array([[r.shape[1] // 4, r.shape[0] // 4, max(1, r.shape[1] // 2), max(1, r.shape[0] // 2)]
-                    for r in refs], np.int64)
-    outs = [torch.full((int(h), int(w), 3), 7, dtype=torch.uint8, device="cuda") for _, _, w, h in roi]
-    ok2 = dec.decode_packed(np.array([d.ctypes.data for d in datas], np.uint64),
-                            np.array([d.nbytes for d in datas], np.uint64),
-                            np.array([o.data_ptr() for o in outs], np.uint64), roi[:, 3], roi[:, 2], stream,
-                            roi, np.array([[r.shape[1], r.shape[0]] for r in refs], np.int64))
-    torch.cuda.synchronize()
-    assert ok2.tolist() == ok
-    for j, (good, out, ref, (x, y, w, h)) in enumerate(zip(ok2, outs, refs, roi.tolist())):
-        if good:
-            assert _psnr(out.cpu().numpy(), ref[y : y + h, x : x + w]) >= 35.0, j
-        else:
-            assert (out == 7).all(), j
 
 
 def test_gpu_path_workers_stay_off_the_kept_cores(synth):
-    from gpufeed import cores
-    from gpufeed.loader import KEPT_CORES
+    from gpufeed import cores, placement
 
     loader = ImageLoader(synth, device="cuda", decode="gpu", batch_size=32, num_workers=2)
-    want = cores.worker_cpus(KEPT_CORES)
+    want = placement.worker_cpus(gpu_path=True)
     assert loader.worker_cpus == want and loader.stats["worker_cpus"] == (sorted(want) if want else None)
     next(iter(loader))
     deadline = time.monotonic() + 30  # a worker that took no chunk yet may still be starting
@@ -270,10 +230,10 @@ def test_gpu_path_workers_stay_off_the_kept_cores(synth):
     loader.close()
 
 
-@pytest.mark.parametrize("on_error", ["raise", "skip"])  # "skip": the GPU stage holds a callback to the loader
+@pytest.mark.parametrize("on_error", ["raise", "skip"])  # "skip": the GPU stage records skips for the loader
 def test_a_dropped_gpu_loader_is_freed_without_a_garbage_collection(synth, on_error):
     """A loader dropped after a ``break`` goes at once, its GPU stage (decoders, decode buffers, threads)
-    and workers with it, not at some later collection (which stalled another loader's epoch, S7-2)."""
+    and workers with it, not at some later collection (which would stall another loader's epoch)."""
     import gc
     import weakref
 

@@ -32,16 +32,6 @@ def taps_for(box_w: int, box_h: int, size: int) -> int:
     return max(1, min(MAX_TAPS, math.ceil(max(box_w, box_h) / size - 1e-6)))
 
 
-def pack_images(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
-    """Concatenate (h, w, 3) uint8 images into one flat buffer; return it and each image's offset."""
-    offsets, total = [], 0
-    for im in images:
-        offsets.append(total)
-        total += im.numel()
-    flat = torch.cat([im.reshape(-1) for im in images]) if len(images) > 1 else images[0].reshape(-1)
-    return flat, offsets
-
-
 def resized_crop_reference(
     flat: torch.Tensor, meta: torch.Tensor, size: int, scale: torch.Tensor, shift: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:

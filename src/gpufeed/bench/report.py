@@ -46,27 +46,34 @@ def write_json(result: dict[str, Any], path: str) -> None:
 
 
 def write_chart(result: dict[str, Any], path: str) -> None:
-    """A bar chart of steady-state images/s (and GPU busy where measured)."""
+    """A bar chart of steady-state images/s (and GPU busy where measured); title and labels shown whole."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = [r for r in result["rows"] if r.get("images_per_s")]
-    names = [r["pipeline"] for r in rows]
+    names = ["\n".join(textwrap.wrap(r["pipeline"], 34)) for r in rows]
     rates = [r["images_per_s"] for r in rows]
-    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.5))
-    bars = ax.barh(names, rates, color=["#888" if "ceiling" in n or n.startswith("baseline") else "#2a7" for n in names])
+    fig, ax = plt.subplots(figsize=(10, 0.75 * len(rows) + 1.8))
+    colours = ["#888" if "ceiling" in r["pipeline"] or r["pipeline"].startswith("baseline") else "#2a7" for r in rows]
+    bars = ax.barh(range(len(rows)), rates, color=colours)
+    ax.set_yticks(range(len(rows)), names, fontsize=8)
     for bar, r in zip(bars, rows):
         label = f"{r['images_per_s']:,.0f}/s"
+        if r.get("of_ceiling") is not None:
+            label += f", {100 * r['of_ceiling']:.0f}% of ceiling"
         if r.get("gpu_busy") is not None:
-            label += f"  ({r['gpu_busy']:.0f}% busy)"
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + label, va="center")
+            label += f" ({r['gpu_busy']:.0f}% busy)"
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + label, va="center", fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("images/s (steady state)")
-    m = result["machine"]
-    ax.set_title(f"{m['cpu_cores']} cores, GPU {m['gpu'] or 'none'}, model {result['config']['model'] or 'none'}")
-    ax.set_xlim(0, max(rates) * 1.35)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    ax.set_xlim(0, max(rates) * 1.6)  # room for the labels right of the longest bar
+    m, c = result["machine"], result["config"]
+    ax.set_title("\n".join(textwrap.wrap(f"{m['cpu_cores']} CPU cores, GPU {m['gpu'] or 'none'}, model "
+                                          f"{c['model'] or 'none (loader only)'}, batch {c['batch_size']}", 70)),
+                 fontsize=10)
+    fig.savefig(path, dpi=100, bbox_inches="tight")  # nothing cut at the edges, however long a label is
     plt.close(fig)

@@ -1,6 +1,16 @@
-"""What every decoder shares: the error type, format sniffing, the pixel cap."""
+"""What every decoder shares: the error type, format sniffing, the pixel cap, the skip log; and the
+protocol of the GPU decoders (``GpuDecoder``) with the job they are given (``DecodeJob``)."""
 
 from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_MAX_PIXELS = 100_000_000  # 100 MP: far above real photos, far below a header bomb
 
@@ -25,3 +35,96 @@ def check_pixels(width: int, height: int, max_pixels: int, path: str) -> None:
         raise DecodeError(path, f"header gives an empty size {width}x{height}")
     if width * height > max_pixels:
         raise DecodeError(path, f"{width}x{height} is {width * height} pixels, over max_pixels={max_pixels}")
+
+
+class SkipLog:
+    """What ``on_error="skip"`` dropped: a count in all, a count for the current epoch, and (path, reason) of
+    the first ``LISTED``. Shared by the stages that skip (the scheduler, the GPU stage); refers to nothing."""
+
+    LISTED = 10_000
+
+    def __init__(self) -> None:
+        self.total = self.epoch = 0
+        self.listed: list[tuple[str | None, str]] = []
+
+    def record(self, path: str | None, reason: str) -> None:
+        self.total += 1
+        self.epoch += 1
+        if len(self.listed) < self.LISTED:
+            self.listed.append((path, reason))
+
+
+@dataclass(frozen=True)
+class DecodeJob:
+    """JPEGs to decode into places of one buffer, given by address (no Python object per image): image j's
+    bytes are ``lengths[j]`` bytes at host address ``src[j]`` (read in the CUDA stream's order), decoded as
+    (heights[j], widths[j], 3) uint8 RGB at address ``dst[j]`` of ``device``'s memory. ``keep`` holds the
+    memory those addresses point into alive for as long as the job."""
+
+    src: np.ndarray  # (n,) uint64
+    lengths: np.ndarray  # (n,) uint64
+    dst: np.ndarray  # (n,) uint64
+    heights: np.ndarray  # (n,) int64
+    widths: np.ndarray  # (n,) int64
+    device: "torch.device"
+    keep: tuple = ()
+
+    @classmethod
+    def of(cls, datas: Sequence[np.ndarray], outs: Sequence["torch.Tensor"]) -> "DecodeJob":
+        """A job from encoded ``datas`` (uint8 arrays) and their places ``outs`` ((h, w, 3) uint8 tensors,
+        contiguous, on one device)."""
+        datas = [np.ascontiguousarray(d, dtype=np.uint8) for d in datas]
+        return cls(np.array([d.ctypes.data for d in datas], np.uint64), np.array([d.nbytes for d in datas], np.uint64),
+                   np.array([o.data_ptr() for o in outs], np.uint64), np.array([o.shape[0] for o in outs], np.int64),
+                   np.array([o.shape[1] for o in outs], np.int64), outs[0].device if len(outs) else None,
+                   (datas, list(outs)))
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, part: slice | np.ndarray) -> "DecodeJob":
+        return DecodeJob(self.src[part], self.lengths[part], self.dst[part], self.heights[part], self.widths[part],
+                         self.device, self.keep)
+
+    def source(self, j: int) -> np.ndarray:
+        """Image j's encoded bytes, a uint8 view (no copy)."""
+        n = int(self.lengths[j])
+        return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(int(self.src[j]))) if n else np.empty(0, np.uint8)
+
+    def device_view(self, j: int) -> "DeviceView":
+        """Image j's place, as an object with ``__cuda_array_interface__``."""
+        return DeviceView(int(self.dst[j]), int(self.heights[j]), int(self.widths[j]))
+
+    def target(self, j: int) -> "torch.Tensor":
+        """Image j's place, an (h, w, 3) uint8 tensor viewing the buffer (no copy)."""
+        import torch
+
+        h, w = int(self.heights[j]), int(self.widths[j])
+        if self.device.type == "cuda":
+            return torch.as_tensor(self.device_view(j), device=self.device)
+        host = np.ctypeslib.as_array((ctypes.c_uint8 * (h * w * 3)).from_address(int(self.dst[j])))
+        return torch.from_numpy(host.reshape(h, w, 3))
+
+
+class DeviceView:
+    """What a CUDA library needs to write into (h, w, 3) uint8 device memory: ``__cuda_array_interface__``.
+    Built directly, it costs a fraction of the one torch builds per tensor, which matters 256 times a batch.
+    It does not keep the memory alive (the job does)."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, ptr: int, height: int, width: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (height, width, 3), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3, "strides": None}
+
+
+class GpuDecoder(Protocol):
+    """A GPU decoder, created once per loader on one device and called from one thread at a time."""
+
+    name: str  # as ``loader.stats["decoded_by"]`` reports it: "gpu:<name>"
+    job_images: int  # images per decode call the GPU stage hands it (about; at least one call per decoder)
+
+    def decode(self, job: DecodeJob, stream: Any) -> np.ndarray:
+        """Decode ``job`` in ``stream``'s order (a ``torch.cuda.Stream``); (n,) bool: which were decoded.
+        The places of the others hold nothing meaningful."""
+        ...

@@ -31,15 +31,15 @@ from .base import DEFAULT_MAX_PIXELS, DecodeError, check_pixels, is_jpeg
 from .jpeg_check import gpu_safe_jpeg
 
 try:  # optional C extension (setup.py): decodes only a crop's rows and columns
-    from . import _turbo_crop
+    from ._turbo_crop import decode_crop as _decode_crop
 except ImportError:
-    _turbo_crop = None
+    _decode_crop = None
 
 __all__ = ["CpuDecoder", "cropped_decode_available"]
 
 
 def cropped_decode_available() -> bool:
-    return _turbo_crop is not None
+    return _decode_crop is not None
 
 # Pillow's own bomb check would warn or raise at its own limit; ours is checked first.
 Image.MAX_IMAGE_PIXELS = None
@@ -50,11 +50,10 @@ _TURBO_RGB_SOURCES = {"Gray", "YCbCr", "RGB"}
 class CpuDecoder:
     """Decode on the CPU; ``header`` first, then ``decode`` at a power-of-two reduction."""
 
-    def __init__(self, *, max_pixels: int = DEFAULT_MAX_PIXELS, check_structure: bool = True) -> None:
+    def __init__(self, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         if max_pixels < 1:
             raise ValueError(f"max_pixels must be >= 1, got {max_pixels}")
         self.max_pixels = max_pixels
-        self.check_structure = check_structure  # False: benchmarks only (see PipelineSpec.check_structure)
 
     def header(self, data: bytes, path: str) -> tuple[int, int, bool]:
         """(width, height, fast) from the header alone; ``fast``: libjpeg-turbo can decode it to RGB."""
@@ -88,7 +87,7 @@ class CpuDecoder:
         fancy chroma upsampling at a crop edge needs its neighbour (measured: without it the first or
         last column differed by up to 25 levels).
         """
-        if _turbo_crop is None or (self.check_structure and not gpu_safe_jpeg(data)):
+        if _decode_crop is None or not gpu_safe_jpeg(data):
             return None
         x0, _, x1, _ = bounds
         pixels, width, height, left, _ = self._crop(data, path, bounds, reduce)
@@ -102,7 +101,7 @@ class CpuDecoder:
         (the GPU kernel); returns (width, height, x), or None when the rows need more than ``out`` holds
         or the cropped decoder is not built here (nothing written then). For a file already known to be
         a plain sequential JPEG (``gpu_safe_jpeg`` passed): the structural check is not repeated."""
-        if _turbo_crop is None:
+        if _decode_crop is None:
             return None
         done = self._crop(data, path, bounds, reduce, out)
         if done is None:
@@ -114,7 +113,7 @@ class CpuDecoder:
     def _crop(data: bytes, path: str, bounds: tuple[int, int, int, int], reduce: int, out=None):
         x0, y0, x1, y1 = bounds
         try:
-            return _turbo_crop.decode_crop(data, max(0, x0 - 16), y0, x1 + 16, y1, reduce, out)
+            return _decode_crop(data, max(0, x0 - 16), y0, x1 + 16, y1, reduce, out)
         except ValueError as e:
             raise DecodeError(path, f"corrupt or truncated JPEG ({e})") from None
 

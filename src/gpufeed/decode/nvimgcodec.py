@@ -1,22 +1,20 @@
 """GPU decode through nvImageCodec: the NVJPG hardware engines first, nvJPEG's CUDA decoder after.
 
-``decode_into`` takes encoded bytes (numpy views of the shared ring, not
-copied) and decodes each image straight into the caller's (h, w, 3) uint8
-CUDA buffer, saying which ones failed (the caller sends those to the CPU
-decoder). Work is queued on the caller's CUDA stream.
+``decode`` reads the encoded bytes in place (views of the shared ring, not copied) and decodes each image
+straight into its place in the caller's device buffer, saying which ones failed (the caller sends those to
+the CPU decoder). Work is queued on the caller's CUDA stream.
 
-The 0.9 spelling is ``Decoder(backends=[Backend(BackendKind.HW_GPU_ONLY, load_hint=...)])``.
-With ``load_hint=1.0`` on the hardware backend every image the engines accept goes
-there; what they refuse (progressive, 4:4:4 on some chips, CMYK...) falls through to
-the hybrid CUDA backend.
+The 0.9 spelling is ``Decoder(backends=[Backend(BackendKind.HW_GPU_ONLY, load_hint=...)])``. With
+``load_hint=1.0`` on the hardware backend every image the engines accept goes there; what they refuse
+(progressive, 4:4:4 on some chips, CMYK...) falls through to the hybrid CUDA backend.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 import torch
+
+from .base import DecodeJob
 
 
 def load_nvimgcodec():
@@ -29,20 +27,19 @@ def load_nvimgcodec():
 
 
 class NvImageCodecDecoder:
-    """Batched GPU decode; created once per loader on one device."""
+    """Batched GPU decode (``decode.base.GpuDecoder``); created once per loader on one device."""
 
     name = "nvimgcodec"
+    job_images = 48  # calls of about this many, taken in turn by the decoder threads (one's host work overlaps another's decode)
 
-    def __init__(self, device: torch.device, *, hw_load: float = 1.0, cpu_threads: int = 2,
-                 hw_only: bool = False) -> None:
+    def __init__(self, device: torch.device, *, hw_load: float = 1.0, cpu_threads: int = 2) -> None:
         nvimgcodec, why = load_nvimgcodec()
         if nvimgcodec is None:
             raise RuntimeError(f"nvImageCodec {why}")
         self._nv = nvimgcodec
         kinds = nvimgcodec.BackendKind
-        backends = [nvimgcodec.Backend(kinds.HW_GPU_ONLY, load_hint=hw_load)]
-        if not hw_only:  # what the engines refuse goes to nvJPEG's CUDA decoder
-            backends.append(nvimgcodec.Backend(kinds.HYBRID_CPU_GPU))
+        # what the engines refuse goes to nvJPEG's CUDA decoder
+        backends = [nvimgcodec.Backend(kinds.HW_GPU_ONLY, load_hint=hw_load), nvimgcodec.Backend(kinds.HYBRID_CPU_GPU)]
         self.device = device
         # fancy_upsampling=1: the same chroma upsampling as libjpeg-turbo's default (the CPU path),
         # where nvImageCodec's default of 0 differs visibly on 4:2:0 edges.
@@ -50,38 +47,35 @@ class NvImageCodecDecoder:
                                            backends=backends, options=":fancy_upsampling=1")
         self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB,
                                                allow_any_depth=False, sample_format=nvimgcodec.SampleFormat.I_RGB)
-        self._in_place = True  # decode into the caller's buffers (nvImageCodec >= 0.9); else decode + copy
+        self.in_place = True  # decodes into the caller's buffers (nvImageCodec >= 0.9); else decode, then copy
 
-    def decode_into(self, datas: Sequence[np.ndarray], outs: Sequence[torch.Tensor],
-                    stream: torch.cuda.Stream) -> list[bool]:
-        """Decode encoded ``datas`` (uint8 arrays, read during the call) into ``outs`` ((h, w, 3) uint8
-        CUDA tensors of the image's exact size), in ``stream``'s order. Returns which images were decoded;
-        the others' ``outs`` hold nothing meaningful."""
+    def decode(self, job: DecodeJob, stream: torch.cuda.Stream) -> np.ndarray:
+        """Decode ``job`` in ``stream``'s order; (n,) bool: which were decoded."""
         nv, cuda_stream = self._nv, stream.cuda_stream
         codes, where = [], []
-        for i, d in enumerate(datas):
+        for i in range(len(job)):
             try:
-                codes.append(nv.CodeStream(d))
+                codes.append(nv.CodeStream(job.source(i)))
                 where.append(i)
             except Exception:  # unparseable for nvImageCodec: the CPU decoder decides
                 pass
-        ok = [False] * len(datas)
+        ok = np.zeros(len(job), bool)
         if not codes:
             return ok
-        if self._in_place:
+        if self.in_place:
             try:
-                targets = [nv.as_image(_DeviceView(outs[i]), cuda_stream) for i in where]
+                targets = [nv.as_image(job.device_view(i), cuda_stream) for i in where]
                 images = self._decode(codes, targets, cuda_stream)
             except (RuntimeError, TypeError, ValueError):
-                self._in_place = False  # this version cannot decode into given buffers: decode, then copy
-        if not self._in_place:
+                self.in_place = False  # this version cannot decode into given buffers: decode, then copy
+        if not self.in_place:
             images = self._decode(codes, None, cuda_stream)
         with torch.cuda.stream(stream):
             for i, img in zip(where, images):
-                if img is None or tuple(img.shape) != tuple(outs[i].shape):
+                if img is None or tuple(img.shape) != (int(job.heights[i]), int(job.widths[i]), 3):
                     continue
-                if not self._in_place:
-                    outs[i].copy_(torch.as_tensor(img, device=self.device))
+                if not self.in_place:
+                    job.target(i).copy_(torch.as_tensor(img, device=self.device))
                 ok[i] = True
         return ok
 
@@ -93,17 +87,3 @@ class NvImageCodecDecoder:
             images = [self._decoder.decode(cs, image=None if targets is None else targets[k], params=self._params,
                                            cuda_stream=cuda_stream) for k, cs in enumerate(codes)]
         return images
-
-
-class _DeviceView:
-    """What nvImageCodec needs to write into a (h, w, 3) uint8 CUDA tensor: its ``__cuda_array_interface__``.
-
-    Built directly, it costs a fraction of the one torch builds per tensor, which matters 256 times per
-    batch. It does not keep the memory alive: the caller's buffer outlives the decode (stream-ordered).
-    """
-
-    __slots__ = ("__cuda_array_interface__",)
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self.__cuda_array_interface__ = {"shape": tuple(t.shape), "typestr": "|u1", "data": (t.data_ptr(), False),
-                                         "version": 3, "strides": None}

@@ -6,12 +6,8 @@ the previous call's decode to finish before it submits the next one. Here a
 call is one ``nvjpegDecodeBatchedInitialize`` + one ``nvjpegDecodeBatched`` for
 the whole list, with the pointer arrays built by numpy (no Python per image),
 and several decode states are used in turn, so a call waits only for the state
-it reuses, not for the call just before it. On the H200 machine (7 engines),
-files in memory, batch 256, decode + the fused augment kernel: 20,409-23,183
-images/s here against 10,379-12,364 through nvImageCodec 0.9 in the same runs
-(BENCHMARKS.md, session 4). Region decode (``roi=True``: only each image's crop
-box, ``nvjpegDecodeBatchedEx``) measured no faster on the engines (their cost is
-the entropy decode of the whole scan), so it is off by default.
+it reuses, not for the call just before it: about twice nvImageCodec's rate on
+the H200's engines (BENCHMARKS.md#gpu-decode-backends).
 
 What goes in: JPEGs the workers already checked (``jpeg_check.gpu_safe_jpeg``:
 one SOF, baseline/extended 8-bit, single scan, sound markers) with the sizes
@@ -31,10 +27,10 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
-from typing import Sequence
-
 import numpy as np
 import torch
+
+from .base import DecodeJob
 
 _BACKEND_HARDWARE = 3
 _OUTPUT_RGBI = 5
@@ -60,11 +56,6 @@ _SIGNATURES = {
     "nvjpegJpegStreamParseHeader": (_P, _P, _S, _P),
     "nvjpegJpegStreamGetFrameDimensions": (_P, ctypes.POINTER(_U), ctypes.POINTER(_U)),
     "nvjpegDecodeBatchedSupported": (_P, _P, ctypes.POINTER(_I)),
-    "nvjpegDecodeParamsCreate": (_P, ctypes.POINTER(_P)),
-    "nvjpegDecodeParamsDestroy": (_P,),
-    "nvjpegDecodeParamsSetROI": (_P, _I, _I, _I, _I),
-    "nvjpegDecodeBatchedEx": (_P, _P, _P, _P, _P, _P, _P),
-    "nvjpegDecodeBatchedSupportedEx": (_P, _P, _P, ctypes.POINTER(_I)),
 }
 
 
@@ -117,7 +108,7 @@ class NvJpegError(RuntimeError):
 
 
 class NvJpegHwDecoder:
-    """Batched decode on the hardware engines of one device; created once per loader.
+    """Batched decode on the hardware engines of one device (``decode.base.GpuDecoder``).
 
     ``states``: decode states used in turn (a call waits until the state it takes has finished its
     previous decode on the GPU; nvJPEG stages the bitstreams in the state's own buffers).
@@ -126,11 +117,7 @@ class NvJpegHwDecoder:
     name = "nvjpeg-hw"
     job_images = 256  # one call per decoder thread per batch: no Python per image left to overlap
 
-    def __init__(self, device: torch.device, *, states: int = 2, roi: bool = False) -> None:
-        self.roi = roi  # the GPU stage asks for each image's crop box only (region decode on the engines)
-        # nvjpegDecodeParams per decode state (and one set for the support check), one per image of the
-        # largest region call so far; a state's set is not touched while that state may still decode
-        self._params: dict = {}
+    def __init__(self, device: torch.device, *, states: int = 2) -> None:
         lib, where = load_nvjpeg()
         if lib is None:
             raise RuntimeError(where)
@@ -170,95 +157,53 @@ class NvJpegHwDecoder:
             for state, event in self._states:
                 event.synchronize()  # no decode may still use the state
                 lib.nvjpegJpegStateDestroy(state)
-            for pool in self._params.values():
-                for params in pool:
-                    lib.nvjpegDecodeParamsDestroy(params)
             if self._jstream:
                 lib.nvjpegJpegStreamDestroy(self._jstream)
             lib.nvjpegDestroy(self._handle)
         except Exception:  # interpreter shutdown: CUDA may already be gone; the process frees it all
             pass
 
-    def decode_into(self, datas: Sequence[np.ndarray], outs: Sequence[torch.Tensor],
-                    stream: torch.cuda.Stream) -> list[bool]:
-        """Decode ``datas`` (uint8 arrays, read in ``stream``'s order) into ``outs`` ((h, w, 3) uint8 CUDA
-        tensors of each image's size); which were decoded."""
-        datas = [np.ascontiguousarray(d, dtype=np.uint8) for d in datas]
-        src = np.array([d.ctypes.data for d in datas], np.uint64)
-        lengths = np.array([d.nbytes for d in datas], np.uint64)
-        dst = np.array([o.data_ptr() for o in outs], np.uint64)
-        heights = np.array([o.shape[0] for o in outs], np.int64)
-        widths = np.array([o.shape[1] for o in outs], np.int64)
-        ok = self.decode_packed(src, lengths, dst, heights, widths, stream)
-        return ok.tolist()
-
-    def decode_packed(self, src: np.ndarray, lengths: np.ndarray, dst: np.ndarray, heights: np.ndarray,
-                      widths: np.ndarray, stream: torch.cuda.Stream, roi: np.ndarray | None = None,
-                      sizes: np.ndarray | None = None) -> np.ndarray:
-        """Decode image j from host address ``src[j]`` (``lengths[j]`` bytes) into the (heights[j], widths[j], 3)
-        uint8 device buffer at ``dst[j]``, in ``stream``'s order. Returns (n,) bool: which were decoded.
-
-        Whole images unless ``roi`` ((n, 4) x, y, w, h): then only that region, whose (h, w) are the
-        extents given. ``sizes`` ((n, 2) width, height of the whole image, from the header the workers
-        read; the extents when None) is checked against nvJPEG's own parse before a retry: the engines
-        write exactly the extent, so a disagreement must never reach them."""
-        n = len(src)
+    def decode(self, job: DecodeJob, stream: torch.cuda.Stream) -> np.ndarray:
+        """Decode ``job`` in ``stream``'s order; (n,) bool: which were decoded. Before a retry after a
+        failed batch, each image's size is checked against nvJPEG's own parse: the engines write exactly the
+        extent given, so a disagreement must never reach them."""
+        n = len(job)
         ok = np.zeros(n, bool)
         if not n:
             return ok
         with torch.cuda.device(self.device):
-            if self._batched(src, lengths, dst, widths, roi, stream):
+            if self._batched(job, stream):
                 ok[:] = True
                 return ok
             # some image the engines refuse: nvJPEG's own parser says which; decode the rest again
-            if sizes is None:
-                sizes = np.stack([widths, heights], 1)
-            good = np.array([self._supported(int(src[j]), int(lengths[j]), int(sizes[j, 0]), int(sizes[j, 1]),
-                                             None if roi is None else roi[j]) for j in range(n)], bool)
+            good = np.array([self._supported(int(job.src[j]), int(job.lengths[j]), int(job.widths[j]),
+                                             int(job.heights[j])) for j in range(n)], bool)
             idx = np.flatnonzero(good)
-            pick = lambda a, i: None if a is None else a[i]
-            if len(idx) and self._batched(src[idx], lengths[idx], dst[idx], widths[idx], pick(roi, idx), stream):
+            if len(idx) and self._batched(job[idx], stream):
                 ok[idx] = True
             else:  # still failing as a batch: one at a time
                 for j in idx:
-                    one = slice(j, j + 1)
-                    ok[j] = self._batched(src[one], lengths[one], dst[one], widths[one], pick(roi, one), stream)
+                    ok[j] = self._batched(job[j : j + 1], stream)
         return ok
 
-    def _batched(self, src, lengths, dst, widths, roi, stream) -> bool:
-        lib, n = self._lib, len(src)
+    def _batched(self, job: DecodeJob, stream: torch.cuda.Stream) -> bool:
+        lib, n = self._lib, len(job)
         images = np.zeros((n, 8), np.uint64)  # nvjpegImage_t: channel[4] pointers, pitch[4]
-        images[:, 0] = dst
-        images[:, 4] = widths * 3
-        src = np.ascontiguousarray(src, np.uint64)
-        lengths = np.ascontiguousarray(lengths, np.uint64)
+        images[:, 0] = job.dst
+        images[:, 4] = job.widths * 3
+        src = np.ascontiguousarray(job.src, np.uint64)
+        lengths = np.ascontiguousarray(job.lengths, np.uint64)
         state, done = self._states[self._turn]
         self._turn = (self._turn + 1) % len(self._states)
         done.synchronize()  # this state's previous decode has run: its staging buffers are free
-        cuda_stream = _P(stream.cuda_stream)
         status = lib.nvjpegDecodeBatchedInitialize(self._handle, state, n, 1, _OUTPUT_RGBI)
-        if status == 0 and roi is None:
+        if status == 0:
             status = lib.nvjpegDecodeBatched(self._handle, state, src.ctypes.data, lengths.ctypes.data,
-                                             images.ctypes.data, cuda_stream)
-        elif status == 0:
-            params = self._region_params(roi, state.value)
-            status = lib.nvjpegDecodeBatchedEx(self._handle, state, src.ctypes.data, lengths.ctypes.data,
-                                               images.ctypes.data, params.ctypes.data, cuda_stream)
+                                             images.ctypes.data, _P(stream.cuda_stream))
         done.record(stream)
         return status == 0
 
-    def _region_params(self, roi: np.ndarray, key) -> np.ndarray:
-        """(n,) addresses of decode parameters set to each image's region (objects of pool ``key``, reused)."""
-        lib, pool = self._lib, self._params.setdefault(key, [])
-        while len(pool) < len(roi):
-            p = _P()
-            self._check("nvjpegDecodeParamsCreate", lib.nvjpegDecodeParamsCreate(self._handle, ctypes.byref(p)))
-            pool.append(p)
-        for p, (x, y, w, h) in zip(pool, roi.tolist()):
-            self._check("nvjpegDecodeParamsSetROI", lib.nvjpegDecodeParamsSetROI(p, x, y, w, h))
-        return np.array([p.value for p in pool[: len(roi)]], np.uint64)
-
-    def _supported(self, src: int, length: int, width: int, height: int, roi) -> bool:
+    def _supported(self, src: int, length: int, width: int, height: int) -> bool:
         lib, w, h, s = self._lib, _U(), _U(), _I(-1)
         if lib.nvjpegJpegStreamParseHeader(self._handle, src, length, self._jstream) != 0:
             return False
@@ -266,11 +211,7 @@ class NvJpegHwDecoder:
             return False
         if (w.value, h.value) != (width, height):
             return False  # never let the engines write an extent other than the buffer's
-        if roi is None:
-            return lib.nvjpegDecodeBatchedSupported(self._handle, self._jstream, ctypes.byref(s)) == 0 and s.value == 0
-        params = self._region_params(np.asarray(roi).reshape(1, 4), "check")
-        return (lib.nvjpegDecodeBatchedSupportedEx(self._handle, self._jstream, _P(int(params[0])),
-                                                   ctypes.byref(s)) == 0 and s.value == 0)
+        return lib.nvjpegDecodeBatchedSupported(self._handle, self._jstream, ctypes.byref(s)) == 0 and s.value == 0
 
     def _property(self, which: int) -> int:
         v = _I()

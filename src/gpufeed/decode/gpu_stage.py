@@ -1,0 +1,369 @@
+"""The GPU stage: decode a batch on the GPU and crop/resize/flip/normalise it in one kernel.
+
+Input is a ``schedule.HostBatch`` whose ring slot the CPU workers filled, per sample (``ring.Meta``): the
+JPEG bytes and crop box (``KIND_BYTES``), or the rows of the crop they decoded and the box within them
+(``KIND_ROWS``: the CPU's share of the batch, resized here with the rest), or pixels they already cropped
+and resized (``KIND_PIXELS``: files no GPU decoder takes, and shares whose rows did not fit). It runs as
+the Prefetcher's transform, on its side stream, in its background thread, in two steps: ``start`` lays
+batch k+1 out and hands its JPEGs to the decoder threads, then ``finish`` completes batch k (CPU
+fallbacks, kernel); the consumer's stream waits on the event recorded after the kernel. Two decode buffers
+are used in turn, so batch k+1 decodes while batch k's kernel is still to run.
+
+    a flat uint8 buffer on the device, in batch order, laid out from the workers' headers:
+    [ image 0 (h0, w0, 3) | CPU rows of 1 | pre-cropped 2 (S, S, 3) | image 3 ... ]
+          ▲ GPU decoders write here directly (threads, own streams)
+                            ▲ one H2D copy each, from the ring's page-locked pixel rooms
+          ▲ a file the GPU refuses: CPU decode + crop here, copied in
+    ──► one fused crop/resize/flip/normalise kernel ──► (B, 3, S, S)
+
+Streams: each decoder thread has its own stream, which first waits for the work queued so far on the side
+stream (the buffer's last reader, this batch's copies); ``finish`` makes the side stream wait for every
+decode call's event before the kernel. The host arrays (the ring slot) are read until the decoders'
+calls returned and the copies ran: ``finish`` calls ``batch.release()`` after queueing the kernel, which
+records the slot's event on the side stream.
+
+A pre-cropped image enters the kernel as an S x S image with box (0, 0, S, S), which the kernel copies
+exactly while normalising. Batches whose images together exceed ``max_batch_pixels`` go through in
+consecutive slices, so decode memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import collections
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..augment.cpu import decode_box_into
+from ..augment.fused import normalize_constants, resized_crop_reference, resized_crop_triton, triton
+from ..augment.params import CropBox
+from ..ring import BOX, KIND_BYTES, KIND_PIXELS, KIND_ROWS, Meta
+from .base import DecodeError, DecodeJob, GpuDecoder, SkipLog
+from .cpu import CpuDecoder
+
+if TYPE_CHECKING:
+    from ..schedule import HostBatch
+
+DEFAULT_MAX_BATCH_PIXELS = 256 * 1024 * 1024
+
+
+def _slices(sizes: Sequence[tuple[int, int]], budget: int) -> list[range]:
+    """Consecutive ranges of samples whose (w, h) pixels together stay within ``budget`` (at least one each)."""
+    out, start, acc = [], 0, 0
+    for i, (w, h) in enumerate(sizes):
+        if i > start and acc + w * h > budget:
+            out.append(range(start, i))
+            start, acc = i, 0
+        acc += w * h
+    out.append(range(start, len(sizes)))
+    return out
+
+
+class GpuDecodeAugment:
+    """HostBatch (GPU path) -> ((B, 3, S, S) ``dtype`` normalised on ``device``, (B,) int64 labels).
+
+    ``decoders``: one or more ``GpuDecoder``; with several, each decodes a part of every batch from its
+    own thread on its own CUDA stream. ``skips``: None, a file no decoder reads raises ``DecodeError``;
+    else it is dropped from the batch and recorded there.
+    """
+
+    def __init__(self, decoders: Sequence[GpuDecoder], *, device: torch.device, image_size: int, mean, std,
+                 dtype: torch.dtype, channels_last: bool, max_pixels: int,
+                 max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS, skips: SkipLog | None = None) -> None:
+        self.decoders = list(decoders)
+        self.name = self.decoders[0].name
+        self.job_images = self.decoders[0].job_images
+        self.cpu = CpuDecoder(max_pixels=max_pixels)
+        self.device, self.size, self.dtype, self.channels_last = device, image_size, dtype, channels_last
+        self.scale, self.shift = normalize_constants(mean, std)
+        self.max_batch_pixels = max_batch_pixels
+        self.skips = skips
+        self.decoded_by: collections.Counter = collections.Counter()  # "gpu:<name>", "cpu" -> images
+        self._device = (_Cuda if device.type == "cuda" else _Host)(self.decoders, device, self.scale, self.shift)
+        self._flats: list[torch.Tensor | None] = [None, None]
+        self._turn = 0
+
+    def __call__(self, batch: "HostBatch") -> tuple[torch.Tensor, torch.Tensor]:
+        return self.finish(self.start(batch))
+
+    def start(self, batch: "HostBatch") -> "_Started":
+        """Lay the batch out in a decode buffer, queue its CPU-filled pixels' copies and hand its JPEGs to
+        the decoder threads; returns at once (on CUDA). ``finish`` completes it: the Prefetcher starts
+        batch k+1 before it finishes batch k, so the decoders always have the next batch queued. A batch
+        over ``max_batch_pixels`` goes through in slices here, synchronously."""
+        s, meta = self.size, batch.slot.meta
+        encoded = meta[:, Meta.KIND] == KIND_BYTES
+        # decoded extents: the header's for encoded samples and the rows' for CPU-decoded rows; S x S pre-cropped
+        sized = meta[:, Meta.KIND] != KIND_PIXELS
+        heights = np.where(sized, meta[:, Meta.HEIGHT], s)
+        widths = np.where(sized, meta[:, Meta.WIDTH], s)
+        started = _Started(batch)
+        parts = _slices(list(zip(widths.tolist(), heights.tolist())), self.max_batch_pixels)
+        try:
+            for k, r in enumerate(parts):
+                if k:  # the previous slice is finished (kernel queued) before its buffer is reused
+                    self._complete(started)
+                started.part = self._prepare(batch, r, encoded[r.start : r.stop], heights[r.start : r.stop],
+                                             widths[r.start : r.stop], turn=k == 0)
+                started.decoding = self._submit_decode(batch, started.part)
+        except BaseException:  # no finish will come: let the decoders stop reading, then hand the batch back
+            if started.decoding:
+                wait(started.decoding)
+            batch.release()
+            raise
+        return started
+
+    def finish(self, started: "_Started") -> tuple[torch.Tensor, torch.Tensor]:
+        """((B', 3, S, S) ``dtype`` on the device, (B',) labels) for a started batch; B' < B only when
+        ``skips`` dropped files no decoder reads. Calls ``batch.release()`` once nothing reads its host
+        memory any more (later GPU work is ordered on the current stream)."""
+        try:
+            self._complete(started)
+        finally:
+            if started.decoding is not None:  # failed before the decode was awaited: no thread may still read
+                wait(started.decoding)
+            started.batch.release()
+        out, labels = started.out, started.batch.labels
+        if started.dropped:
+            gone = set(started.dropped)
+            keep = torch.tensor([i for i in range(len(labels)) if i not in gone], device=self.device)
+            out, labels = out.index_select(0, keep), labels.index_select(0, keep)
+        return out, labels
+
+    def _complete(self, started: "_Started") -> None:
+        """Await the current slice's decode, finish what the GPU refused on the CPU, run the kernel."""
+        batch, part = started.batch, started.part
+        ok = self._await_decode(started.decoding)
+        started.decoding = None
+        if started.out is None:
+            n, s = len(batch.slot.meta), self.size
+            fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+            started.out = torch.empty((n, 3, s, s), dtype=self.dtype, device=self.device, memory_format=fmt)
+        for j in (int(j) for j, good in zip(part.enc, ok) if not good):
+            self._finish_on_cpu(batch, part.r.start + j, part.table[j], part.flat, started.dropped)
+        self._device.kernel(part.flat, torch.from_numpy(part.table), self.size,
+                            started.out[part.r.start : part.r.stop])
+
+    def _prepare(self, batch: "HostBatch", r: range, encoded: np.ndarray, h: np.ndarray, w: np.ndarray,
+                 turn: bool) -> "_Part":
+        """Samples ``r`` of ``batch`` laid out in a decode buffer (local row j is sample r.start + j), the
+        kernel's table, and the copies of what the CPU filled (pre-cropped pixels, decoded rows) queued.
+        ``turn``: take the other buffer than last time (the previous batch's kernel may not have run yet)."""
+        s, px = self.size, self.size * self.size * 3
+        local = np.arange(len(r))
+        meta = batch.slot.meta[r.start : r.stop]
+        host, enc = local[~encoded], local[encoded]
+        pre = local[meta[:, Meta.KIND] == KIND_PIXELS]
+        # what the CPU filled, in each sample's pixel room: pre-cropped S x S x 3, or the crop's decoded rows
+        filled = np.where(meta[:, Meta.KIND] == KIND_ROWS, meta[:, Meta.LENGTH], px)
+        # In batch order, as in the slot; encoded images get at least S x S x 3 bytes, so a GPU refusal
+        # cropped on the CPU fits in its place.
+        room = np.where(encoded, np.maximum(h * w * 3, px), filled)
+        offset = np.concatenate([[0], np.cumsum(room)[:-1]])
+        flat = self._buffer(int(room.sum()), turn)
+        table = np.empty((len(r), 8), np.int64)  # the kernel's (offset, h, w, box x, y, w, h, flip) per sample
+        table[:, 0], table[:, 1], table[:, 2], table[:, 3:] = offset, h, w, meta[:, BOX]
+        table[pre, 1:] = (s, s, 0, 0, s, s, 0)
+        if len(host):  # one copy each (a sample's room is larger than what it holds)
+            room_of = self._rooms(batch)
+            for j in host.tolist():
+                n = int(filled[j])
+                flat[offset[j] : offset[j] + n].copy_(room_of(r.start + j, n), non_blocking=True)
+        self.decoded_by["cpu"] += len(host)
+        return _Part(r, enc, flat, offset[enc], h[enc], w[enc], table)
+
+    def _rooms(self, batch: "HostBatch") -> Callable[[int, int], torch.Tensor]:
+        """(i, n) -> the first n bytes of sample i's pixel room as a host tensor for an H2D copy (the
+        page-locked check is made once per batch). Without rooms, sample i's pixels."""
+        slot = batch.slot
+        if slot.rooms is None:  # pre-cropped pixels only
+            return lambda i, n: self._device.host(slot.images[i]).view(-1)[:n]
+        rooms = torch.from_numpy(slot.rooms)
+        if self._device.pinned(rooms):
+            return lambda i, n: rooms[i, :n]
+        return lambda i, n: rooms[i, :n].pin_memory()
+
+    def _finish_on_cpu(self, batch: "HostBatch", i: int, row: np.ndarray, flat: torch.Tensor,
+                       dropped: list[int]) -> None:
+        """Sample ``i`` that the GPU refused: decode and crop it here, into its place in ``flat``."""
+        s, slot = self.size, batch.slot
+        data = slot.arena[i, : slot.meta[i, Meta.LENGTH]].tobytes()
+        path = batch.path(i)
+        fw, fh = int(slot.meta[i, Meta.WIDTH]), int(slot.meta[i, Meta.HEIGHT])
+        x, y, bw, bh, flip = (int(v) for v in slot.meta[i, BOX])
+        try:  # the workers left it encoded: a plain JPEG (header read, box drawn, orientation 1)
+            decode_box_into(self.cpu, data, path, CropBox(x, y, bw, bh, bool(flip)), (fw, fh), True, slot.images[i])
+        except DecodeError as e:
+            if self.skips is None:
+                raise
+            self.skips.record(path, e.reason)
+            dropped.append(i)
+            row[1:] = (1, 1, 0, 0, 1, 1, 0)  # any valid row: the output is dropped
+            return
+        off = int(row[0])
+        flat[off : off + s * s * 3].copy_(self._device.host(slot.images[i]).view(-1), non_blocking=True)
+        row[1:] = (s, s, 0, 0, s, s, 0)
+        self.decoded_by["cpu"] += 1
+
+    def _buffer(self, nbytes: int, turn: bool) -> torch.Tensor:
+        """One of two decode buffers, taken in turn, so a batch decodes while the previous one's kernel is
+        still to run; each is reused every other batch (stream order keeps a batch's decode after the last
+        kernel that read that buffer), so GPU memory stays flat however the batches' sizes vary. Each grows
+        to the largest batch seen, with room to spare, and never shrinks."""
+        self._device.order_buffers()
+        if turn:
+            self._turn ^= 1
+        k = self._turn
+        if self._flats[k] is None or self._flats[k].numel() < nbytes:
+            self._flats[k] = None  # free the old one first
+            grain = 32 << 20
+            self._flats[k] = torch.empty(-(-int(nbytes * 1.5) // grain) * grain, dtype=torch.uint8,
+                                         device=self.device)
+        return self._flats[k][:nbytes]
+
+    def _submit_decode(self, batch: "HostBatch", part: "_Part") -> list[Future]:
+        """Queue the decode of the part's encoded samples into its buffer (local row j as an (h, w, 3) uint8
+        image at its offset): calls of about ``job_images`` (at least one per decoder), dealt in turn to the
+        decoders. Returns the calls' futures; ``_await_decode`` says which images worked."""
+        ids = part.r.start + part.enc
+        if not len(ids):
+            return []
+        slot, flat = batch.slot, part.flat
+        job = DecodeJob((slot.arena.ctypes.data + ids * slot.arena.strides[0]).astype(np.uint64),
+                        slot.meta[ids, Meta.LENGTH].astype(np.uint64), (flat.data_ptr() + part.offsets).astype(np.uint64),
+                        part.heights, part.widths, self.device, (slot.arena, flat))
+        # calls of equal size (within one image), dealt in turn to the decoders
+        nd = len(self.decoders)
+        calls = max(nd, round(len(ids) / self.job_images))
+        bounds = np.round(np.arange(calls + 1) * len(ids) / calls).astype(int).tolist()
+        return self._device.submit([(j % nd, job[a:b]) for j, (a, b) in enumerate(zip(bounds, bounds[1:])) if b > a])
+
+    def _await_decode(self, futures: list[Future]) -> list[bool]:
+        """Wait for the decode calls (all of them, even when one failed: none may still write after an
+        error is raised), order the current stream after them, count what they decoded; which worked."""
+        wait(futures)
+        ok = [bool(good) for part in self._device.collect([f.result() for f in futures]) for good in part]
+        self.decoded_by[f"gpu:{self.name}"] += sum(ok)
+        return ok
+
+
+class _Cuda:
+    """The stage's device side on CUDA: decoder threads on their own streams, events between them and the
+    current (side) stream, page-locked host sources, the Triton kernel (the reference without Triton)."""
+
+    def __init__(self, decoders: list[GpuDecoder], device: torch.device, scale, shift) -> None:
+        self.decoders, self.device, self.scale, self.shift = decoders, device, scale, shift
+        # one thread per decoder (a decoder's calls never overlap), each on its own stream
+        self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"gpufeed-decode-{k}") for k in range(len(decoders))]
+        self._streams = [torch.cuda.Stream(device) for _ in decoders]
+        self._scale_t, self._shift_t = torch.tensor(scale, device=device), torch.tensor(shift, device=device)
+        self._buffer_stream: torch.cuda.Stream | None = None
+
+    def order_buffers(self) -> None:
+        """Called before a decode buffer is taken: if this stage is driven from another stream than last
+        time, that stream first waits for the old one (the buffers' last readers)."""
+        stream = torch.cuda.current_stream(self.device)
+        if self._buffer_stream is not None and self._buffer_stream != stream:
+            stream.wait_stream(self._buffer_stream)
+        self._buffer_stream = stream
+
+    def submit(self, jobs: list[tuple[int, DecodeJob]]) -> list[Future]:
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(self.device))
+
+        def run(k: int, job: DecodeJob) -> tuple[np.ndarray, torch.cuda.Event]:
+            stream = self._streams[k]
+            stream.wait_event(ready)
+            ok = self.decoders[k].decode(job, stream)
+            done = torch.cuda.Event()
+            done.record(stream)
+            return ok, done
+
+        return [self._threads[k].submit(run, k, job) for k, job in jobs]
+
+    def collect(self, results: list[tuple[np.ndarray, torch.cuda.Event]]) -> list[np.ndarray]:
+        side = torch.cuda.current_stream(self.device)
+        for _, done in results:
+            side.wait_event(done)
+        return [ok for ok, _ in results]
+
+    def host(self, a: np.ndarray) -> torch.Tensor:
+        """A host tensor for an H2D copy: the ring's own page-locked memory when it is (the scheduler
+        reuses the slot after the copy), else a pinned copy (the caching host allocator keeps it until the
+        copy ran)."""
+        t = torch.from_numpy(a)
+        return t if t.is_pinned() else t.pin_memory()
+
+    @staticmethod
+    def pinned(t: torch.Tensor) -> bool:
+        return t.is_pinned()
+
+    def kernel(self, flat: torch.Tensor, table: torch.Tensor, size: int, dst: torch.Tensor) -> None:
+        if triton is not None:
+            resized_crop_triton(flat, self.host(table.numpy()).to(self.device, non_blocking=True), size, self.scale,
+                                self.shift, dst)
+        else:
+            resized_crop_reference(flat, table.to(self.device), size, self._scale_t, self._shift_t, dst)
+
+
+class _Host:
+    """The same stage on the CPU (a CPU device: tests and stand-in decoders): calls run here, in order."""
+
+    def __init__(self, decoders: list[GpuDecoder], device: torch.device, scale, shift) -> None:
+        self.decoders, self.device = decoders, device
+        self._scale_t, self._shift_t = torch.tensor(scale), torch.tensor(shift)
+
+    def order_buffers(self) -> None:
+        pass
+
+    def submit(self, jobs: list[tuple[int, DecodeJob]]) -> list[Future]:
+        futures = []
+        for k, job in jobs:  # reported as the threads do: an error is raised when awaited
+            f: Future = Future()
+            try:
+                f.set_result(self.decoders[k].decode(job, None))
+            except Exception as e:
+                f.set_exception(e)
+            futures.append(f)
+        return futures
+
+    def collect(self, results: list[np.ndarray]) -> list[np.ndarray]:
+        return results
+
+    def host(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a)
+
+    @staticmethod
+    def pinned(t: torch.Tensor) -> bool:
+        return True  # copies to the CPU read it in place
+
+    def kernel(self, flat: torch.Tensor, table: torch.Tensor, size: int, dst: torch.Tensor) -> None:
+        resized_crop_reference(flat, table, size, self._scale_t, self._shift_t, dst)
+
+
+@dataclass
+class _Part:
+    """One slice of a batch in a decode buffer: its samples ``r``; the local rows of its encoded samples
+    (``enc``) with their byte offsets and decoded extents; the kernel's table (K, 8)."""
+
+    r: range
+    enc: np.ndarray
+    flat: torch.Tensor
+    offsets: np.ndarray
+    heights: np.ndarray
+    widths: np.ndarray
+    table: np.ndarray
+
+
+@dataclass
+class _Started:
+    """A batch between ``start`` and ``finish``."""
+
+    batch: "HostBatch"
+    part: _Part | None = None
+    decoding: list | None = None  # the current part's decode futures, until awaited
+    out: torch.Tensor | None = None
+    dropped: list = field(default_factory=list)

@@ -1,0 +1,205 @@
+"""Placement policy: who decodes what, and on which cores. Every rule that decides this at run time
+lives here, once, with its reason; the loader, the workers, the GPU stage and ``gpufeed info`` ask it.
+
+- which GPU decoder, if any (``create_gpu_decoders``), chosen once at construction;
+- how many worker processes (``default_num_workers``) and which CPUs they run on (``worker_cpus``);
+- which files go to the GPU at all (``GPU_BYTES_CAPACITY``; the structural check is ``decode.jpeg_check``);
+- what share of each GPU-path batch the CPU workers decode (``ShareControl``) and which samples of a
+  chunk that share takes (``cheapest_on_cpu``, from the cost model ``cpu_cost`` / ``engine_cost``).
+
+This module imports no torch at load time: worker processes use the cost model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping, NamedTuple
+
+from .cores import IdleCores, usable_cores
+from .cores import worker_cpus as _cpus_without
+
+if TYPE_CHECKING:
+    import torch
+
+    from .augment.params import CropBox
+
+__all__ = ["DECODE_CHOICES", "GPU_BYTES_CAPACITY", "KEPT_CORES", "Candidate", "ShareControl", "cheapest_on_cpu",
+           "cpu_cost", "create_gpu_decoders", "default_num_workers", "engine_cost", "worker_cpus"]
+
+DECODE_CHOICES = ("auto", "cpu", "gpu", "nvimgcodec", "nvjpeg", "torchvision")
+# what each GPU choice tries, in order; "auto" never takes torchvision's decoder, whose chroma upsampling
+# differs from the CPU path's (28 dB against the CPU decode, where the other two give 88), and which runs at
+# less than half nvJPEG's rate (BENCHMARKS.md#gpu-decode-backends)
+_ORDER = {"auto": ("nvjpeg", "nvimgcodec"), "gpu": ("nvjpeg", "nvimgcodec", "torchvision"),
+          "nvjpeg": ("nvjpeg",), "nvimgcodec": ("nvimgcodec",), "torchvision": ("torchvision",)}
+# Decoder threads per loader: two keep the engines busy while one thread's host work runs
+# (BENCHMARKS.md#gpu-decode-backends).
+DECODER_THREADS = 2
+
+# Per-sample room for encoded bytes in the shared ring on the GPU path; larger files are decoded by the CPU
+# workers instead (ImageNet's largest training JPEGs are a few MB; the mean is ~110 KB).
+GPU_BYTES_CAPACITY = 2 * 1024 * 1024
+
+# GPU path: physical cores per rank kept free of workers, for the two decoder threads and the training loop,
+# which then never wait for a core (+2-7% loader-only at the same share, ResNet-18 77.6% of its own rate
+# against 69.6%: BENCHMARKS.md#cores-kept-from-the-workers). At most a quarter of the cores; none under 8.
+KEPT_CORES = 3
+
+# The NVJPG engines' cost per JPEG is 0.28 ns per byte + 10.2 us per image on the H200 (pixels barely count):
+# the per-image part is worth this many bytes (BENCHMARKS.md#engine-cost-per-jpeg).
+ENGINE_BYTES_PER_IMAGE = 36_000
+
+
+def create_gpu_decoders(choice: str, device: "torch.device") -> tuple[list | None, str]:
+    """(GPU decoders, or None for the CPU workers; why). Several decoders decode parts of a batch at once,
+    each from its own thread on its own CUDA stream (their calls release the GIL).
+
+    "gpu" and "auto" try, in order: the NVJPG hardware engines through nvJPEG's batched API called
+    directly ("nvjpeg"); nvImageCodec, whose CUDA decoder also serves GPUs without engines
+    ("nvimgcodec"); and, for "gpu" only, torchvision's decode_jpeg on CUDA. "auto" stays on the CPU
+    workers without nvJPEG or nvImageCodec, or without Triton (the fused kernel's per-image torch
+    fallback is far too slow to pick). An explicit single choice that cannot work raises ValueError
+    saying why.
+    """
+    if choice not in DECODE_CHOICES:
+        raise ValueError(f"decode must be one of {DECODE_CHOICES}, got {choice!r}")
+    if choice == "cpu":
+        return None, "decode='cpu' asked for"
+    if device.type != "cuda":
+        if choice == "auto":
+            return None, f"decode='auto' on {device}: CPU workers"
+        raise ValueError(f"decode={choice!r} needs a CUDA device, got device={str(device)!r}")
+    if choice == "auto":
+        from .augment import fused
+
+        if fused.triton is None:
+            return None, "decode='auto': Triton is not installed (the fused GPU kernel needs it); CPU workers"
+    reasons = []
+    for name in _ORDER[choice]:
+        try:
+            decoders, how = _MAKERS[name](device)
+        except Exception as e:  # missing library, no engines on this GPU, decoder creation failure: "not here"
+            reasons.append(f"{name} unavailable: {type(e).__name__}: {e}")
+            continue
+        return decoders, "; ".join(reasons + [how])
+    if choice in _MAKERS:
+        raise ValueError(reasons[-1])
+    if choice == "auto":
+        return None, ("decode='auto': " + "; ".join(reasons)
+                      + "; CPU workers (pip install gpufeed[nvjpeg-cu13] or gpufeed[nvimgcodec-cu13])")
+    return None, "; ".join(reasons + ["CPU decode"])
+
+
+def _nvjpeg(device: "torch.device") -> tuple[list, str]:
+    from .decode.nvjpeg_hw import NvJpegHwDecoder
+
+    decoders = [NvJpegHwDecoder(device) for _ in range(DECODER_THREADS)]
+    d = decoders[0]
+    return decoders, (f"nvJPEG {'.'.join(map(str, d.version))} hardware engines ({d.engines} engines) called "
+                      f"directly, {DECODER_THREADS} decoder threads ({d.library})")
+
+
+def _nvimgcodec(device: "torch.device") -> tuple[list, str]:
+    from .decode.nvimgcodec import NvImageCodecDecoder
+
+    return ([NvImageCodecDecoder(device) for _ in range(DECODER_THREADS)],
+            f"nvImageCodec (hardware engine, then CUDA), {DECODER_THREADS} decoder threads")
+
+
+def _torchvision(device: "torch.device") -> tuple[list, str]:
+    from .decode.torchvision_gpu import TorchvisionGpuDecoder
+
+    return [TorchvisionGpuDecoder(device)], "torchvision decode_jpeg on CUDA"
+
+
+_MAKERS = {"nvjpeg": _nvjpeg, "nvimgcodec": _nvimgcodec, "torchvision": _torchvision}
+
+
+def default_num_workers(local_world_size: int = 1) -> int:
+    """One worker per core this process may use (affinity mask and cgroup CPU quota,
+    ``cores.usable_cores``), shared among the ranks of this node."""
+    return max(1, usable_cores() // max(1, local_world_size))
+
+
+def worker_cpus(gpu_path: bool, local_world_size: int = 1) -> set[int] | None:
+    """The CPUs the workers run on: on the GPU path all but ``KEPT_CORES`` physical cores per rank of this
+    node (``cores.worker_cpus``); None (this process's whole mask) on the CPU path, where the workers are
+    the whole pipeline."""
+    return _cpus_without(KEPT_CORES * max(1, local_world_size)) if gpu_path else None
+
+
+class Candidate(NamedTuple):
+    """A GPU-decodable sample as the share rule sees it: its file's bytes, its image height, its crop box."""
+
+    nbytes: int
+    height: int
+    box: "CropBox"
+
+
+def cpu_cost(c: Candidate) -> float:
+    """The cropped CPU decode's cost, in byte-like units: the entropy-coded bytes down to the crop's last
+    row (rows above are entropy-decoded too, rows below never) plus half the crop's pixels (IDCT, colour,
+    resize). Against the cropped decoder's measured time on ImageNet-like files: r = 0.98."""
+    return c.nbytes * (c.box.y + c.box.height) / c.height + 0.5 * c.box.width * c.box.height
+
+
+def engine_cost(c: Candidate) -> float:
+    """The NVJPG engines' cost in the same units: the file's bytes plus a per-image part
+    (``ENGINE_BYTES_PER_IMAGE``); the box does not matter to them."""
+    return c.nbytes + ENGINE_BYTES_PER_IMAGE
+
+
+def cheapest_on_cpu(samples: Mapping[int, Candidate], quota: int) -> set[int]:
+    """The keys of the ``quota`` samples of a chunk that the CPU decodes: those with the lowest CPU cost per
+    engine cost, so the CPU takes what costs it least for what it saves the engines and neither side is left
+    the other's expensive files (BENCHMARKS.md#which-samples-the-cpu-takes)."""
+    ranked = sorted(samples, key=lambda k: cpu_cost(samples[k]) / engine_cost(samples[k]))
+    return set(ranked[: max(0, quota)])
+
+
+class ShareControl:
+    """The CPU workers' share of each GPU-path batch: fixed, or adapted ("auto").
+
+    "auto" gives the workers what they keep up with while a quarter of the cores (``reserve``) stay idle
+    for the training process: at the end of every ``IdleCores.WINDOW_S`` window of batches the share goes
+    down one step per core missing from the reserve (at most ``MAX_DOWN_STEPS``), or one step if most
+    batches were late (the GPU stage waited more than ``LATE_S`` for the workers); otherwise up one step
+    when a core more than the reserve stayed idle. Why: when training is the slower side this puts on the
+    workers much of what the CPU can decode (a GPU decode costs the training process's own thread, which
+    the workers do not touch); when the GPU decoders are the slower side the CPU takes a part beside them
+    without crowding out the threads that feed them. Up stays one step, since while the workers start and
+    at epoch boundaries cores idle with no batch to decode (BENCHMARKS.md#cpu-share). A change reaches
+    the batches submitted from then on.
+    """
+
+    STEP, LATE_S, MAX_DOWN_STEPS, START = 1 / 32, 0.002, 4, 0.5
+
+    def __init__(self, setting: float | str, idle: IdleCores | None = None) -> None:
+        self.check(setting)
+        self.auto = setting == "auto"
+        self.value = self.START if self.auto else float(setting)
+        self._idle = (idle or IdleCores()) if self.auto else None
+        self.reserve = max(1.0, self._idle.capacity / 4) if self._idle is not None else 0.0
+        self._batches = self._late = 0
+
+    @staticmethod
+    def check(setting: object) -> None:
+        if not (setting == "auto" or (isinstance(setting, (int, float)) and 0 <= setting <= 1)):
+            raise ValueError(f"cpu_share must be 'auto' or a fraction in [0, 1], got {setting!r}")
+
+    def update(self, collect_wait: float) -> None:
+        """After each GPU-path batch: ``collect_wait`` seconds spent waiting for the workers' results."""
+        if self._idle is None:
+            return
+        self._batches += 1
+        self._late += collect_wait > self.LATE_S
+        idle = self._idle.poll()
+        if idle is None:
+            return
+        if idle < self.reserve:  # the workers crowd the cores the training process needs
+            steps = min(self.MAX_DOWN_STEPS, max(1, round(self.reserve - idle)))
+            self.value = max(0.0, self.value - steps * self.STEP)
+        elif 2 * self._late > self._batches:  # they do not keep up
+            self.value = max(0.0, self.value - self.STEP)
+        elif idle >= self.reserve + 1:
+            self.value = min(1.0, self.value + self.STEP)
+        self._batches = self._late = 0

@@ -1,0 +1,192 @@
+"""What a worker does with a chunk of samples: read, decode, crop and resize them into a ring slot.
+
+CPU path: every sample is decoded, cropped, resized and flipped here into the slot's pixels.
+GPU path: every sample is read and its header parsed; a plain JPEG that fits goes into the slot as bytes
+with its crop box, for a GPU decoder (``KIND_BYTES``); the chunk's share for the CPU (``cheapest_on_cpu``)
+is decoded here down to its crop's rows, which the GPU kernel resizes (``KIND_ROWS``); files no GPU
+decoder should see are finished here (``KIND_PIXELS``).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Callable
+
+import numpy as np
+
+from ..augment.cpu import decode_box_into, decode_box_rows_into
+from ..augment.params import AugmentSpec, CropBox
+from ..decode.base import DecodeError
+from ..decode.cpu import CpuDecoder
+from ..decode.exif import read_orientation, swaps_axes
+from ..decode.jpeg_check import gpu_safe_jpeg
+from ..placement import Candidate, cheapest_on_cpu
+from ..ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, Ring
+from ..sources.base import Source
+from .records import Failure, Progress, Task
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """Everything a worker needs to turn a sample index into pixels (picklable)."""
+
+    source: Source
+    augment: AugmentSpec
+    max_pixels: int
+    gpu_bytes_capacity: int = 0  # > 0: leave JPEGs encoded for GPU decode, up to this many bytes each
+    on_error: str = "raise"  # "raise": stop at the first bad sample; "skip": report it and go on
+    exif_orientation: bool = False  # apply EXIF orientation (default: ignore it, as torchvision does)
+
+
+def _read(spec: PipelineSpec, index: int) -> tuple[str, bytes]:
+    path = spec.source.path(index)
+    try:
+        return path, spec.source.read(index)
+    except OSError as e:
+        raise DecodeError(path, f"cannot read the file ({type(e).__name__}: {e.strerror or e})") from None
+
+
+def _finish_on_cpu(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, path: str,
+                   data: bytes, out: np.ndarray, header: tuple[int, int, bool] | None = None,
+                   orientation: int | None = None) -> None:
+    """Decode, orient, crop, resize and flip one sample into ``out`` ((S, S, 3) uint8). ``header``
+    (``decoder.header(data, path)``) and ``orientation`` when the caller has them already."""
+    width, height, fast = header or decoder.header(data, path)
+    if orientation is None:
+        orientation = read_orientation(data) if spec.exif_orientation else 1
+    if swaps_axes(orientation):
+        width, height = height, width
+    box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
+    decode_box_into(decoder, data, path, box, (width, height), fast, out, orientation)
+
+
+def load_sample_into(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int,
+                     out: np.ndarray) -> int:
+    """CPU path: read, decode and augment sample ``index`` into ``out`` ((S, S, 3) uint8); its label."""
+    path, data = _read(spec, index)
+    _finish_on_cpu(spec, decoder, seed, epoch, index, path, data, out)
+    return spec.source.label(index)
+
+
+@dataclass
+class Inspected:
+    """A GPU-path sample read and looked at, not yet placed: whether a GPU decoder may take it, and then
+    its crop box (None otherwise)."""
+
+    index: int
+    path: str
+    data: bytes
+    header: tuple[int, int, bool]  # width, height, fast (libjpeg-turbo decodes it to RGB)
+    orientation: int
+    gpu_ok: bool
+    box: CropBox | None
+
+    @property
+    def candidate(self) -> Candidate:
+        return Candidate(len(self.data), self.header[1], self.box)
+
+
+def inspect_sample(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int) -> Inspected:
+    """GPU path, first step: read sample ``index``, parse its header and decide whether a GPU decoder may
+    take it (none should take: not JPEG, CMYK, larger than the capacity, failing ``gpu_safe_jpeg``:
+    truncated, corrupt, progressive; or EXIF-rotated when rotation is on); draw its box if so."""
+    path, data = _read(spec, index)
+    header = width, height, fast = decoder.header(data, path)
+    orientation = read_orientation(data) if spec.exif_orientation else 1
+    gpu_ok = fast and orientation == 1 and len(data) <= spec.gpu_bytes_capacity and gpu_safe_jpeg(data)
+    box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index) if gpu_ok else None
+    return Inspected(index, path, data, header, orientation, gpu_ok, box)
+
+
+def place_sample(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, s: Inspected, ring: Ring,
+                 slot: int, k: int, on_cpu: bool) -> int:
+    """GPU path, second step: put the JPEG bytes and crop box at position ``k`` of the slot for GPU
+    decode; or (``on_cpu``) decode the crop's rows here and leave them with the box for the GPU to
+    resize (``KIND_ROWS``; when they fit in the position's pixel room, else as below); or (no GPU
+    decoder may take it) decode, crop and resize it here. Its label."""
+    width, height, fast = s.header
+    box = s.box
+    if s.gpu_ok and not on_cpu:
+        ring.arena[slot, k, : len(s.data)] = np.frombuffer(s.data, np.uint8)
+        ring.meta[slot, k] = (KIND_BYTES, len(s.data), width, height, box.x, box.y, box.width, box.height,
+                              int(box.flip))
+        return spec.source.label(s.index)
+    if s.gpu_ok:  # the CPU's share: a plain JPEG that passed the structural check, its box drawn already
+        rows = decode_box_rows_into(decoder, s.data, s.path, box, (width, height), spec.augment.image_size,
+                                    ring.rooms[slot, k])
+        if rows is not None:
+            w, h, x, y, bw, bh = rows
+            ring.meta[slot, k] = (KIND_ROWS, w * h * 3, w, h, x, y, bw, bh, int(box.flip))
+            return spec.source.label(s.index)
+        decode_box_into(decoder, s.data, s.path, box, (width, height), fast, ring.images[slot, k])
+    else:
+        _finish_on_cpu(spec, decoder, seed, epoch, s.index, s.path, s.data, ring.images[slot, k], s.header,
+                       s.orientation)
+    ring.meta[slot, k] = (KIND_PIXELS, 0, width, height, 0, 0, 0, 0, 0)
+    return spec.source.label(s.index)
+
+
+class ChunkServer:
+    """A worker's view of the ring and its decoder; ``serve`` loads one chunk."""
+
+    def __init__(self, spec: PipelineSpec, shm_name: str, ring_shape: tuple[int, int, int]) -> None:
+        self.spec = spec
+        self._shm = shared_memory.SharedMemory(name=shm_name)
+        self.ring = Ring(self._shm, *ring_shape, spec.gpu_bytes_capacity)
+        self.ring.map_pages()
+        self.decoder = CpuDecoder(max_pixels=spec.max_pixels)
+
+    def close(self) -> None:
+        del self.ring
+        self._shm.close()
+
+    def serve(self, task: Task, progress: Progress) -> list[Failure]:
+        """Load ``task``'s samples into its slot; the failures. ``progress`` holds the sample in hand."""
+        spec, ring, decoder, slot = self.spec, self.ring, self.decoder, task.slot
+        failures: list[Failure] = []
+        stop = lambda: failures and spec.on_error == "raise"
+
+        def attempt(k: int, index: int, fn: Callable, *args):  # a failure is reported; the main process decides
+            progress.hold(task.batch_id, task.chunk_id, k, time.monotonic())
+            try:
+                return fn(*args)
+            except Exception as e:
+                tb = traceback.format_exc() if spec.on_error == "raise" else ""
+                failures.append(Failure(k, spec.source.path(index), f"{type(e).__name__}: {e}", tb))
+                return None
+
+        def settle(k: int, index: int, fn: Callable, *args) -> None:  # ``attempt`` for a function giving the label
+            label = attempt(k, index, fn, *args)
+            if label is not None:
+                ring.labels[slot, k] = label
+
+        seed, epoch = task.seed, task.epoch
+        positions = enumerate(task.indices, task.start)
+        if not spec.gpu_bytes_capacity:
+            for k, index in positions:
+                settle(k, index, load_sample_into, spec, decoder, seed, epoch, index, ring.images[slot, k])
+                if stop():
+                    break
+            return failures
+        # GPU path: the whole chunk is looked at first (files no GPU decoder takes are finished at once and
+        # count in the CPU's part), then the CPU decodes the rest of its quota from the chunk's cheapest samples
+        gpu_ok: dict[int, Inspected] = {}
+        forced = 0
+        for k, index in positions:
+            sample = attempt(k, index, inspect_sample, spec, decoder, seed, epoch, index)
+            if sample is not None and sample.gpu_ok:
+                gpu_ok[k] = sample
+            elif sample is not None:
+                forced += 1
+                settle(k, index, place_sample, spec, decoder, seed, epoch, sample, ring, slot, k, True)
+            if stop():
+                return failures
+        on_cpu = cheapest_on_cpu({k: s.candidate for k, s in gpu_ok.items()}, task.cpu_quota - forced)
+        for k, sample in gpu_ok.items():
+            settle(k, sample.index, place_sample, spec, decoder, seed, epoch, sample, ring, slot, k, k in on_cpu)
+            if stop():
+                break
+        return failures

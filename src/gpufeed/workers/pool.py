@@ -1,0 +1,296 @@
+"""The worker pool: processes that fill the shared batch ring, and what the main process knows of them.
+
+    main process                          worker processes (no torch imported)
+    ------------                          ------------------------------------
+    submit(batch) -> Task per chunk -->   read, decode, crop, resize, flip (CPU path);
+                                          bytes + crop box, or the crop's rows (GPU path)
+                                          into the batch's ring slot
+    collect(batch) <----- ChunkDone ----  failures, if any
+
+A batch is split into chunks that any idle worker takes from one queue. A slot belongs to the main process
+from ``collect`` until the caller hands it out again; the caller must not read a slot's views after that.
+Workers start through ``forkserver`` on Linux (safe with CUDA initialised in the parent, and usable from
+Jupyter), ``spawn`` elsewhere. They are stopped by ``close``, by garbage collection of the pool, or at
+interpreter exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing as mp
+import queue
+import sys
+import time
+import types
+import weakref
+from multiprocessing import shared_memory
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+from ..ring import Ring, SlotView, check_shm_space
+from ..sources.base import FileSource, Source
+from ..sources.shared import SharedFileSource
+from .chunks import PipelineSpec
+from .process import WorkerArgs, run
+from .records import RETRY, ChunkDone, Failure, Progress, Task, WorkerError
+
+# How often a waiting main process checks that its workers are alive and within ``sample_timeout``.
+_POLL_S = 0.5
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A submitted batch: its slot, how many positions it fills, the chunks not yet done (chunk id ->
+    (first position, indices)), and the failures reported so far."""
+
+    slot: int
+    n: int
+    chunks: dict[int, tuple[int, list[int]]]
+    left: set[int]
+    failures: list[Failure] = dataclasses.field(default_factory=list)
+
+
+class WorkerPool:
+    """``num_workers`` processes filling a ring of ``num_slots`` batch slots.
+
+    ``submit(batch_id, slot, seed, epoch, indices, start)`` queues samples for positions ``start, start + 1,
+    ...`` of a slot; ``collect(batch_id)`` blocks until they are done and returns a ``SlotView`` and the
+    failures (``Failure``: position, path, reason). With ``on_error="raise"`` the first failure raises
+    ``WorkerError`` instead. ``cpus`` (a set of CPU numbers) keeps the workers on those CPUs.
+
+    A worker that dies, or holds one sample longer than ``sample_timeout`` seconds, is reported within
+    about a second: under "raise" as a ``WorkerError`` naming the worker and the file; under "skip" its
+    sample is a failure, the rest of its chunk comes back as ``RETRY`` positions, and a fresh worker takes
+    its place.
+    """
+
+    def __init__(self, spec: PipelineSpec, *, num_workers: int, num_slots: int, batch_size: int,
+                 sample_timeout: float | None = None, cpus: set[int] | None = None) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if sample_timeout is not None and sample_timeout <= 0:
+            raise ValueError(f"sample_timeout must be > 0 seconds or None, got {sample_timeout}")
+        check_source_importable(spec.source)
+        size = spec.augment.image_size
+        self.num_slots, self.batch_size, self.size = num_slots, batch_size, size
+        self.sample_timeout, self.cpus = sample_timeout, cpus
+        self.chunk_size = max(1, -(-batch_size // (2 * num_workers)))  # ~2 chunks per worker per batch
+        self.last_wait = 0.0
+        self._ctx = ctx = _default_context()
+        capacity = spec.gpu_bytes_capacity
+        # the bytes the ring touches: all of it but the arena's room beyond typical JPEGs
+        check_shm_space(Ring.nbytes(num_slots, batch_size, size, min(capacity, 512 << 10)))
+        self._shm = shared_memory.SharedMemory(create=True, size=Ring.nbytes(num_slots, batch_size, size, capacity))
+        self._ring = Ring(self._shm, num_slots, batch_size, size, capacity)
+        self._ring.map_pages()  # this process reads the arena (GPU decoders' host side) and the pixels
+        self._tasks = ctx.Queue()
+        self._results = ctx.Queue()
+        self._progress = [Progress.create(ctx) for _ in range(num_workers)]
+        self._generation = ctx.Value("q", 0, lock=False)
+        self._blocks = [self._shm]
+        if type(spec.source) is FileSource:  # one shared copy of the file list (subclasses may override read)
+            shared, block = SharedFileSource.create(spec.source)
+            spec = dataclasses.replace(spec, source=shared)
+            self._blocks.append(block)
+        self._spec = spec
+        self._spec_pickle = bytes(ForkingPickler.dumps(spec))
+        self._pending: dict[int, _Pending] = {}
+        self._procs: list = []
+        self._unpin: list = []  # cudaHostUnregister calls, run before the memory is unmapped
+        self.page_locked = False  # ``pin_images`` worked
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._tasks, self._blocks, self._unpin)
+        try:
+            for i in range(num_workers):
+                self._procs.append(self._start(i))
+        except BaseException:  # a worker that cannot start: stop the others, free the shared memory
+            self._finalizer()
+            raise
+
+    def _start(self, i: int):
+        args = WorkerArgs(i, self._spec_pickle, self._shm.name, (self.num_slots, self.batch_size, self.size),
+                          frozenset(self.cpus) if self.cpus else None, self._tasks, self._results,
+                          self._progress[i], self._generation)
+        p = self._ctx.Process(target=run, args=(args,), daemon=True, name=f"gpufeed-worker-{i}")
+        with _main_not_reimported(self._spec):
+            p.start()
+        return p
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p.pid is not None]
+
+    def submit(self, batch_id: int, slot: int, seed: int, epoch: int, indices: list[int], start: int = 0,
+               cpu_rows: int = 0) -> None:
+        """Queue samples ``indices`` for slot positions ``start...``. On the GPU path, ``cpu_rows`` of them
+        (the CPU's share) are decoded here rather than left encoded: spread evenly over the chunks, each
+        chunk's worker takes the ones ``placement.cheapest_on_cpu`` picks."""
+        chunks = [indices[i : i + self.chunk_size] for i in range(0, len(indices), self.chunk_size)]
+        gen = self._generation.value
+        entry = self._pending[batch_id] = _Pending(slot, start + len(indices), {}, set(range(len(chunks))))
+        n = max(1, len(indices))
+        for c, chunk in enumerate(chunks):
+            a = c * self.chunk_size  # the chunk's first sample among ``indices``
+            quota = round(cpu_rows * (a + len(chunk)) / n) - round(cpu_rows * a / n)
+            entry.chunks[c] = (start + a, chunk)
+            self._tasks.put(Task(gen, batch_id, c, slot, seed, epoch, start + a, chunk, quota))
+
+    def collect(self, batch_id: int) -> tuple[SlotView, list[Failure]]:
+        """Wait for batch ``batch_id``; its slot's views and failures. ``last_wait``: seconds spent waiting
+        for the workers' results (about 0 when the batch was ready)."""
+        entry = self._pending[batch_id]
+        self._check_workers()  # a dead worker is reported even if others finish its share
+        self.last_wait = 0.0
+        while entry.left:
+            self._receive_one()
+        del self._pending[batch_id]
+        failures = sorted(entry.failures)
+        if failures and self._spec.on_error == "raise":
+            f = failures[0]
+            raise WorkerError(f"failed to load {f.path!r}: {f.reason}"
+                              + (f"\n\nworker traceback:\n{f.traceback}" if f.traceback else ""))
+        return self._ring.slot(entry.slot).head(entry.n), failures
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def cancel(self) -> None:
+        """Abandon every submitted batch (workers skip their chunks) and wait until their slots are free."""
+        if self.closed:
+            self._pending.clear()
+            return
+        self._generation.value += 1
+        while any(e.left for e in self._pending.values()):
+            self._receive_one()
+        self._pending.clear()
+
+    def _receive_one(self) -> None:
+        """Take one result, or, after a quiet poll interval, check the workers (which may settle a chunk by
+        itself when one died); callers loop until what they wait for is done."""
+        t0 = time.perf_counter()
+        try:
+            done: ChunkDone = self._results.get(timeout=_POLL_S)
+        except queue.Empty:
+            self._check_workers()
+            return
+        finally:
+            self.last_wait += time.perf_counter() - t0
+        entry = self._pending.get(done.batch_id)
+        if entry is None or done.chunk_id not in entry.left:
+            return
+        entry.left.discard(done.chunk_id)
+        entry.failures += done.failures
+
+    def _check_workers(self) -> None:
+        now = time.monotonic()
+        for i, p in enumerate(self._procs):
+            held = self._progress[i].read()
+            if p.is_alive() and not (held and self.sample_timeout and now - held.since > self.sample_timeout):
+                continue
+            entry = self._pending.get(held.batch_id) if held else None
+            first, chunk = entry.chunks.get(held.chunk_id, (0, None)) if entry is not None else (0, None)
+            path = self._spec.source.path(chunk[held.position - first]) if chunk is not None else None
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+                why = f"held one sample longer than sample_timeout={self.sample_timeout}s"
+            else:
+                why = (f"exited unexpectedly with code {p.exitcode} (a negative code is the signal that killed it,"
+                       " e.g. -9 for the out-of-memory killer)")
+            where = f" while loading {path!r}" if path else ""
+            if self._spec.on_error == "raise" or entry is None:
+                self.close()
+                raise WorkerError(f"gpufeed worker {i} (pid {p.pid}) {why}{where}")
+            # skip: that sample fails, the rest of its chunk is retried, a new worker takes over
+            entry.left.discard(held.chunk_id)
+            entry.failures.append(Failure(held.position, path, f"worker {why}"))
+            entry.failures += [Failure(j, None, RETRY) for j in range(held.position + 1, first + len(chunk))]
+            self._progress[i].clear()
+            self._procs[i] = self._start(i)  # the finalizer holds this same list
+
+    def pin_images(self) -> bool:
+        """Page-lock the ring's pixel area (on the GPU path each position's whole pixel room) for CUDA
+        (``cudaHostRegister``), so that host-to-device copies read a finished slot directly instead of
+        through a staging copy. Returns whether it worked (it needs CUDA; without it copies stage through
+        pinned buffers). A pinned slot is reused only after the copies that read it completed (the
+        scheduler's events)."""
+        import torch
+
+        pixels = self._ring.pixels
+        rt = torch.cuda.cudart()
+        if int(rt.cudaHostRegister(pixels.ctypes.data, pixels.nbytes, 0)) != 0:
+            return False
+        self._unpin.append(lambda ptr=pixels.ctypes.data: rt.cudaHostUnregister(ptr))
+        self.page_locked = True
+        return True
+
+    def close(self) -> None:
+        """Stop the workers and free the shared memory (idempotent)."""
+        self._finalizer()
+
+
+def _shutdown(procs: list, tasks: Any, blocks: list, unpin: list) -> None:
+    for undo in unpin:
+        with contextlib.suppress(Exception):  # CUDA may already be shut down at interpreter exit
+            undo()
+    for p in procs:
+        if p.is_alive():
+            try:
+                tasks.put(None)
+            except (OSError, ValueError):
+                pass
+    deadline = time.monotonic() + 2.0
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.terminate()
+            p.join(1.0)
+    tasks.cancel_join_thread()
+    for block in blocks:
+        try:
+            block.close()
+        except BufferError:  # numpy views still alive here: the mapping goes with them
+            pass
+        try:
+            block.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def check_source_importable(source: Source) -> None:
+    """Worker processes unpickle the source, so its class must be importable there."""
+    cls = type(source)
+    if cls.__module__ == "__main__" and not getattr(sys.modules.get("__main__"), "__file__", None):
+        raise ValueError(
+            f"source class {cls.__name__!r} is defined in an interactive session (a notebook or REPL), "
+            "where worker processes cannot import it; define it in a .py module and import it from there"
+        )
+
+
+@contextlib.contextmanager
+def _main_not_reimported(spec: PipelineSpec):
+    """Start workers without re-running the user's main script in them.
+
+    spawn and forkserver children normally import ``__main__`` again (as ``__mp_main__``), which for a
+    training script means PyTorch, the model and everything else it imports: about 300 MB more per
+    worker, measured with 16 workers. Workers need only gpufeed's worker modules and the source, so while
+    they start, ``__main__`` reports itself as a module named "__main__", which multiprocessing does not
+    re-import. A source class defined in the main script itself needs that import, so then nothing is
+    changed.
+    """
+    main = sys.modules.get("__main__")
+    if main is None or type(spec.source).__module__ == "__main__":
+        yield
+        return
+    saved = main.__dict__.get("__spec__")
+    main.__spec__ = types.SimpleNamespace(name="__main__")
+    try:
+        yield
+    finally:
+        main.__spec__ = saved
+
+
+def _default_context() -> mp.context.BaseContext:
+    methods = mp.get_all_start_methods()
+    return mp.get_context("forkserver" if "forkserver" in methods else "spawn")

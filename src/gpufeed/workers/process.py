@@ -1,0 +1,90 @@
+"""A worker process, from its first instruction to its exit.
+
+numpy and OpenCV each bring an OpenBLAS that starts a thread per core when it loads, in every process that
+imports them. Workers never call BLAS (and OpenCV's own pool is held to one thread), so on a 16-core
+machine each worker would carry 30 idle threads, and 16 workers per rank times 8 ranks on a 128-core node
+some 32,000: enough to hit a container's process limit (OpenBLAS's "pthread_create failed"), and idle pools
+cost the workers context switches (BENCHMARKS.md#worker-processes). PyTorch's DataLoader sets
+``torch.set_num_threads(1)`` in its workers for the same reason. The thread counts are read when the
+libraries load, so ``run`` sets them first: this module imports only the standard library, and the
+pipeline spec (whose classes pull in numpy) arrives pickled and is unpickled after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pickle
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from .records import ChunkDone, Progress
+
+SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                   "VECLIB_MAXIMUM_THREADS": "1"}
+# Workers run at a lower CPU priority than the process that trains: with as many workers as cores, the
+# training loop's own thread (which launches the GPU's work) still gets a core at once.
+WORKER_NICE = 5
+# glibc's malloc returns large blocks to the kernel as soon as they are freed, so the next sample
+# page-faults the same memory back in (45% of a worker's time per GPU-bound sample:
+# BENCHMARKS.md#worker-processes). Fixed thresholds keep blocks up to MMAP_THRESHOLD in the heap and up to
+# TRIM_THRESHOLD of free heap top mapped.
+MMAP_THRESHOLD = 8 << 20
+TRIM_THRESHOLD = 64 << 20
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    """What a worker is started with (pickled once, at process start)."""
+
+    worker_id: int
+    spec_pickle: bytes  # the PipelineSpec, unpickled after the thread limits are set
+    shm_name: str  # the shared batch ring
+    ring_shape: tuple[int, int, int]  # slots, batch size, image size
+    cpus: frozenset[int] | None  # the CPUs to run on (None: those inherited)
+    tasks: Any  # queue of ``Task`` (None: stop)
+    results: Any  # queue of ``ChunkDone``
+    progress: Progress
+    generation: Any  # shared int: tasks of another generation are acknowledged, not served
+
+
+def run(args: WorkerArgs) -> None:
+    """Serve chunks until None arrives."""
+    os.environ.update(SINGLE_THREADED)
+    _lower_priority()
+    keep_heap()
+    if args.cpus:
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setaffinity(0, args.cpus)
+    from .chunks import ChunkServer  # numpy, OpenCV and the decoders load now, with one-thread pools
+
+    server = ChunkServer(pickle.loads(args.spec_pickle), args.shm_name, args.ring_shape)
+    try:
+        while True:
+            task = args.tasks.get()
+            if task is None:
+                return
+            failures = server.serve(task, args.progress) if task.generation == args.generation.value else []
+            args.progress.clear()
+            args.results.put(ChunkDone(task.generation, task.batch_id, task.chunk_id, failures))
+    except KeyboardInterrupt:
+        return
+    finally:
+        server.close()
+
+
+def keep_heap() -> None:
+    """Keep freed sample-sized blocks mapped in this process (glibc ``mallopt``; elsewhere nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):  # a libc without mallopt
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-1, TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
+        libc.mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD
+
+
+def _lower_priority() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(WORKER_NICE)

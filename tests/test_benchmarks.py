@@ -1,0 +1,66 @@
+"""Each script in benchmarks/ run tiny on this machine, so none can rot: it runs, measures what it says
+and prints its table."""
+
+import re
+import runpy
+import sys
+from pathlib import Path
+
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _run(script, args, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / script), *args])
+    runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
+    return capsys.readouterr().out
+
+
+def _rows(out):
+    return [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| path")
+            and not line.startswith("| config")]
+
+
+def test_decode_only(synth_root, capsys, monkeypatch):
+    out = _run("decode_only.py", [str(synth_root), "--batch", "8", "--rounds", "1", "--n", "16"], capsys, monkeypatch)
+    rows = _rows(out)
+    cpu = [r for r in rows if r.startswith("| cpu (libjpeg-turbo)")]
+    assert len(cpu) == 1 and float(cpu[0].split("|")[2].replace(",", "")) > 0
+    assert "16 files in memory, batch 8" in out
+    if not __import__("torch").cuda.is_available():  # each GPU decoder: a row saying why it is not here
+        assert [r.split("|")[1].strip() for r in rows[1:]] == ["nvjpeg", "nvimgcodec", "torchvision"]
+        assert all("unavailable: " in r for r in rows[1:])
+
+
+def test_worker_cost_measures_each_path(tmp_path, capsys, monkeypatch):
+    from gpufeed.synth import create_synthetic_dataset
+
+    root = create_synthetic_dataset(tmp_path, n=256, num_classes=2, seed=3, workers=2)
+    out = _run("worker_cost.py", [str(root), "--share", "0,0.5", "--cpu", "--epochs", "1", "--batches", "1",
+                                  "--workers", "2"], capsys, monkeypatch)
+    rows = _rows(out)
+    assert [r.split("|")[1].strip() for r in rows] == ["GPU path, CPU share 0, 1 in flight",
+                                                         "GPU path, CPU share 0.5, 1 in flight", "CPU path, 1 in flight"]
+    cpu_us = [float(r.split("|")[3].split("(")[0].replace(",", "")) for r in rows]
+    assert all(c > 0 for c in cpu_us) and cpu_us[0] < cpu_us[1] < cpu_us[2]  # decoding more costs more
+
+
+def test_sweep(synth_root, capsys, monkeypatch):
+    out = _run("sweep.py", [str(synth_root), "--device", "cpu", "--epochs", "2", "--batch-size", "8", "2,1,cpu"],
+               capsys, monkeypatch)
+    (row,) = _rows(out)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "2,1,cpu" and cells[1] == "cpu"
+    assert re.fullmatch(r"[\d,]+ \([\d,]+, [\d,]+\)", cells[2]), cells[2]
+
+
+def test_overlap(capsys, monkeypatch):
+    import torch
+
+    out = _run("overlap.py", ["--batches", "2", "--mb", "4"], capsys, monkeypatch)
+    if torch.cuda.is_available():
+        (row,) = _rows(out)
+        copy_ms, work_ms, both_ms, hidden = (float(c) for c in row.strip("|").split("|"))
+        assert min(copy_ms, work_ms, both_ms) > 0
+    else:
+        assert out.strip().endswith("needs CUDA (none here); nothing measured")

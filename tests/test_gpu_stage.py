@@ -1,0 +1,187 @@
+"""The GPU stage's logic (who decodes what, fallbacks, the kernel's table, slices) run on the CPU with a
+stand-in decoder, fed by a real worker pool's GPU-path output."""
+
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from gpufeed.augment.params import AugmentSpec
+from gpufeed.decode.cpu import CpuDecoder
+from gpufeed.decode.gpu_stage import GpuDecodeAugment
+from gpufeed.ring import KIND_PIXELS, KIND_ROWS, Meta
+from gpufeed.schedule import HostBatch
+from gpufeed.sources import folder_source
+from gpufeed.workers import PipelineSpec, WorkerPool
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class CpuStandIn:
+    """Decodes like a GPU decoder would (full image, (h, w, 3) uint8), refusing what ``refuse`` names."""
+
+    name = "standin"
+    job_images = 48
+
+    def __init__(self, refuse=()):
+        self.refuse, self.cpu, self.calls = set(refuse), CpuDecoder(), 0
+
+    def decode(self, job, stream):
+        self.calls += 1
+        ok = np.zeros(len(job), bool)
+        for j in range(len(job)):
+            d, out = job.source(j).tobytes(), job.target(j)
+            ok[j] = d not in self.refuse
+            if ok[j]:
+                out.copy_(torch.from_numpy(self.cpu.decode(d, "x", fast=True).copy()))
+            else:
+                out.fill_(255)  # a refused image's place holds garbage; the stage must overwrite it
+        return ok
+
+
+def host_batch(view, path, release=lambda: None):
+    """A finished slot as the scheduler hands it on."""
+    return HostBatch(torch.from_numpy(view.labels.copy()), view, path, len(view.labels), release)
+
+
+@pytest.fixture()
+def coloured(tmp_path):
+    colours = [(220, 30, 30), (30, 220, 30), (30, 30, 220)]
+    for c, colour in enumerate(colours):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(4):
+            Image.new("RGB", (60 + 10 * i, 50), colour).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=95)
+    Image.new("RGB", (40, 40), colours[1]).save(tmp_path / "c1" / "png.jpg", "PNG")
+    return tmp_path
+
+
+def _pool_batch(root, capacity=1 << 20, size=16, cpu_rows=0, **spec_kw):
+    src = folder_source(root)
+    spec = PipelineSpec(src, AugmentSpec(image_size=size, resize_size=size), 10**8, gpu_bytes_capacity=capacity,
+                        **spec_kw)
+    pool = WorkerPool(spec, num_workers=2, num_slots=2, batch_size=len(src))
+    pool.submit(0, 0, 0, 0, list(range(len(src))), cpu_rows=cpu_rows)
+    view, failures = pool.collect(0)
+    assert failures == []
+    return src, pool, view
+
+
+def _stage_output(root, decoder, budget=None, cpu_rows=0, job_images=None, size=16, **spec_kw):
+    src, pool, view = _pool_batch(root, size=size, cpu_rows=cpu_rows, **spec_kw)
+    kw = dict(device=torch.device("cpu"), image_size=size, mean=MEAN, std=STD, dtype=torch.float32,
+              channels_last=False, max_pixels=10**8)
+    if budget:
+        kw["max_batch_pixels"] = budget
+    stage = GpuDecodeAugment(decoder if isinstance(decoder, list) else [decoder], **kw)
+    if job_images:
+        stage.job_images = job_images
+    images, labels = stage(host_batch(view, src.path))
+    stage.kinds = view.meta[:, Meta.KIND].copy()
+    pool.close()
+    return images, labels, stage
+
+
+def _colour_index(images):
+    m, s = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
+    return ((images * s + m) * 255).mean(dim=(2, 3)).argmax(dim=1)
+
+
+def test_stage_labels_stay_aligned_with_gpu_refusals_and_cpu_rows(coloured):
+    refuse = {open(p, "rb").read() for p in sorted(coloured.glob("c2/*.jpg"))[:2]}
+    images, labels, stage = _stage_output(coloured, CpuStandIn(refuse))
+    assert images.shape == (13, 3, 16, 16) and not torch.isnan(images).any()
+    assert torch.equal(_colour_index(images), labels)
+    assert stage.decoded_by["cpu"] == 3 and stage.decoded_by["gpu:standin"] == 10
+
+
+def test_calls_of_a_few_images_dealt_to_several_decoders_keep_labels_aligned(coloured):
+    refuse = {open(p, "rb").read() for p in sorted(coloured.glob("c0/*.jpg"))[1:3]}
+    decoders = [CpuStandIn(refuse), CpuStandIn(refuse)]
+    images, labels, stage = _stage_output(coloured, decoders, job_images=2)
+    assert torch.equal(_colour_index(images), labels)
+    assert decoders[0].calls == 3 and decoders[1].calls == 3  # 12 JPEGs in 6 calls of 2, taken in turn
+    assert stage.decoded_by["cpu"] == 3 and stage.decoded_by["gpu:standin"] == 10
+
+
+def test_stage_splits_batches_over_the_pixel_budget(coloured):
+    decoder = CpuStandIn()
+    whole, labels, _ = _stage_output(coloured, decoder)
+    calls = decoder.calls
+    sliced, labels2, _ = _stage_output(coloured, decoder, budget=8000)
+    assert decoder.calls - calls > 2  # several slices
+    assert torch.equal(labels, labels2) and torch.allclose(whole, sliced)
+
+
+@pytest.fixture()
+def textured(tmp_path):
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(6):
+            h, w = 60 + 7 * i, 90 - 5 * i
+            yy, xx = np.mgrid[0:h, 0:w]
+            img = np.stack([xx * 255 // w, yy * 255 // h, rng.integers(0, 256, (h, w))], -1).astype(np.uint8)
+            Image.fromarray(img).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=90)
+    return tmp_path
+
+
+def test_the_cpu_shares_rows_give_the_kernel_the_pixels_of_a_gpu_decode(textured):
+    """The CPU's share leaves its crops' decoded rows for the kernel (KIND_ROWS): the output equals the
+    same samples decoded whole by a GPU decoder (a stand-in here) and cropped by the kernel."""
+    n = 12
+    gpu, labels, stage = _stage_output(textured, CpuStandIn(), size=48)
+    assert stage.decoded_by["gpu:standin"] == n
+    rows, labels_rows, stage = _stage_output(textured, CpuStandIn(), size=48, cpu_rows=n)
+    assert (stage.kinds == KIND_ROWS).all() and stage.decoded_by["cpu"] == n
+    assert torch.equal(labels, labels_rows)
+    torch.testing.assert_close(rows, gpu, atol=1e-4, rtol=0)
+
+
+def test_rows_that_do_not_fit_the_pixel_room_are_resized_by_the_worker(textured):
+    # at S = 32 a position's room holds 3 x 32 x 32 pixels: the larger crops' rows do not fit
+    images, labels, stage = _stage_output(textured, CpuStandIn(), size=32, cpu_rows=12)
+    assert set(stage.kinds.tolist()) == {KIND_ROWS, KIND_PIXELS}
+    gpu, labels_gpu, _ = _stage_output(textured, CpuStandIn(), size=32)
+    assert torch.equal(labels, labels_gpu)
+    rows = torch.from_numpy(stage.kinds == KIND_ROWS)
+    torch.testing.assert_close(images[rows], gpu[rows], atol=1e-4, rtol=0)
+    assert 0 < (images[~rows] - gpu[~rows]).abs().mean() < 0.05
+
+
+def test_stage_with_a_cpu_share_keeps_labels_aligned(coloured):
+    refuse = {open(p, "rb").read() for p in sorted(coloured.glob("c2/*.jpg"))[-1:]}
+    images, labels, stage = _stage_output(coloured, CpuStandIn(refuse), cpu_rows=6)
+    assert torch.equal(_colour_index(images), labels)
+    # 6 rows by the workers, the PNG (if not among them) and the refused JPEG after the GPU
+    assert stage.decoded_by["cpu"] in (7, 8) and stage.decoded_by["cpu"] + stage.decoded_by["gpu:standin"] == 13
+
+
+def test_stage_start_finish_releases_the_batch_once_after_its_decode(coloured):
+    """The stage holds the slot from start to finish; finish releases it exactly once, also when the
+    batch fails, and start + finish gives what one call gives."""
+    src, pool, view = _pool_batch(coloured)
+    released = []
+    decoder = CpuStandIn()
+    stage = GpuDecodeAugment([decoder], device=torch.device("cpu"), image_size=16, mean=MEAN, std=STD,
+                             dtype=torch.float32, channels_last=False, max_pixels=10**8)
+
+    def batch():
+        return host_batch(view, src.path, release=lambda: released.append(decoder.calls))
+
+    whole, labels = stage(batch())
+    assert released == [1]
+    started = stage.start(batch())
+    assert released == [1]  # held until finish
+    out, labels2 = stage.finish(started)
+    assert released == [1, 2] and torch.equal(out, whole) and torch.equal(labels, labels2)
+    decoder.decode = lambda *a: (_ for _ in ()).throw(RuntimeError("decoder died"))
+    started = stage.start(batch())
+    with pytest.raises(RuntimeError, match="decoder died"):
+        stage.finish(started)
+    assert released == [1, 2, 2]
+    stage._submit_decode = lambda *a: (_ for _ in ()).throw(MemoryError("no room"))
+    with pytest.raises(MemoryError, match="no room"):
+        stage.start(batch())  # a start that fails hands the batch back itself: no finish follows
+    assert released == [1, 2, 2, 2]
+    pool.close()

@@ -1,0 +1,164 @@
+"""The placement policy: which decoder, the cost model, which samples the CPU takes, the CPU share, the
+cores kept from the workers."""
+
+import pytest
+import torch
+
+import gpufeed.placement as placement
+from gpufeed import cores
+from gpufeed.augment.params import CropBox
+from gpufeed.placement import Candidate, ShareControl, cheapest_on_cpu, cpu_cost, create_gpu_decoders, engine_cost
+
+
+def test_decoder_placement_on_the_cpu(monkeypatch):
+    assert create_gpu_decoders("auto", torch.device("cpu"))[0] is None
+    import gpufeed.augment.fused as fused
+
+    with monkeypatch.context() as m:
+        m.setattr(fused, "triton", None)
+        assert create_gpu_decoders("auto", torch.device("cuda", 0)) == (
+            None, "decode='auto': Triton is not installed (the fused GPU kernel needs it); CPU workers")
+    decoders, why = create_gpu_decoders("auto", torch.device("cuda", 0))
+    if decoders is None:  # no GPU here: the CPU workers, and the reason says why for each GPU decoder
+        assert why.startswith("decode='auto': nvjpeg unavailable") and "nvimgcodec unavailable" in why
+        assert "CPU workers" in why
+    else:
+        assert decoders[0].name in ("nvjpeg-hw", "nvimgcodec")  # never torchvision's decoder
+    assert create_gpu_decoders("cpu", torch.device("cpu"))[0] is None
+    with pytest.raises(ValueError, match="decode='nvimgcodec' needs a CUDA device"):
+        create_gpu_decoders("nvimgcodec", torch.device("cpu"))
+    with pytest.raises(ValueError, match="decode must be one of"):
+        create_gpu_decoders("dali", torch.device("cpu"))
+
+
+def test_decoder_placement_order_and_fallback(monkeypatch):
+    """Each choice tries its decoders in order, says why each earlier one was passed over, and an explicit
+    single choice that cannot work raises instead of quietly decoding elsewhere."""
+
+    def broken(device):
+        raise RuntimeError("no engines on this GPU")
+
+    made = lambda name: (lambda device: ([name] * 2, f"{name} works"))
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(placement, "_MAKERS", {"nvjpeg": broken, "nvimgcodec": made("nvimgcodec"),
+                                               "torchvision": made("torchvision")})
+    decoders, why = create_gpu_decoders("gpu", cuda)
+    assert decoders == ["nvimgcodec", "nvimgcodec"]
+    assert why == "nvjpeg unavailable: RuntimeError: no engines on this GPU; nvimgcodec works"
+    with pytest.raises(ValueError, match="nvjpeg unavailable: RuntimeError: no engines"):
+        create_gpu_decoders("nvjpeg", cuda)
+    monkeypatch.setitem(placement._MAKERS, "nvimgcodec", broken)
+    assert create_gpu_decoders("gpu", cuda)[0][0] == "torchvision"
+    decoders, why = create_gpu_decoders("auto", cuda)
+    assert decoders is None and why.endswith("; CPU workers (pip install gpufeed[nvjpeg-cu13] or gpufeed[nvimgcodec-cu13])")
+    monkeypatch.setitem(placement._MAKERS, "torchvision", broken)
+    decoders, why = create_gpu_decoders("gpu", cuda)
+    assert decoders is None and why.count("unavailable") == 3 and why.endswith("CPU decode")
+
+
+def _candidate(y, h, w=100, nbytes=1000, height=100):
+    return Candidate(nbytes, height, CropBox(0, y, w, h))
+
+
+def test_the_cpu_takes_small_boxes_near_the_top_first():
+    # costs: 1000 bytes x (y + h) / 100 rows + half the box's pixels
+    chunk = {10: _candidate(50, 50), 11: _candidate(0, 20, 20), 12: _candidate(0, 100), 13: _candidate(10, 30, 30)}
+    assert [round(cpu_cost(c)) for c in chunk.values()] == [3500, 400, 6000, 850]
+    assert cheapest_on_cpu(chunk, 0) == cheapest_on_cpu(chunk, -1) == set()
+    assert cheapest_on_cpu(chunk, 2) == {11, 13}
+    assert cheapest_on_cpu(chunk, 9) == {10, 11, 12, 13}
+
+
+def test_the_cpu_takes_what_saves_the_engines_most_per_unit_of_its_own_cost():
+    # a: a large file with a small box at the top: CPU 100,000 x 20 / 100 + 200 = 20,200, engines 136,000
+    # b: a small file cropped whole:               CPU 4,000 + 5,000 = 9,000,              engines 40,000
+    chunk = {0: _candidate(0, 20, 20, nbytes=100_000), 1: _candidate(0, 100, 100, nbytes=4_000)}
+    assert [round(cpu_cost(c)) for c in chunk.values()] == [20_200, 9_000]
+    assert [engine_cost(c) for c in chunk.values()] == [136_000, 40_000]
+    assert cheapest_on_cpu(chunk, 1) == {0}  # 0.149 < 0.225, though b costs the CPU less
+
+
+class _ScriptedIdle:
+    """Idle-core readings on demand: ``poll`` returns the next queued value, None when none is queued."""
+
+    def __init__(self, cores=16):
+        self.capacity, self.readings = float(cores), []
+
+    def poll(self):
+        return self.readings.pop(0) if self.readings else None
+
+
+def test_share_control_gives_the_workers_what_they_keep_up_with_and_leaves_cores_idle():
+    idle = _ScriptedIdle(16)
+    auto = ShareControl("auto", idle)
+    start, step = auto.value, 1 / 32
+    assert auto.reserve == 4  # a quarter of the cores
+    for _ in range(5):
+        auto.update(collect_wait=0.0)  # ready, but the window has not ended: no change
+    assert auto.value == start
+    idle.readings = [8.0, 8.0, 4.5]
+    for _ in range(3):
+        auto.update(0.0)  # two windows with cores to spare: more; 4.5 idle is within the margin: hold
+    assert auto.value == pytest.approx(start + 2 * step)
+    for wait in (0.02, 0.02):
+        auto.update(wait)  # two of the window's three batches were late: less, whatever the load
+    idle.readings = [8.0]
+    auto.update(0.0)
+    assert auto.value == pytest.approx(start + step)
+    for wait in (0.02, 0.0, 0.0):
+        auto.update(wait)  # one late batch of four: not most
+    idle.readings = [8.0]
+    auto.update(0.0)
+    assert auto.value == pytest.approx(start + 2 * step)
+    idle.readings = [3.7]
+    auto.update(0.0)  # fewer than 4 cores idle: less, a step per core missing (at least one)
+    assert auto.value == pytest.approx(start + step)
+    idle.readings = [1.0, 12.0]
+    auto.update(0.0)
+    assert auto.value == pytest.approx(start - 2 * step)
+    auto.update(0.0)  # up: one step a window however many cores idle
+    assert auto.value == pytest.approx(start - step)
+    idle.readings = [0.0]
+    auto.update(0.0)  # 4 missing: 4 steps, the most a window
+    assert auto.value == pytest.approx(start - 5 * step)
+    idle.readings = [16.0] * 100
+    for _ in range(100):
+        auto.update(0.0)
+    assert auto.value == 1.0
+    idle.readings = [16.0] * 100
+    for _ in range(100):
+        auto.update(0.5)
+    assert auto.value == 0.0
+    fixed = ShareControl(0.3)
+    fixed.update(0.0)
+    assert fixed.value == 0.3
+    with pytest.raises(ValueError, match=r"cpu_share must be 'auto' or a fraction in \[0, 1\], got -0.1"):
+        ShareControl(-0.1)
+
+
+def test_workers_keep_off_the_kept_cores_on_the_gpu_path_only(monkeypatch):
+    mask = set(range(16))
+    monkeypatch.setattr(cores, "affinity", lambda: mask)
+    monkeypatch.setattr(cores, "_thread_siblings", lambda c: {c})
+    assert placement.worker_cpus(gpu_path=False) is None  # the CPU path: the workers are the whole pipeline
+    assert placement.worker_cpus(gpu_path=True) == set(range(placement.KEPT_CORES, 16))
+    # two ranks on the node: each keeps its own cores, within the quarter-of-the-mask cap
+    assert placement.worker_cpus(gpu_path=True, local_world_size=2) == set(range(4, 16))
+
+
+def test_default_workers_share_the_usable_cores_among_the_nodes_ranks(monkeypatch):
+    monkeypatch.setattr(placement, "usable_cores", lambda: 16)
+    assert [placement.default_num_workers(r) for r in (1, 2, 3, 32)] == [16, 8, 5, 1]
+
+
+def test_info_names_the_workers_cpus_as_ranges():
+    from gpufeed.cores import cpu_ranges as _ranges
+    from gpufeed.info import collect_info
+
+    assert _ranges({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8" and _ranges({3}) == "3"
+    line = collect_info()["GPU path: workers' CPUs"]
+    kept = placement.worker_cpus(gpu_path=True)
+    if kept is None:
+        assert line == "all (fewer than 8 in the mask)"
+    else:
+        assert line.startswith(_ranges(kept) + " (")

@@ -1,0 +1,190 @@
+"""The worker pool and processes: what they write into the ring on each path, which CPUs and priority they
+run at, what they start with, and what a failed start leaves behind."""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gpufeed.augment.params import AugmentSpec
+from gpufeed.decode.cpu import CpuDecoder
+from gpufeed.placement import cpu_cost, engine_cost
+from gpufeed.ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, Meta
+from gpufeed.sources import folder_source
+from gpufeed.workers import PipelineSpec, WorkerError, WorkerPool
+from gpufeed.workers.chunks import inspect_sample
+
+
+@pytest.fixture()
+def coloured(tmp_path):
+    colours = [(220, 30, 30), (30, 220, 30), (30, 30, 220)]
+    for c, colour in enumerate(colours):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(4):
+            Image.new("RGB", (60 + 10 * i, 50), colour).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=95)
+    Image.new("RGB", (40, 40), colours[1]).save(tmp_path / "c1" / "png.jpg", "PNG")
+    return tmp_path
+
+
+def pool_spec(src, capacity=1 << 20, size=16, **kw):
+    """A GPU-path spec (``capacity`` > 0: JPEGs stay encoded) at image size ``size``."""
+    return PipelineSpec(src, AugmentSpec(image_size=size, resize_size=size), 10**8, gpu_bytes_capacity=capacity, **kw)
+
+
+def _pool_batch(root, capacity=1 << 20, size=16, cpu_rows=0):
+    src = folder_source(root)
+    pool = WorkerPool(pool_spec(src, capacity, size), num_workers=2, num_slots=2, batch_size=len(src))
+    pool.submit(0, 0, 0, 0, list(range(len(src))), cpu_rows=cpu_rows)
+    view, failures = pool.collect(0)
+    assert failures == []
+    return src, pool, view
+
+
+def test_workers_leave_jpegs_encoded_and_finish_odd_files(coloured):
+    src, pool, view = _pool_batch(coloured)
+    kinds = view.meta[:, Meta.KIND].tolist()
+    png = [i for i in range(len(src)) if src.path(i).endswith("png.jpg")][0]
+    assert kinds[png] == KIND_PIXELS and kinds.count(KIND_BYTES) == len(src) - 1
+    for i in range(len(src)):
+        if kinds[i] == KIND_BYTES:
+            assert view.arena[i, : view.meta[i, Meta.LENGTH]].tobytes() == src.read(i)
+            w, h = Image.open(src.path(i)).size
+            assert tuple(view.meta[i, Meta.WIDTH : Meta.HEIGHT + 1]) == (w, h)
+    assert view.images[png].mean() > 0  # cropped by the worker
+    pool.close()
+
+
+def test_files_over_the_capacity_are_decoded_by_the_workers(coloured):
+    src, pool, view = _pool_batch(coloured, capacity=100)
+    assert (view.meta[:, Meta.KIND] == KIND_PIXELS).all()
+    pool.close()
+
+
+def test_the_cpu_share_goes_to_the_cheapest_samples_of_each_chunk(coloured):
+    src, pool, view = _pool_batch(coloured, cpu_rows=5)
+    n, chunk, spec = len(src), pool.chunk_size, pool_spec(src)
+    on_cpu = set(np.flatnonzero(view.meta[:, Meta.KIND] != KIND_BYTES).tolist())
+    expected = set()
+    for a in range(0, n, chunk):  # 5 rows spread over the chunks; in each, the PNG first, then the cheapest
+        b = min(a + chunk, n)
+        quota = round(5 * b / n) - round(5 * a / n)
+        seen = [inspect_sample(spec, CpuDecoder(), 0, 0, i) for i in range(a, b)]
+        forced = {a + j for j, s in enumerate(seen) if not s.gpu_ok}
+        costs = sorted((cpu_cost(s.candidate) / engine_cost(s.candidate), a + j) for j, s in enumerate(seen)
+                       if s.gpu_ok)
+        expected |= forced | {i for _, i in costs[: max(0, quota - len(forced))]}
+    png = [i for i in range(n) if src.path(i).endswith("png.jpg")][0]
+    assert on_cpu == expected and png in on_cpu and len(on_cpu) in (5, 6)  # 6: the PNG's chunk had no quota
+    for i in on_cpu:  # decoded: cropped and resized (pixels), or the crop's rows left for the GPU
+        kind, length = view.meta[i, Meta.KIND : Meta.LENGTH + 1]
+        assert (view.images[i].max() if kind == KIND_PIXELS else view.rooms[i, :length].max()) > 0
+    pool.close()
+
+
+def test_the_structural_check_keeps_progressive_jpegs_off_the_gpu(tmp_path):
+    (tmp_path / "a").mkdir()
+    rng = np.random.default_rng(0)
+    for name, progressive in (("p.jpg", True), ("s.jpg", False)):
+        Image.fromarray(rng.integers(0, 255, (40, 50, 3), np.uint8)).save(tmp_path / "a" / name, quality=90,
+                                                                          progressive=progressive)
+    src = folder_source(tmp_path)
+    pool = WorkerPool(pool_spec(src), num_workers=1, num_slots=1, batch_size=2)
+    try:
+        pool.submit(0, 0, 0, 0, [0, 1])
+        view, failures = pool.collect(0)
+        assert failures == []
+        assert view.meta[:, Meta.KIND].tolist() == [KIND_PIXELS, KIND_BYTES]  # p.jpg, s.jpg
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("cpu_rows", [0, 7])
+def test_gpu_path_workers_report_a_broken_file_and_place_the_rest(coloured, cpu_rows):
+    """A file that cannot even be read as an image, in the middle of a batch: with "skip" it is reported
+    (position and path) and every other sample is placed, encoded or decoded, with its label; with
+    "raise" the batch fails naming it."""
+    (coloured / "c1" / "2.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg at all")
+    src = folder_source(coloured)
+    bad = [i for i in range(len(src)) if src.path(i).endswith("c1/2.jpg")][0]
+    for policy in ("skip", "raise"):
+        pool = WorkerPool(pool_spec(src, on_error=policy), num_workers=2, num_slots=1, batch_size=len(src))
+        pool.submit(0, 0, 0, 0, list(range(len(src))), cpu_rows=cpu_rows)
+        if policy == "raise":
+            with pytest.raises(WorkerError, match="c1/2.jpg"):
+                pool.collect(0)
+        else:
+            view, failures = pool.collect(0)
+            assert [(f.position, f.path) for f in failures] == [(bad, src.path(bad))]
+            good = [i for i in range(len(src)) if i != bad]
+            assert view.labels[good].tolist() == [src.label(i) for i in good]
+            kinds = view.meta[good, Meta.KIND]
+            assert set(kinds.tolist()) <= {KIND_BYTES, KIND_PIXELS, KIND_ROWS}
+            # the PNG is always decoded here and counts in its chunk's quota; the broken file takes none of it
+            assert (kinds != KIND_BYTES).sum() == max(1, cpu_rows)
+        pool.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux's")
+def test_workers_run_on_the_cpus_given(synth_root):
+    one = {max(os.sched_getaffinity(0))}
+    pool = WorkerPool(PipelineSpec(folder_source(synth_root), AugmentSpec(image_size=32), 10**8), num_workers=2,
+                      num_slots=2, batch_size=4, cpus=one)
+    try:
+        pool.submit(0, 0, 0, 0, [0, 1, 2, 3])
+        view, failures = pool.collect(0)  # they started and served a batch there
+        assert not failures and view.images.shape[0] == 4
+        deadline = time.monotonic() + 30  # a worker that took no chunk yet may still be starting
+        while (got := [os.sched_getaffinity(pid) for pid in pool.pids]) != [one, one]:
+            assert time.monotonic() < deadline, got
+            time.sleep(0.05)
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="lists POSIX shared memory in /dev/shm")
+def test_a_worker_that_cannot_start_leaves_no_shared_memory_or_process(synth_root, monkeypatch):
+    started, start = [], WorkerPool._start
+
+    def fail_second(self, i):
+        if i == 1:
+            raise OSError("pthread_create failed (a stand-in)")
+        started.append(start(self, i))
+        return started[-1]
+
+    monkeypatch.setattr(WorkerPool, "_start", fail_second)
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(OSError, match="stand-in"):
+        WorkerPool(PipelineSpec(folder_source(synth_root), AugmentSpec(image_size=32), 10**8), num_workers=3,
+                   num_slots=2, batch_size=4)
+    assert len(started) == 1 and not started[0].is_alive()
+    # the ring and the file list's blocks (the queues' semaphores go when the queues are collected)
+    assert {n for n in set(os.listdir("/dev/shm")) - before if not n.startswith("sem.")} == set()
+
+
+_FAULTS = """
+import random, resource, sys
+from gpufeed.workers.process import keep_heap
+if sys.argv[1] == "kept":
+    keep_heap()
+rng = random.Random(0)
+sizes = [rng.randrange(50_000, 600_000) for _ in range(400)]  # a worker's files and decoded crops
+for n in sizes[:50]:
+    bytes(n)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for n in sizes:
+    b = bytes(bytearray(n))  # allocated, written, freed
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_workers_keep_freed_sample_memory_mapped():
+    """A worker allocates and frees a file's bytes and a decoded image per sample; with glibc's default
+    thresholds every sample faults its pages back in. The workers' heap setting must remove that."""
+    faults = {how: int(subprocess.run([sys.executable, "-c", _FAULTS, how], capture_output=True, text=True,
+                                      check=True).stdout) for how in ("default", "kept")}
+    assert faults["kept"] * 10 < faults["default"], faults
