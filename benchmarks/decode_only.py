@@ -1,10 +1,14 @@
-"""GPU decode throughput on files already in memory (no file reading), and decode + fused augment.
+"""Decode throughput per backend on files already in memory (no file reading), and the GPU stage's.
 
-    python3 benchmarks/decode_only.py DATA_DIR [--batch 256] [--rounds 3]
+    python3 benchmarks/decode_only.py DATA_DIR [--batch 256] [--rounds 3] [--n 2560]
 
-Prints images/s (median of rounds, the CUDA stream synchronised before the clock is read) for each
-GPU decoder that works here, then for the whole GPU stage (decode + one fused crop/resize/flip/normalise
-kernel) fed by pre-read EncodedBatches.
+Rows: the CPU decoder (libjpeg-turbo through simplejpeg, full decode, one thread), then for each GPU
+decoder that works here (nvJPEG's engines called directly, nvImageCodec, torchvision): its decode alone
+(one decoder, batches into one device buffer, calls of its ``job_images``), and the whole GPU stage as the
+loader runs it (its decoder threads, then one fused crop/resize/flip/normalise kernel; batch k+1 started
+before batch k is finished). images/s is the median of ``--rounds``, the device synchronised before the
+clock is read, after a warm-up round. A decoder that does not work here gets a row saying why. Prints the
+machine and the command, then the table.
 """
 
 from __future__ import annotations
@@ -12,133 +16,132 @@ from __future__ import annotations
 import argparse
 import glob
 import statistics
+import sys
 import time
+from typing import Callable
 
 import numpy as np
 import torch
 
 from gpufeed.augment.params import AugmentSpec
+from gpufeed.bench.run import machine_description
+from gpufeed.decode.base import DecodeJob
 from gpufeed.decode.cpu import CpuDecoder
+from gpufeed.decode.gpu_stage import GpuDecodeAugment
+from gpufeed.placement import create_gpu_decoders
+from gpufeed.ring import KIND_BYTES, SlotView
+from gpufeed.schedule import HostBatch
 
-from gpufeed.gpu_stage import EncodedBatch, GpuDecodeAugment, _Part
-from gpufeed.ring import KIND_BYTES
-
-
-def _decoders(device):
-    out = []
-    try:
-        from gpufeed.decode.nvimgcodec import NvImageCodecDecoder
-
-        out.append(("nvimgcodec hw only", lambda: [NvImageCodecDecoder(device, hw_only=True)]))
-        out.append(("nvimgcodec hw only, 2 threads", lambda: [NvImageCodecDecoder(device, hw_only=True)
-                                                              for _ in range(2)]))
-        out.append(("nvimgcodec hw then cuda, 2 threads", lambda: [NvImageCodecDecoder(device) for _ in range(2)]))
-        out.append(("nvimgcodec hw then cuda, 3 threads", lambda: [NvImageCodecDecoder(device) for _ in range(3)]))
-    except Exception as e:
-        print(f"nvimgcodec unavailable: {e}")
-    try:
-        from gpufeed.decode.nvjpeg_hw import NvJpegHwDecoder as Nv
-
-        for k in (1, 2):
-            for roi in (False, True):
-                out.append((f"nvjpeg hw direct, {k} thread{'s' * (k > 1)}{', crop boxes only' * roi}",
-                            lambda k=k, roi=roi: [Nv(device, roi=roi) for _ in range(k)]))
-    except Exception as e:
-        print(f"nvjpeg direct unavailable: {e}")
-    from gpufeed.decode.torchvision_gpu import TorchvisionGpuDecoder
-
-    out.append(("torchvision nvjpeg", lambda: [TorchvisionGpuDecoder(device)]))
-    return out
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-def _time(fn, rounds):
+def _time(fn: Callable[[], int], rounds: int, sync: Callable[[], None]) -> tuple[float, list[float]]:
     fn()  # warm-up: handles, buffers, kernels
     rates = []
     for _ in range(rounds):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         n = fn()
-        torch.cuda.synchronize()
+        sync()
         rates.append(n / (time.perf_counter() - t0))
     return statistics.median(rates), rates
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def encoded_batches(datas: list[bytes], batch: int, size: int = 224) -> list[HostBatch]:
+    """The files as the workers leave them for a GPU decoder: bytes and a crop box per sample."""
+    spec, cpu, out = AugmentSpec(image_size=size), CpuDecoder(), []
+    for b in range(len(datas) // batch):
+        part = datas[b * batch : (b + 1) * batch]
+        meta = np.zeros((batch, 9), np.int64)
+        arena = np.zeros((batch, max(map(len, part))), np.uint8)
+        for i, d in enumerate(part):
+            w, h, _ = cpu.header(d, "x")
+            box = spec.draw(w, h, seed=0, epoch=0, index=b * batch + i)
+            meta[i] = (KIND_BYTES, len(d), w, h, box.x, box.y, box.width, box.height, int(box.flip))
+            arena[i, : len(d)] = np.frombuffer(d, np.uint8)
+        slot = SlotView(np.zeros((batch, size, size, 3), np.uint8), np.zeros(batch, np.int64), meta, arena)
+        out.append(HostBatch(torch.zeros(batch, dtype=torch.int64), slot, lambda i: "x", batch, lambda: None))
+    return out
+
+
+def decode_only(decoder, batches: list[HostBatch], device: torch.device) -> Callable[[], int]:
+    """Each batch decoded whole into one device buffer by one decoder, in calls of its ``job_images``."""
+    extents = [b.slot.meta[:, 2] * b.slot.meta[:, 3] * 3 for b in batches]
+    flat = torch.empty(int(max(e.sum() for e in extents)), dtype=torch.uint8, device=device)
+    stream = torch.cuda.Stream(device)
+    jobs = []
+    for b, e in zip(batches, extents):
+        meta, arena = b.slot.meta, b.slot.arena
+        offsets = np.concatenate([[0], np.cumsum(e)[:-1]])
+        job = DecodeJob((arena.ctypes.data + np.arange(len(meta)) * arena.strides[0]).astype(np.uint64),
+                        meta[:, 1].astype(np.uint64), (flat.data_ptr() + offsets).astype(np.uint64), meta[:, 3],
+                        meta[:, 2], device, (arena, flat))
+        step = decoder.job_images
+        jobs += [job[a : a + step] for a in range(0, len(job), step)]
+
+    def run() -> int:
+        return sum(int(decoder.decode(j, stream).sum()) for j in jobs)
+
+    return run
+
+
+def whole_stage(decoders: list, batches: list[HostBatch], device: torch.device) -> Callable[[], int]:
+    stage = GpuDecodeAugment(decoders, device=device, image_size=224, mean=MEAN, std=STD, dtype=torch.float32,
+                             channels_last=True, max_pixels=10**8)
+    stream = torch.cuda.Stream(device)
+
+    def run() -> int:  # as the Prefetcher runs it: batch k+1 started before batch k finishes
+        with torch.cuda.stream(stream):
+            pending = None
+            for b in batches:
+                started = stage.start(b)
+                if pending is not None:
+                    stage.finish(pending)
+                pending = started
+            stage.finish(pending)
+        return sum(len(b.labels) for b in batches)
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("data")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--only", default="", help="run the paths whose name contains this (e.g. 'nvjpeg')")
-    args = p.parse_args()
-    files = sorted(glob.glob(f"{args.data}/*/*.jpg"))
+    p.add_argument("--n", type=int, default=2560, help="files to read (whole batches of them are used)")
+    args = p.parse_args(argv)
+    files = sorted(glob.glob(f"{args.data}/*/*.jpg"))[: args.n]
     datas = [open(f, "rb").read() for f in files]
-    device = torch.device("cuda", 0)
-    stream = torch.cuda.Stream(device)
-    batches = [datas[i : i + args.batch] for i in range(0, len(datas) - args.batch + 1, args.batch)]
+    batch = min(args.batch, len(datas))
+    used = len(datas) // batch * batch
     rows = []
-    spec, cpu = AugmentSpec(), CpuDecoder()
-    encoded = []
-    for bi, b in enumerate(batches):
-        cap = max(map(len, b))
-        meta = np.zeros((len(b), 9), np.int64)
-        arena = np.zeros((len(b), cap), np.uint8)
-        for i, d in enumerate(b):
-            w, h, _ = cpu.header(d, "x")
-            box = spec.draw(w, h, seed=0, epoch=0, index=bi * args.batch + i)
-            meta[i] = (KIND_BYTES, len(d), w, h, box.x, box.y, box.width, box.height, int(box.flip))
-            arena[i, : len(d)] = np.frombuffer(d, np.uint8)
-        encoded.append(EncodedBatch(torch.zeros(len(b), dtype=torch.int64), meta, arena,
-                                    np.zeros((len(b), 224, 224, 3), np.uint8), lambda i: "x"))
-    for name, make in _decoders(device):
-        if args.only not in name:
-            continue
+    cpu = CpuDecoder()
+    med, rates = _time(lambda: sum(1 for d in datas[:used] if cpu.decode(d, "x", fast=True) is not None), args.rounds,
+                       lambda: None)
+    rows.append(("cpu (libjpeg-turbo), one thread, decode only", med, rates, ""))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    batches = encoded_batches(datas[:used], batch) if cuda else []
+    for choice in ("nvjpeg", "nvimgcodec", "torchvision"):
         try:
-            decs = make()
-        except Exception as e:  # one path failing must not lose the others
-            rows.append((name, 0.0, [], f"FAILED: {type(e).__name__}: {e}"))
+            decoders, how = create_gpu_decoders(choice, device)
+        except ValueError as e:  # not on this machine: say why, keep the other rows
+            rows.append((choice, None, [], f"unavailable: {e}"))
             continue
-        stage = GpuDecodeAugment(decs, device=device, image_size=224, mean=(0.485, 0.456, 0.406),
-                                 std=(0.229, 0.224, 0.225), dtype=torch.float32, channels_last=True,
-                                 max_pixels=10**8)
-        ok = []
-        # decode only: each batch straight into views of one device buffer, as the stage does
-        flat = torch.empty(max(int((e.meta[:, 2] * e.meta[:, 3]).sum()) * 3 for e in encoded), dtype=torch.uint8,
-                           device=device)
-        offsets = [np.concatenate([[0], np.cumsum(e.meta[:, 2] * e.meta[:, 3] * 3)[:-1]]) for e in encoded]
-        box_offsets = [np.concatenate([[0], np.cumsum(e.meta[:, 6] * e.meta[:, 7] * 3)[:-1]]) for e in encoded]
-
-        def run(stage=stage, ok=ok):
-            ok.clear()
-            with torch.cuda.stream(stream):
-                for e, offs, roffs in zip(encoded, offsets, box_offsets):
-                    n = len(e.meta)
-                    part = (_Part(range(n), np.arange(n), flat, roffs, e.meta[:, 7], e.meta[:, 6], rows=None)
-                            if stage._roi else
-                            _Part(range(n), np.arange(n), flat, offs, e.meta[:, 3], e.meta[:, 2], rows=None))
-                    ok.append(sum(stage._await_decode(stage._submit_decode(e, part))))
-            return sum(len(e.meta) for e in encoded)
-
-        med, rates = _time(run, args.rounds)
-        rows.append((f"decode only: {name}", med, rates, f"{sum(ok)}/{sum(len(b) for b in batches)} decoded"))
-
-        def run_stage(stage=stage):  # as the Prefetcher runs it: batch k+1 started before batch k finishes
-            with torch.cuda.stream(stream):
-                pending = None
-                for e in encoded:
-                    started = stage.start(e)
-                    if pending is not None:
-                        stage.finish(pending)
-                    pending = started
-                stage.finish(pending)
-            return sum(len(e.meta) for e in encoded)
-
-        stage.decoded_by.clear()
-        med, rates = _time(run_stage, args.rounds)
-        rows.append((f"decode + fused augment: {name}", med, rates, dict(stage.decoded_by)))
-    print(f"\n{len(datas)} files, batch {args.batch}, {torch.cuda.get_device_name()}")
+        med, rates = _time(decode_only(decoders[0], batches, device), args.rounds, sync)
+        rows.append((f"{choice}: decode only, one decoder", med, rates, how))
+        med, rates = _time(whole_stage(decoders, batches, device), args.rounds, sync)
+        rows.append((f"{choice}: decode + fused augment, {len(decoders)} decoder thread(s)", med, rates, ""))
+    m = machine_description()
+    print(f"{time.strftime('%Y-%m-%d')}, {m['cpu_cores']} CPU cores, GPU {m['gpu'] or 'none'}, torch {m['torch']}; "
+          f"python3 benchmarks/decode_only.py {' '.join(sys.argv[1:] if argv is None else argv)}; "
+          f"{used} files in memory, batch {batch}")
     print("| path | images/s (median) | rounds | note |\n|---|---|---|---|")
     for name, med, rates, note in rows:
-        print(f"| {name} | {med:,.0f} | {', '.join(f'{r:,.0f}' for r in rates)} | {note} |")
+        rate = "-" if med is None else f"{med:,.0f}"
+        print(f"| {name} | {rate} | {', '.join(f'{r:,.0f}' for r in rates)} | {note} |")
 
 
 if __name__ == "__main__":

@@ -1,49 +1,71 @@
 #!/usr/bin/env bash
-# Everything the GPU machine checks and times, in one call. Usage (from the repo root, on that machine):
-#   bash benchmarks/gpu_machine.sh        (writes logs and JSON under $OUT, prints a short table last)
-#   STEPS="tests sweep checks" bash benchmarks/gpu_machine.sh   (a subset; default: tests decode sweep checks bench;
-#   TESTS, DECODE_ARGS, SWEEP_ARGS, CHECK_ROUNDS, EPOCHS, LOADER_PIPES, MODEL_PIPES, MODELS narrow each step;
-#   "profile" adds benchmarks/profile_gpu_stage.py, the step-by-step profile of nvImageCodec's decode)
-# Expects carried wheels in .whl/ (simplejpeg, nvImageCodec, nvJPEG; see ../shared/tools/device-wheels.sh).
+# Everything the GPU machine checks and times, in one call: logs and JSON under $OUT, a short table last.
+#   bash benchmarks/gpu_machine.sh                      the GPU tests, decode backends, the sweep, gpufeed bench
+#   STEPS="tests bench" bash benchmarks/gpu_machine.sh  a subset, in this order: tests decode sweep bench ab
+#   BASELINE=DIR STEPS=ab bash benchmarks/gpu_machine.sh
+#       gpufeed bench of another checkout (DIR/src, e.g. `git archive REV | tar -x -C DIR`) and of this one,
+#       alternating, ROUNDS times for loader only, ResNet-50 and ResNet-18: a change measured in one run.
+# Narrowing variables: TESTS (pytest paths), EPOCHS, LOADER_PIPES, MODEL_PIPES, MODELS, SWEEP_ARGS, ROUNDS.
+# Packages that machine lacks (simplejpeg, nvImageCodec, nvJPEG) are installed from .whl/ when it is there.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpufeed-out}; mkdir -p "$OUT"
+SITE=""
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD/src:$PWD
-else
-  export PYTHONPATH=$PWD/src:$PWD
+  SITE=/tmp/site:
 fi
-export PYTHONUNBUFFERED=1
-# the optional cropped-decode extension, where that machine has gcc and libjpeg headers (else: whole-image decode)
-python3 setup.py -q build_ext --inplace > "$OUT/build_ext.txt" 2>&1 || echo "cropped-decode extension not built (see build_ext.txt)"
+export PYTHONPATH=$SITE$PWD/src:$PWD PYTHONUNBUFFERED=1
+# the optional cropped-decode extension, where the machine has gcc and libjpeg's headers (else whole-image decode)
+python3 setup.py -q build_ext --inplace > "$OUT/build_ext.txt" 2>&1 || echo "cropped-decode extension not built (see info.txt)"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,utilization.gpu --format=csv; python3 -m gpufeed info; cat "$OUT/build_ext.txt"; } > "$OUT/info.txt" 2>&1
 rm -f "$OUT/build_ext.txt"
-grep -i "decode\|nvimg\|gpu 0" "$OUT/info.txt"
-STEPS=" ${STEPS:-tests decode sweep checks bench} "
+grep -i "decode\|gpu 0" "$OUT/info.txt"
+STEPS=" ${STEPS:-tests decode sweep bench} "
 step() { [[ "$STEPS" == *" $1 "* ]]; }
+DATA=/tmp/synth10k
+python3 -m gpufeed synth $DATA --n 10000 --seed 0 > /dev/null
 if step tests; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests} > "$OUT/pytest.txt" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.txt" | tail -8
 fi
-DATA=/tmp/synth10k
-python3 -m gpufeed synth $DATA --n 10000 --seed 0 > /dev/null
-step decode && python3 benchmarks/decode_only.py $DATA ${DECODE_ARGS:-} > "$OUT/decode.txt" 2>&1
-step profile && python3 benchmarks/profile_gpu_stage.py $DATA 2>&1 | grep -v -i "nvjpeg2k\|nvtiff" > "$OUT/profile.txt"
-step sweep && timeout 300 python3 benchmarks/sweep_gpu_path.py $DATA ${SWEEP_ARGS:-} > "$OUT/sweep.txt" 2>&1
-if step checks; then
-  timeout 60 python3 benchmarks/check_cost.py $DATA --n 1000 > "$OUT/checks.txt" 2>&1
-  timeout 200 python3 benchmarks/check_cost.py $DATA --loader --rounds ${CHECK_ROUNDS:-5} >> "$OUT/checks.txt" 2>&1
-fi
+step decode && { python3 benchmarks/decode_only.py $DATA; python3 benchmarks/overlap.py; } > "$OUT/decode.txt" 2>&1
+step sweep && timeout 300 python3 benchmarks/sweep.py $DATA ${SWEEP_ARGS:-} > "$OUT/sweep.txt" 2>&1
 W=$(nproc)
 B="python3 -m gpufeed bench --data $DATA --device cuda --workers $W --batch-size 256 --epochs ${EPOCHS:-3}"
 if step bench; then
-$B --model none --pipelines ${LOADER_PIPES:-baseline,gpufeed-cpu,gpufeed-gpu,gpufeed-gpu-only} --json "$OUT/loader.json" > "$OUT/bench.txt" 2>&1
-for m in ${MODELS:-resnet50 resnet18}; do
-  $B --model $m --pipelines ${MODEL_PIPES:-baseline,baseline+prefetch,gpufeed-cpu,gpufeed-gpu} --json "$OUT/$m.json" >> "$OUT/bench.txt" 2>&1
-done
+  $B --model none --pipelines ${LOADER_PIPES:-baseline,gpufeed-cpu,gpufeed-gpu,gpufeed-gpu-only} --json "$OUT/loader.json" > "$OUT/bench.txt" 2>&1
+  for m in ${MODELS:-resnet50 resnet18}; do
+    $B --model $m --pipelines ${MODEL_PIPES:-baseline,gpufeed-cpu,gpufeed-gpu} --json "$OUT/$m.json" >> "$OUT/bench.txt" 2>&1
+  done
 fi
-step sweep && grep -E "^\||Model name|per core|usable|Error" "$OUT/sweep.txt"
-step checks && grep -E "^\||FAILED|Error" "$OUT/checks.txt"
-step profile && grep -E "^\| (as_image|decode\(256\) into|[0-9] decoder)|^GIL|^decode into" "$OUT/profile.txt"
-step decode && grep -A40 "^[0-9]* files, batch" "$OUT/decode.txt"
+if step ab; then
+  [ -d "${BASELINE:-}/src" ] || { echo "ab: BASELINE=DIR with DIR/src is needed"; exit 2; }
+  (cd "$BASELINE" && python3 setup.py -q build_ext --inplace > /dev/null 2>&1)
+  mkdir -p /tmp/ab
+  for r in $(seq 1 ${ROUNDS:-3}); do
+    for m in none resnet50 resnet18; do
+      for tree in baseline current; do
+        src=$PWD/src; [ $tree = baseline ] && src=$BASELINE/src
+        PYTHONPATH=$SITE$src $B --model $m --pipelines gpufeed-gpu --json /tmp/ab/$m-$tree-$r.json >> "$OUT/ab.txt" 2>&1
+      done
+    done
+  done
+  python3 - /tmp/ab >> "$OUT/ab.txt" <<'PY'
+import glob, json, statistics, sys
+rows = {}
+for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
+    model, tree, _ = f.rsplit("/", 1)[1][:-5].rsplit("-", 2)
+    r = [x for x in json.load(open(f))["rows"] if x["pipeline"].startswith("gpufeed-gpu")][0]
+    rows.setdefault((model, tree), []).append((r["images_per_s"], r["of_ceiling"]))
+print("| model | tree | images/s per run | median | of own rate per run |\n|---|---|---|---|---|")
+for (model, tree), v in sorted(rows.items()):
+    rates = [x for x, _ in v]
+    ceil = "-" if v[0][1] is None else ", ".join(f"{100 * c:.1f}%" for _, c in v)
+    print(f"| {model} | {tree} | {', '.join(f'{x:,.0f}' for x in rates)} | {statistics.median(rates):,.0f} | {ceil} |")
+PY
+fi
+step sweep && grep -E "^\||CPU cores" "$OUT/sweep.txt"
+step decode && grep -E "^\||files in memory|overlap" "$OUT/decode.txt"
 step bench && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/bench.txt" | cut -c1-230
+step ab && grep -E "^\| (model|none|resnet|---)" "$OUT/ab.txt"
+exit 0
