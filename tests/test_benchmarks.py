@@ -17,8 +17,9 @@ def _run(script, args, capsys, monkeypatch):
 
 
 def _rows(out):
-    return [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| path")
-            and not line.startswith("| config")]
+    """A printed table's body rows (no header, no separator)."""
+    lines = out.splitlines()
+    return [line for line, after in zip(lines, lines[1:] + [""]) if line.startswith("| ") and not after.startswith("|-")]
 
 
 def test_decode_only(synth_root, capsys, monkeypatch):
