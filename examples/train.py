@@ -171,7 +171,7 @@ def main(argv=None) -> int:
         start_epoch, step = ckpt["epoch"], ckpt["step"]
         if rank == 0:
             print(f"resumed from {args.resume}: epoch {start_epoch}, step {step}, "
-                  f"{ckpt['loader']['sampler']['position']} samples of the epoch done", flush=True)
+                  f"{ckpt['loader']['sampler']['offset']} samples of the epoch done", flush=True)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else (
         lambda: torch.autocast("cpu", enabled=False))
     if rank == 0:

@@ -42,7 +42,9 @@ class CpuStandIn:
 
 def host_batch(view, path, release=lambda: None):
     """A finished slot as the scheduler hands it on."""
-    return HostBatch(torch.from_numpy(view.labels.copy()), view, path, len(view.labels), release)
+    n = len(view.labels)
+    return HostBatch(torch.from_numpy(view.labels.copy()), view, indices=list(range(n)), consumed=n, release=release,
+                     path=path)
 
 
 @pytest.fixture()

@@ -295,7 +295,7 @@ def test_workers_start_no_blas_thread_pools(synth_root):
     next(iter(loader))
     counts = [len(os.listdir(f"/proc/{pid}/task")) for pid in loader.worker_pids]
     loader.close()
-    assert all(n <= 2 for n in counts), (counts, plain)  # its main thread and the result queue's feeder
+    assert all(n <= 3 for n in counts), (counts, plain)  # its main thread, the result queue's feeder, the parent watch
 
 
 def _epoch(loader):
@@ -348,6 +348,6 @@ def test_skips_at_an_epoch_end_with_the_next_epoch_started(tmp_path):
         for epoch in range(3):
             got = _epoch(loader)
             labels = torch.cat([y for _, y in got])
-            assert len(labels) == 20, epoch
+            assert len(got) == len(loader) == 6 and len(labels) == 21, epoch  # a good one stands in for it
             assert all(torch.equal(_colour_labels(x), y) for x, y in got)
         assert loader.stats["skipped_count"] == 3

@@ -146,7 +146,8 @@ def test_gpu_stage_hands_ring_rows_and_buffer_places_by_address():
         meta[i] = (KIND_BYTES, len(d), w, h, box.x, box.y, box.width, box.height, int(box.flip))
         arena[i, : len(d)] = np.frombuffer(d, np.uint8)
     slot = SlotView(np.zeros((6, 16, 16, 3), np.uint8), np.arange(6), meta, arena)
-    batch = HostBatch(torch.arange(6), slot, lambda i: f"f{i}", 6, lambda: None)
+    batch = HostBatch(torch.arange(6), slot, indices=list(range(6)), consumed=6, release=lambda: None,
+                      path=lambda i: f"f{i}")
 
     class OnAStream:  # the stage on the CPU passes no stream; the decoder under test wants one
         def __init__(self, inner):

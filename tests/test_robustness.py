@@ -97,15 +97,20 @@ def test_skip_keeps_labels_aligned_batches_full_and_counts_exact(tmp_path, caplo
     colours = _mixed_dataset(tmp_path, bad)
     loader = ImageLoader(tmp_path, batch_size=5, image_size=16, num_workers=2, device="cpu", on_error="skip",
                          drop_last=False)
+    n = 18 + len(bad)
+    good = {i for i in range(n) if "good" in loader.source.path(i)}
     with caplog.at_level(logging.WARNING, logger="gpufeed"):
-        sizes, seen = [], 0
+        sizes, delivered = [], []
         for images, labels in loader:
             assert torch.equal(_colour_labels(images, colours), labels)
+            assert [loader.source.label(i) for i in loader.batch_indices] == labels.tolist()
             sizes.append(len(labels))
-            seen += len(labels)
-    assert seen == 18 and sizes[:-1] == [5] * (len(sizes) - 1)  # full batches while samples remain
+            delivered += loader.batch_indices
+    # as many full batches as without bad files; every good sample delivered, stand-ins in place of the bad
+    assert len(sizes) == len(loader) and sizes[:-1] == [5] * (len(sizes) - 1) and sum(sizes) == n
+    assert set(delivered) == good and len(delivered) == n
     stats = loader.stats
-    assert stats["skipped_count"] == len(bad)
+    assert stats["skipped_count"] == stats["repeated"] == len(bad) == len(delivered) - len(set(delivered))
     assert sorted(os.path.basename(p) for p, _ in stats["skipped"]) == sorted(f"bad_{k}.jpg" for k in bad)
     lines = [r for r in caplog.records if "skipped" in r.getMessage()]
     assert len(lines) == 1 and f"skipped {len(bad)} undecodable" in lines[0].getMessage()
@@ -147,8 +152,9 @@ def test_unreadable_and_vanished_files_follow_the_policy(tmp_path):
                          drop_last=False)
     gone.unlink()  # listed, then removed before reading
     labels = torch.cat([y for _, y in loader])
-    assert len(labels) == 19  # 18 good + the symlink
+    assert len(labels) == 21  # 18 good, the symlink, and good ones standing in for the two
     assert sorted(os.path.basename(p) for p, _ in loader.stats["skipped"]) == ["dangling.jpg", "vanishes.jpg"]
+    assert loader.stats["repeated"] == 2
     loader.close()
 
 
@@ -180,7 +186,7 @@ def test_sample_timeout_replaces_the_worker(tmp_path, policy):
     else:
         out = [(x, y) for x, y in loader]
         got = torch.cat([y for _, y in out])
-        assert len(got) == 17 and torch.equal(torch.cat([_colour_labels(x, colours) for x, _ in out]), got)
+        assert len(got) == 18 and torch.equal(torch.cat([_colour_labels(x, colours) for x, _ in out]), got)
         assert loader.stats["skipped_count"] == 1 and "sample_timeout" in loader.stats["skipped"][0][1]
     assert time.monotonic() - t0 < 20
     loader.close()

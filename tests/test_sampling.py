@@ -1,3 +1,5 @@
+import collections
+
 import pytest
 from torch.utils.data import DistributedSampler
 
@@ -41,14 +43,53 @@ def test_state_dict_resumes_the_rest_in_order():
     assert t.remaining() == full[7:]
 
 
-def test_state_dict_rejects_another_world_size():
-    s = ShardedSampler(20, world_size=2)
-    with pytest.raises(ValueError, match="world_size=2"):
-        ShardedSampler(20, world_size=4).load_state_dict(s.state_dict())
+@pytest.mark.parametrize("n, before, after, drop_last", [(40, 3, 2, False), (40, 3, 2, True), (41, 2, 3, False),
+                                                      (37, 4, 1, True), (10, 1, 4, False)])
+def test_elastic_resume_delivers_the_rest_of_the_epoch_once(n, before, after, drop_last):
+    """Ranks in lockstep save after p samples each; any other world size continues with exactly the entries
+    of the epoch's order no old rank delivered (only DistributedSampler's own padding repeats)."""
+    old = [ShardedSampler(n, seed=9, rank=r, world_size=before, drop_last=drop_last, epoch=2) for r in range(before)]
+    p = len(old[0]) // 2
+    delivered = []
+    for s in old:
+        delivered += s.remaining()[:p]
+        s.advance(p)
+    states = [s.state_dict() for s in old]
+    assert all(st == states[0] for st in states) and states[0]["offset"] == p * before  # one state for every rank
+    new = [ShardedSampler(n, seed=0, rank=r, world_size=after, drop_last=drop_last) for r in range(after)]
+    for s in new:
+        s.load_state_dict(states[0])
+        delivered += s.remaining()
+    counts = collections.Counter(delivered)
+    missing = set(range(n)) - set(counts)
+    extra = sum(counts.values()) - len(counts)
+    if drop_last:  # each world size may drop at most its ragged tail, never repeats
+        assert extra == 0 and len(missing) <= (before - 1) + (after - 1)
+    else:  # everything, repeats only from padding (at most one round short of a multiple)
+        assert not missing and extra <= (before - 1) + (after - 1)
+    for s in new:
+        s.advance(len(s.remaining()))
+    assert {s.state_dict()["offset"] for s in new} == {n}  # the epoch is done
 
 
-def test_resolve_rank_defaults_and_errors():
+def test_an_old_state_without_offset_needs_the_same_world_size():
+    old = {"epoch": 1, "position": 3, "seed": 2, "world_size": 2, "num_samples_total": 20}
+    s = ShardedSampler(20, world_size=2, rank=1)
+    s.load_state_dict(old)
+    assert s.remaining() == ShardedSampler(20, seed=2, world_size=2, rank=1, epoch=1).epoch_indices()[3:]
+    with pytest.raises(ValueError, match="world_size=2 and no offset"):
+        ShardedSampler(20, world_size=4).load_state_dict(old)
+    with pytest.raises(ValueError, match="num_samples_total=20, this loader has 21"):
+        ShardedSampler(21).load_state_dict(old)
+
+
+def test_resolve_rank_defaults_and_errors(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert resolve_rank(None, None) == (0, 1)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")  # torchrun's, before init_process_group: still this rank's shard
+    assert resolve_rank(None, None) == (2, 4)
     with pytest.raises(ValueError, match="rank must be in \\[0, 2\\), got 2"):
         resolve_rank(2, 2)
     with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):

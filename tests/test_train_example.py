@@ -28,7 +28,7 @@ def test_train_checkpoint_and_resume(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "6 steps/epoch" in out and "stopping at step 3" in out
     state = torch.load(ckpt, weights_only=False)
-    assert state["step"] == 2 and state["epoch"] == 0 and state["loader"]["sampler"]["position"] == 8
+    assert state["step"] == 2 and state["epoch"] == 0 and state["loader"]["sampler"]["offset"] == 8
 
     assert train.main(common + ["--resume", str(ckpt)]) == 0
     out = capsys.readouterr().out

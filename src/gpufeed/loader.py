@@ -150,6 +150,7 @@ class ImageLoader:
                                  on_error=on_error, exif_orientation=exif_orientation)
         self.worker_cpus = placement.worker_cpus(gpu_path, local_ranks)
         self._skips = SkipLog()
+        self.batch_indices: list[int] = []  # the source indices of the batch last yielded
         self._share = placement.ShareControl(cpu_share if gpu_path else 1.0)
         skips = self._skips if on_error == "skip" else None
         if gpu_path:
@@ -195,6 +196,7 @@ class ImageLoader:
         try:
             for out in batches:
                 self.sampler.advance(out.consumed)
+                self.batch_indices = out.indices
                 yield out.images, out.labels
         finally:
             batches.close()  # done, broken off or dropped: stop the prefetch thread and the scheduler
@@ -214,15 +216,16 @@ class ImageLoader:
     def stats(self) -> dict[str, Any]:
         """Which backend decoded how many images so far (GPU path) and why this backend, the CPU share, the
         CPUs the workers run on (None: all of this process's), whether the batch ring is page-locked for
-        CUDA copies (None before the workers start); under ``on_error="skip"`` the number of skipped samples
-        and (path, reason) for the first 10,000."""
+        CUDA copies (None before the workers start); under ``on_error="skip"`` the number of skipped samples,
+        (path, reason) for the first 10,000, and how many samples stood in for them (``repeated``)."""
         by = dict(self._gpu_stage.decoded_by) if self._gpu_stage is not None else {}
         pool = self._scheduler.pool
         return {"decode_backend": self.decode_backend, "decode_reason": self.decode_reason, "decoded_by": by,
                 "cpu_share": round(self._share.value, 3),
                 "worker_cpus": sorted(self.worker_cpus) if self.worker_cpus is not None else None,
                 "ring_page_locked": pool.page_locked if pool is not None else None,
-                "skipped_count": self._skips.total, "skipped": list(self._skips.listed)}
+                "skipped_count": self._skips.total, "skipped": list(self._skips.listed),
+                "repeated": self._skips.repeated}
 
     def __enter__(self) -> "ImageLoader":
         return self
@@ -248,10 +251,12 @@ def _hand_back(batch: HostBatch) -> None:
 
 
 class _Delivered(NamedTuple):
-    """A batch on the device, with the entries of the epoch's order it took (for the sampler's position)."""
+    """A batch on the device, with its samples' source indices and the entries of the epoch's order it took
+    (for the sampler's position)."""
 
     images: torch.Tensor
     labels: torch.Tensor
+    indices: list[int]
     consumed: int
 
 
@@ -262,7 +267,7 @@ class _Normalized:
         self.normalize = normalize
 
     def __call__(self, batch: HostBatch) -> _Delivered:
-        return _Delivered(self.normalize.images(batch.images), batch.labels, batch.consumed)
+        return _Delivered(self.normalize.images(batch.images), batch.labels, batch.indices, batch.consumed)
 
 
 class _Decoded:
@@ -271,9 +276,10 @@ class _Decoded:
     def __init__(self, stage: GpuDecodeAugment) -> None:
         self.stage = stage
 
-    def start(self, batch: HostBatch) -> tuple[int, Any]:
-        return batch.consumed, self.stage.start(batch)
+    def start(self, batch: HostBatch) -> tuple[HostBatch, Any]:
+        return batch, self.stage.start(batch)
 
-    def finish(self, started: tuple[int, Any]) -> _Delivered:
-        consumed, inner = started
-        return _Delivered(*self.stage.finish(inner), consumed)
+    def finish(self, started: tuple[HostBatch, Any]) -> _Delivered:
+        batch, inner = started
+        images, labels = self.stage.finish(inner)  # may put stand-ins in batch.indices
+        return _Delivered(images, labels, batch.indices, batch.consumed)

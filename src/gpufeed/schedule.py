@@ -10,9 +10,11 @@ transfer stage is done with it (``HostBatch.release``); on CUDA that records an 
 stream and the slot is free once the event has completed, since the slots are page-locked and the GPU
 reads them directly.
 
-Bad samples (``on_error="skip"``): a batch with failures is compacted and refilled from the next entries
-of the order (batches already queued behind it are cancelled and cut again), so delivered samples always
-form a prefix of the order minus the skipped ones, and the sampler's position stays exact.
+Bad samples (``on_error="skip"``): a sample a worker could not load is replaced in its batch by a good
+sample of the same batch (``decode.base.stand_ins``); a batch whose samples all failed is filled from the
+next entries of the order, which stay in their own batches too. Every batch keeps the entries it was cut
+with, so every rank yields ``len(loader)`` full batches and the sampler's position is exact and the same
+on every rank. Samples a dead worker left undone are loaded again first.
 
 Across epochs: once an epoch's last batches are with the workers, free slots take the next epoch's first
 batches, so it starts without a pipeline bubble. They are kept if the next iteration is that epoch from its
@@ -22,18 +24,19 @@ start, and cancelled otherwise (another epoch, a loaded state, a ``break``).
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, NamedTuple
 
 import torch
 
-from .decode.base import SkipLog
+from .decode.base import SkipLog, stand_ins
 from .placement import ShareControl
-from .ring import SlotView
+from .ring import Meta, SlotView
 from .sampling import ShardedSampler
 from .workers import WorkerPool
-from .workers.records import RETRY, Failure
+from .workers.records import RETRY, Failure, WorkerError
 
 
 @dataclass
@@ -42,25 +45,29 @@ class HostBatch:
 
     labels: (n,) int64 CPU tensor, copied out of the slot. images: (n, S, S, 3) uint8 CPU tensor viewing the
     slot (CPU decode), or None on the GPU path, where ``slot`` holds each sample's bytes or rows and crop
-    box (``ring.Meta``). ``path(i)`` names sample i's file; ``consumed``: entries of the epoch's order this
-    batch took (delivered and skipped). ``release()`` hands the slot back once nothing will read it any
-    more (on CUDA: once the work queued so far on the current stream has run).
+    box (``ring.Meta``). ``indices[i]``: the source index of sample i (a stand-in's where a sample was
+    skipped); ``consumed``: entries of the epoch's order this batch took; ``path(i)`` names sample i's
+    file. ``release()`` hands the slot back once nothing will read it any more (on CUDA: once the work
+    queued so far on the current stream has run).
     """
 
     labels: torch.Tensor
     slot: SlotView
-    path: Callable[[int], str]
+    indices: list[int]
     consumed: int
     release: Callable[[], None]
+    path: Callable[[int], str]
     images: torch.Tensor | None = None
 
 
 class Submitted(NamedTuple):
-    """A batch with the workers: its pool id, its ring slot and the sample indices it was given."""
+    """A batch with the workers: its pool id, its ring slot, the sample indices it was given and where they
+    start in the run's order."""
 
     batch_id: int
     slot: int
     indices: list[int]
+    first: int
 
 
 class Slots:
@@ -137,7 +144,7 @@ class Scheduler:
             self._last_slots.reclaim(everything=True)
         pool, size = self.pool, self.batch_size
         ahead, self.ahead = self.ahead, None
-        if ahead is not None and (ahead.seed, ahead.epoch, 0) == (sampler.seed, sampler.epoch, sampler.position):
+        if ahead is not None and (ahead.seed, ahead.epoch) == (sampler.seed, sampler.epoch) and sampler.at_epoch_start:
             run, slots = ahead, ahead.slots  # this epoch's first batches are already with the workers
         else:
             pool.cancel()  # an earlier, abandoned iteration may have batches in flight
@@ -159,22 +166,13 @@ class Scheduler:
                 batch = run.inflight.popleft()
                 view, failures = pool.collect(batch.batch_id)
                 collect_wait = pool.last_wait
-                consumed, positions = len(batch.indices), list(batch.indices)
+                indices = list(batch.indices)
                 if failures:
-                    pool.cancel()  # drops every queued batch: this epoch's later ones and the next epoch's
-                    self._take_back(run)
-                    if nxt is not None:
-                        self._take_back(nxt)
-                        nxt = None
-                    view, positions, extra = self._refill(batch.slot, view, positions, failures, run)
-                    consumed += extra
-                if not self._full(len(positions)):
-                    slots.free.append(batch.slot)
-                    finished = True
-                    return  # the epoch's good samples ran out for a full batch (drop_last): the epoch ends
+                    view = self._stand_in(batch, view, indices, failures, run)
                 yield HostBatch(labels=torch.from_numpy(view.labels.copy()),  # tiny: never alias a reused slot
-                                slot=view, path=lambda i, p=positions: self.path(p[i]), consumed=consumed,
-                                release=lambda s=batch.slot: slots.release(s),
+                                slot=view, indices=indices, consumed=len(batch.indices),
+                                release=functools.partial(slots.release, batch.slot),
+                                path=lambda i, p=indices: self.path(p[i]),
                                 images=torch.from_numpy(view.images) if view.meta is None else None)
                 self.share.update(collect_wait)
         finally:
@@ -192,44 +190,69 @@ class Scheduler:
         slots = run.slots
         while len(slots.free) > 1 and self._full(min(self.batch_size, len(run.order) - run.cursor)):
             indices = run.order[run.cursor : run.cursor + self.batch_size]
-            batch = Submitted(next(slots.ids), slots.free.popleft(), indices)
+            batch = Submitted(next(slots.ids), slots.free.popleft(), indices, run.cursor)
             self.pool.submit(batch.batch_id, batch.slot, run.seed, run.epoch, indices,
                              cpu_rows=round(self.share.value * len(indices)))
             run.inflight.append(batch)
             run.cursor += len(indices)
 
-    @staticmethod
-    def _take_back(run: EpochRun) -> None:
-        """After ``pool.cancel()``: ``run``'s batches in flight give back their slots and order entries."""
-        for batch in run.inflight:
-            run.slots.free.append(batch.slot)
-            run.cursor -= len(batch.indices)
-        run.inflight.clear()
+    def _stand_in(self, batch: Submitted, view: SlotView, indices: list[int], failures: list[Failure],
+                  run: EpochRun) -> SlotView:
+        """Samples a dead worker left undone are loaded again; each failed one is recorded and replaced by a
+        good sample of the batch (``stand_ins``), copied within the slot; ``indices`` follows. A batch with
+        no good sample is first filled from the next entries of the order (wrapping to its start)."""
+        n = len(indices)
+        bad = self._reload(batch.slot, indices, failures, run)
+        repeats = len(bad)
+        ahead = run.order[batch.first + n :] + run.order[: batch.first]
+        while len(bad) == n:  # nothing to stand in: load the next entries of the order into the whole slot
+            if not ahead:
+                last = self.skips.listed[-1][0] if self.skips.listed else None
+                raise WorkerError(f"no sample of this rank's epoch {run.epoch} could be loaded under "
+                                  f"on_error='skip' (the last that failed: {last!r})")
+            take, ahead = ahead[:n], ahead[n:]
+            indices[: len(take)] = take
+            bad = self._reload(batch.slot, indices, self._load(batch.slot, run, take, 0), run) | set(range(len(take), n))
+            repeats = n  # every sample of this batch is delivered in its own batch as well
+        for p, g in stand_ins(n, bad).items():
+            for arr in (view.pixels, view.labels, view.meta):  # images are a view of the pixels
+                if arr is not None:
+                    arr[p] = arr[g]
+            if view.arena is not None:
+                length = view.meta[g, Meta.LENGTH]
+                view.arena[p, :length] = view.arena[g, :length]
+            indices[p] = indices[g]
+        self.skips.repeated += repeats
+        return view
 
-    def _refill(self, slot: int, view: SlotView, positions: list[int], failures: list[Failure],
-                run: EpochRun) -> tuple[SlotView, list[int], int]:
-        """Drop failed samples from a slot, move the rest to the front, top it up from ``run``'s order
-        (advancing its cursor); returns the slot's view, its samples' indices and the entries taken."""
-        pool, target, extra = self.pool, len(positions), 0
+    def _reload(self, slot: int, indices: list[int], failures: list[Failure], run: EpochRun) -> set[int]:
+        """Load again, in place, the positions a dead worker left undone; record every other failure. The
+        positions that failed."""
+        bad: set[int] = set()
         while failures:
-            bad = {f.position for f in failures}
-            retry = [positions[f.position] for f in failures if f.reason == RETRY]
+            retry = sorted(f.position for f in failures if f.reason == RETRY)
             for f in failures:
                 if f.reason != RETRY:
                     self.skips.record(f.path, f.reason)
-            keep = [k for k in range(len(positions)) if k not in bad]
-            for arr in (view.pixels, view.labels, view.meta, view.arena):  # images are a view of the pixels
-                if arr is not None:
-                    arr[: len(keep)] = arr[keep]
-            positions = [positions[k] for k in keep]
-            fresh = run.order[run.cursor : run.cursor + max(0, target - len(positions) - len(retry))]
-            run.cursor += len(fresh)
-            extra += len(fresh)
-            take = retry + fresh
-            if not take:
-                break
-            batch_id = next(run.slots.ids)
-            pool.submit(batch_id, slot, run.seed, run.epoch, take, start=len(positions))
-            view, failures = pool.collect(batch_id)
-            positions += take
-        return view.head(len(positions)), positions, extra
+                    bad.add(f.position)
+            failures = []
+            for first, last in _runs(retry):  # each run of consecutive positions in one call
+                failures += self._load(slot, run, indices[first : last + 1], first)
+        return bad
+
+    def _load(self, slot: int, run: EpochRun, indices: list[int], start: int) -> list[Failure]:
+        """Load ``indices`` into positions ``start...`` of ``slot`` now; their failures."""
+        batch_id = next(run.slots.ids)
+        self.pool.submit(batch_id, slot, run.seed, run.epoch, indices, start=start)
+        return self.pool.collect(batch_id)[1]
+
+
+def _runs(positions: list[int]) -> list[tuple[int, int]]:
+    """Sorted positions as (first, last) runs of consecutive ones."""
+    out: list[tuple[int, int]] = []
+    for p in positions:
+        if out and p == out[-1][1] + 1:
+            out[-1] = (out[-1][0], p)
+        else:
+            out.append((p, p))
+    return out

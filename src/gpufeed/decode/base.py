@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -39,12 +39,13 @@ def check_pixels(width: int, height: int, max_pixels: int, path: str) -> None:
 
 class SkipLog:
     """What ``on_error="skip"`` dropped: a count in all, a count for the current epoch, and (path, reason) of
-    the first ``LISTED``. Shared by the stages that skip (the scheduler, the GPU stage); refers to nothing."""
+    the first ``LISTED``; and how many samples stood in for them (``repeated``). Shared by the stages that
+    skip (the scheduler, the GPU stage); refers to nothing."""
 
     LISTED = 10_000
 
     def __init__(self) -> None:
-        self.total = self.epoch = 0
+        self.total = self.epoch = self.repeated = 0
         self.listed: list[tuple[str | None, str]] = []
 
     def record(self, path: str | None, reason: str) -> None:
@@ -52,6 +53,20 @@ class SkipLog:
         self.epoch += 1
         if len(self.listed) < self.LISTED:
             self.listed.append((path, reason))
+
+
+def stand_ins(n: int, bad: Iterable[int]) -> dict[int, int]:
+    """Under ``on_error="skip"``, for each position of a batch of ``n`` that could not be loaded, the position
+    whose sample takes its place: the batch's good samples in order, cycling. The batch keeps its size and
+    its entries of the epoch's order, so every rank yields the same number of full batches whatever it
+    skips (DDP ranks must: the one with more would wait forever in its next all-reduce), and the position
+    in the epoch stays the same on every rank (``sampling``: elastic resume). As DistributedSampler pads an
+    epoch by repeating samples, a few samples are seen twice; ``loader.stats["repeated"]`` counts them.
+    Empty when no position of the batch is good."""
+    bad = sorted(set(bad))
+    gone = set(bad)
+    good = [k for k in range(n) if k not in gone]
+    return {p: good[j % len(good)] for j, p in enumerate(bad)} if good else {}
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from ..augment.cpu import decode_box_into
 from ..augment.fused import normalize_constants, resized_crop_reference, resized_crop_triton, triton
 from ..augment.params import CropBox
 from ..ring import BOX, KIND_BYTES, KIND_PIXELS, KIND_ROWS, Meta
-from .base import DecodeError, DecodeJob, GpuDecoder, SkipLog
+from .base import DecodeError, DecodeJob, GpuDecoder, SkipLog, stand_ins
 from .cpu import CpuDecoder
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class GpuDecodeAugment:
 
     ``decoders``: one or more ``GpuDecoder``; with several, each decodes a part of every batch from its
     own thread on its own CUDA stream. ``skips``: None, a file no decoder reads raises ``DecodeError``;
-    else it is dropped from the batch and recorded there.
+    else it is recorded there and another image of the batch stands in for it (``stand_ins``).
     """
 
     def __init__(self, decoders: Sequence[GpuDecoder], *, device: torch.device, image_size: int, mean, std,
@@ -117,20 +117,29 @@ class GpuDecodeAugment:
         return started
 
     def finish(self, started: "_Started") -> tuple[torch.Tensor, torch.Tensor]:
-        """((B', 3, S, S) ``dtype`` on the device, (B',) labels) for a started batch; B' < B only when
-        ``skips`` dropped files no decoder reads. Calls ``batch.release()`` once nothing reads its host
-        memory any more (later GPU work is ordered on the current stream)."""
+        """((B, 3, S, S) ``dtype`` on the device, (B,) labels) for a started batch. Calls ``batch.release()``
+        once nothing reads its host memory any more (later GPU work is ordered on the current stream). A
+        file no decoder read (under ``skips``) has another image of the batch in its place, and
+        ``batch.indices`` says so."""
         try:
             self._complete(started)
         finally:
             if started.decoding is not None:  # failed before the decode was awaited: no thread may still read
                 wait(started.decoding)
             started.batch.release()
-        out, labels = started.out, started.batch.labels
+        out, labels, batch = started.out, started.batch.labels, started.batch
         if started.dropped:
-            gone = set(started.dropped)
-            keep = torch.tensor([i for i in range(len(labels)) if i not in gone], device=self.device)
-            out, labels = out.index_select(0, keep), labels.index_select(0, keep)
+            subs = stand_ins(len(labels), started.dropped)
+            if not subs:
+                raise DecodeError(batch.path(started.dropped[0]), "no image of its batch could be decoded, so none "
+                                  "can stand in for it")
+            source = list(range(len(labels)))
+            for p, g in subs.items():
+                source[p] = g
+                batch.indices[p] = batch.indices[g]
+            source_t = torch.tensor(source, device=self.device)
+            out, labels = out.index_select(0, source_t), labels.index_select(0, source_t)
+            self.skips.repeated += len(subs)
         return out, labels
 
     def _complete(self, started: "_Started") -> None:

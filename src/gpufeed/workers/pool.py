@@ -88,6 +88,8 @@ class WorkerPool:
         self._results = ctx.Queue()
         self._progress = [Progress.create(ctx) for _ in range(num_workers)]
         self._generation = ctx.Value("q", 0, lock=False)
+        # held here only: when this process dies, however it dies, the workers read EOF and exit
+        self._alive_r, self._alive_w = ctx.Pipe(duplex=False)
         self._blocks = [self._shm]
         if type(spec.source) is FileSource:  # one shared copy of the file list (subclasses may override read)
             shared, block = SharedFileSource.create(spec.source)
@@ -99,7 +101,8 @@ class WorkerPool:
         self._procs: list = []
         self._unpin: list = []  # cudaHostUnregister calls, run before the memory is unmapped
         self.page_locked = False  # ``pin_images`` worked
-        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._tasks, self._blocks, self._unpin)
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._tasks, self._blocks, self._unpin,
+                                           self._alive_w)
         try:
             for i in range(num_workers):
                 self._procs.append(self._start(i))
@@ -110,7 +113,7 @@ class WorkerPool:
     def _start(self, i: int):
         args = WorkerArgs(i, self._spec_pickle, self._shm.name, (self.num_slots, self.batch_size, self.size),
                           frozenset(self.cpus) if self.cpus else None, self._tasks, self._results,
-                          self._progress[i], self._generation)
+                          self._progress[i], self._generation, self._alive_r)
         p = self._ctx.Process(target=run, args=(args,), daemon=True, name=f"gpufeed-worker-{i}")
         with _main_not_reimported(self._spec):
             p.start()
@@ -230,7 +233,7 @@ class WorkerPool:
         self._finalizer()
 
 
-def _shutdown(procs: list, tasks: Any, blocks: list, unpin: list) -> None:
+def _shutdown(procs: list, tasks: Any, blocks: list, unpin: list, alive_w: Any) -> None:
     for undo in unpin:
         with contextlib.suppress(Exception):  # CUDA may already be shut down at interpreter exit
             undo()
@@ -247,6 +250,7 @@ def _shutdown(procs: list, tasks: Any, blocks: list, unpin: list) -> None:
             p.terminate()
             p.join(1.0)
     tasks.cancel_join_thread()
+    alive_w.close()
     for block in blocks:
         try:
             block.close()

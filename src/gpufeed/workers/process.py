@@ -17,6 +17,7 @@ import ctypes
 import os
 import pickle
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,10 +49,12 @@ class WorkerArgs:
     results: Any  # queue of ``ChunkDone``
     progress: Progress
     generation: Any  # shared int: tasks of another generation are acknowledged, not served
+    parent_alive: Any  # the read end of a pipe only the main process writes to: EOF once it is gone
 
 
 def run(args: WorkerArgs) -> None:
-    """Serve chunks until None arrives."""
+    """Serve chunks until None arrives, or until the main process is gone."""
+    _exit_with_parent(args.parent_alive)
     os.environ.update(SINGLE_THREADED)
     _lower_priority()
     keep_heap()
@@ -73,6 +76,21 @@ def run(args: WorkerArgs) -> None:
         return
     finally:
         server.close()
+
+
+def _exit_with_parent(parent_alive: Any) -> None:
+    """Exit as soon as the main process is gone, however it went (SIGKILL included): orphaned workers would
+    otherwise keep the forkserver, the resource tracker and with it the shared memory alive for good. A
+    thread blocks on the pipe, whose write end only the main process holds, until it reads EOF."""
+
+    def watch() -> None:
+        try:
+            parent_alive.recv_bytes()
+        except (EOFError, OSError):
+            pass
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="gpufeed-parent-watch").start()
 
 
 def keep_heap() -> None:

@@ -1,0 +1,172 @@
+"""Many ranks: every rank yields len(loader) full batches whatever it skips, samples are delivered exactly
+once across ranks, a state saved on one world size resumes on another, and DDP over gloo does not hang."""
+
+import collections
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from PIL import Image
+
+from gpufeed import ImageLoader
+from gpufeed.sampling import ShardedSampler
+from gpufeed.sources import folder_source
+
+COLOURS = [(220, 30, 30), (30, 220, 30), (30, 30, 220)]
+N = 70
+
+
+def _dataset(root, broken_on=(5, 1), seed=0, batch_size=8):
+    """70 flat-colour JPEGs in 3 classes; ``broken_on[r]`` of those rank r of 2 gets in epoch 0 are broken."""
+    for c, colour in enumerate(COLOURS):
+        (root / f"c{c}").mkdir(parents=True)
+    for i in range(N):
+        Image.new("RGB", (40 + i % 9, 36), COLOURS[i % 3]).save(root / f"c{i % 3}" / f"{i:02d}.jpg")
+    src = folder_source(root)
+    broken = []
+    for rank, k in enumerate(broken_on):
+        shard = ShardedSampler(N, seed=seed, rank=rank, world_size=2).epoch_indices()
+        broken += shard[1 : 1 + 2 * k : 2]  # spread over the first batches
+    for i in broken:
+        with open(src.path(i), "wb") as f:
+            f.write(b"\xff\xd8\xff\xe0 not a jpeg")
+    return src, set(broken)
+
+
+def _colour_of(images):
+    m = torch.tensor((0.485, 0.456, 0.406)).view(1, 3, 1, 1)
+    s = torch.tensor((0.229, 0.224, 0.225)).view(1, 3, 1, 1)
+    rgb = ((images.float() * s + m) * 255).mean(dim=(2, 3))
+    return torch.cdist(rgb, torch.tensor(COLOURS, dtype=torch.float32)).argmin(dim=1)
+
+
+def _run(loader, stop=None):
+    """(batch sizes, delivered source indices) of one pass; labels checked against the pixels."""
+    sizes, delivered = [], []
+    for k, (images, labels) in enumerate(loader):
+        assert torch.equal(_colour_of(images), labels)
+        sizes.append(len(labels))
+        delivered += loader.batch_indices
+        if stop is not None and k + 1 == stop:
+            break
+    return sizes, delivered
+
+
+def _make(root, rank, world, **kw):
+    kw = {"batch_size": 8, "image_size": 16, "num_workers": 1, "device": "cpu", "on_error": "skip", "seed": 0, **kw}
+    return ImageLoader(root, rank=rank, world_size=world, **kw)
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_every_rank_yields_the_same_full_batches_whatever_it_skips(tmp_path, drop_last):
+    """The reported hang: 5 broken files on rank 0's shard, 1 on rank 1's, batch 8: both ranks yield
+    len(loader) batches of the same sizes (rank 0 used to yield 3 and rank 1 4)."""
+    src, broken = _dataset(tmp_path)
+    runs = []
+    for rank in range(2):
+        with _make(tmp_path, rank, 2, drop_last=drop_last) as loader:
+            sizes, delivered = _run(loader)
+            assert len(sizes) == len(loader) == (4 if drop_last else 5)
+            assert loader.stats["skipped_count"] == (5, 1)[rank] == loader.stats["repeated"]
+            assert not set(delivered) & broken
+            runs.append(sizes)
+    assert runs[0] == runs[1] and runs[0][:4] == [8, 8, 8, 8]
+
+
+@pytest.mark.parametrize("broken_on", [(0, 0), (2, 3)])
+def test_exactly_once_across_three_ranks(tmp_path, broken_on):
+    """70 samples over 3 ranks: every loadable sample is delivered, and nothing more than DistributedSampler's
+    padding (2) and one stand-in per skipped file is delivered twice."""
+    src, broken = _dataset(tmp_path, broken_on)
+    delivered, skipped = [], 0
+    for rank in range(3):
+        with _make(tmp_path, rank, 3, drop_last=False) as loader:
+            sizes, got = _run(loader)
+            assert len(sizes) == len(loader) == 3 and sum(sizes) == 24
+            delivered += got
+            skipped += loader.stats["skipped_count"]
+    counts = collections.Counter(delivered)
+    assert set(counts) == set(range(N)) - broken
+    assert skipped == len(broken) and sum(counts.values()) - len(counts) == 2 + len(broken)
+
+
+def test_elastic_resume_from_three_ranks_to_two(tmp_path):
+    """Three ranks train two batches in lockstep; rank 0's state resumes on two ranks, with another worker
+    count: the rest of the epoch, exactly once, with the crops an uninterrupted run gives."""
+    _dataset(tmp_path, (0, 0))
+    delivered = []
+    for rank in range(3):
+        with _make(tmp_path, rank, 3, drop_last=False) as loader:
+            loader.set_epoch(1)
+            sizes, got = _run(loader, stop=2)
+            delivered += got
+            if rank == 0:
+                state = loader.state_dict()
+    assert state["sampler"]["offset"] == 48
+    rest = []
+    for rank in range(2):
+        with _make(tmp_path, rank, 2, drop_last=False, num_workers=2, seed=123) as loader:
+            loader.load_state_dict(state)
+            rest += _run(loader)[1]
+    counts = collections.Counter(delivered + rest)
+    assert set(counts) == set(range(N)) and sum(counts.values()) == N  # 22 left: two ranks of 11, no padding
+    assert set(rest) == set(range(N)) - set(delivered)
+
+
+def test_resume_with_another_worker_count_gives_the_same_batches(tmp_path):
+    _dataset(tmp_path, (0, 0))
+    with _make(tmp_path, 0, 1) as loader:
+        loader.set_epoch(3)
+        _run(loader, stop=2)
+        state = loader.state_dict()
+    out = []
+    for workers in (1, 2):
+        with _make(tmp_path, 0, 1, num_workers=workers) as loader:
+            loader.load_state_dict(state)
+            out.append([(x, y, list(loader.batch_indices)) for x, y in loader])
+    assert len(out[0]) == len(out[1]) == 6
+    for (xa, ya, ia), (xb, yb, ib) in zip(*out, strict=True):
+        assert ia == ib and torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
+DDP_SCRIPT = """
+import sys, torch, torch.distributed as dist
+from gpufeed import ImageLoader
+dist.init_process_group("gloo")
+loader = ImageLoader(sys.argv[1], batch_size=8, image_size=16, num_workers=1, device="cpu", on_error="skip",
+                     seed=0, drop_last=sys.argv[2] == "1")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3 * 16 * 16, 3))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(2):
+    loader.set_epoch(epoch)
+    steps = 0
+    for images, labels in loader:
+        loss = torch.nn.functional.cross_entropy(model(images.flatten(1)), labels)
+        opt.zero_grad(); loss.backward(); opt.step()  # the all-reduce a rank with fewer batches would leave waiting
+        steps += 1
+    print(f"rank {dist.get_rank()} epoch {epoch} steps {steps} skipped {loader.stats['skipped_count']}", flush=True)
+loader.close()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("drop_last", ["1", "0"])
+def test_ddp_training_with_skipped_files_finishes(tmp_path, drop_last):
+    _dataset(tmp_path / "data")
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    with socket.socket() as sock:  # a free port, so parallel or repeated runs do not collide
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+           "--master_addr=127.0.0.1", str(script), str(tmp_path / "data"), drop_last]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = 4 if drop_last == "1" else 5
+    for rank, skipped in ((0, 5), (1, 1)):  # epoch 0's order puts 5 broken files on rank 0, 1 on rank 1
+        assert f"rank {rank} epoch 0 steps {steps} skipped {skipped}" in res.stdout, res.stdout
+        assert f"rank {rank} epoch 1 steps {steps}" in res.stdout, res.stdout
