@@ -60,7 +60,8 @@ def encoded_batches(datas: list[bytes], batch: int, size: int = 224) -> list[Hos
             meta[i] = (KIND_BYTES, len(d), w, h, box.x, box.y, box.width, box.height, int(box.flip))
             arena[i, : len(d)] = np.frombuffer(d, np.uint8)
         slot = SlotView(np.zeros((batch, size, size, 3), np.uint8), np.zeros(batch, np.int64), meta, arena)
-        out.append(HostBatch(torch.zeros(batch, dtype=torch.int64), slot, lambda i: "x", batch, lambda: None))
+        out.append(HostBatch(torch.zeros(batch, dtype=torch.int64), slot, indices=list(range(batch)), consumed=batch,
+                             release=lambda: None, path=lambda i: "x"))
     return out
 
 

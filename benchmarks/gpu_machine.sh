@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks and times, in one call: logs and JSON under $OUT, a short table last.
 #   bash benchmarks/gpu_machine.sh                      the GPU tests, decode backends, the sweep, gpufeed bench
-#   STEPS="tests bench" bash benchmarks/gpu_machine.sh  a subset, in this order: tests decode sweep bench ab
+#   STEPS="tests bench" bash benchmarks/gpu_machine.sh  a subset, in this order: tests decode sweep bench ab ddp
 #   BASELINE=DIR STEPS=ab bash benchmarks/gpu_machine.sh
 #       gpufeed bench of another checkout (DIR/src, e.g. `git archive REV | tar -x -C DIR`) and of this one,
 #       alternating, ROUNDS times for loader only, ResNet-50 and ResNet-18: a change measured in one run.
-# Narrowing variables: TESTS (pytest paths), EPOCHS, LOADER_PIPES, MODEL_PIPES, MODELS, SWEEP_ARGS, ROUNDS.
+#   STEPS=ddp bash benchmarks/gpu_machine.sh
+#       every GPU of the machine under torchrun (DDP), 20,000 images, for MODELS, with each DDP_WORKERS per rank.
+# Narrowing variables: TESTS (pytest paths), EPOCHS, LOADER_PIPES, MODEL_PIPES, MODELS, SWEEP_ARGS, ROUNDS,
+# DDP_WORKERS, DDP_PIPES.
 # Packages that machine lacks (simplejpeg, nvImageCodec, nvJPEG) are installed from .whl/ when it is there.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpufeed-out}; mkdir -p "$OUT"
@@ -64,8 +67,20 @@ for (model, tree), v in sorted(rows.items()):
     print(f"| {model} | {tree} | {', '.join(f'{x:,.0f}' for x in rates)} | {statistics.median(rates):,.0f} | {ceil} |")
 PY
 fi
+if step ddp; then
+  G=$(nvidia-smi -L | wc -l)
+  python3 -m gpufeed synth /tmp/synth20k --n 20000 --seed 0 > /dev/null
+  for m in ${MODELS:-resnet50 resnet18}; do
+    for w in ${DDP_WORKERS:-$(( $(nproc) / G ))}; do
+      timeout 300 python3 -m torch.distributed.run --nproc_per_node=$G -m gpufeed bench --data /tmp/synth20k \
+        --device cuda --workers $w --batch-size 256 --epochs ${EPOCHS:-4} --model $m \
+        --pipelines ${DDP_PIPES:-gpufeed-gpu} --json "$OUT/ddp-$m-w$w.json" >> "$OUT/ddp.txt" 2>&1
+    done
+  done
+fi
 step sweep && grep -E "^\||CPU cores" "$OUT/sweep.txt"
 step decode && grep -E "^\||files in memory|overlap" "$OUT/decode.txt"
 step bench && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/bench.txt" | cut -c1-230
 step ab && grep -E "^\| (model|none|resnet|---)" "$OUT/ab.txt"
+step ddp && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/ddp.txt" | cut -c1-230
 exit 0

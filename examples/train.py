@@ -1,13 +1,18 @@
 """ImageNet-style training on gpufeed's ImageLoader: DDP, bf16 autocast, SGD + cosine, top-1/top-5,
-checkpoint and resume (the loader's position included).
+checkpoint and resume (the loader's position included), as jobs run on clusters.
 
     python examples/train.py                                   # one GPU (or the CPU), synthetic data
     torchrun --nproc_per_node=8 examples/train.py --data /data/imagenet --epochs 90
-    python examples/train.py --resume checkpoint.pt            # continue where the checkpoint left off
+    torchrun --nproc_per_node=4 examples/train.py --data /data/imagenet --resume checkpoint.pt
 
-With no --data, a synthetic ImageNet-like dataset is generated once under ~/.cache/gpufeed.
-A progress bar is shown when attached to a terminal; otherwise plain log lines
-(so `nohup python examples/train.py > log.txt &` reads well).
+SIGTERM (how schedulers preempt a job) or Ctrl-C: every rank finishes its step, rank 0 saves a checkpoint,
+and the job exits cleanly; so does --max-steps. A checkpoint resumes on any number of processes: the rest
+of the epoch is sharded over the new ranks, each sample once. Each epoch reports its steady images/s (the
+first steps, which include start-up, left out) and the time per step spent waiting for data.
+
+With no --data, a synthetic ImageNet-like dataset is generated once under ~/.cache/gpufeed. A progress bar
+is shown when attached to a terminal; otherwise plain log lines (so `nohup python examples/train.py >
+log.txt &` reads well).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -46,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", help="checkpoint to resume from")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps in total (0: no limit)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop-check-every", type=int, default=10,
+                   help="steps between the ranks' checks for a stop request (SIGTERM, Ctrl-C) under DDP")
+    p.add_argument("--sample-log", help="append each step's sample indices to FILE.rank<r> (to audit delivery)")
     return p.parse_args(argv)
 
 
@@ -85,6 +94,34 @@ def dataset_roots(args) -> tuple[str, str]:
     return str(cache / f"synth-{n}-seed0"), str(cache / f"synth-{max(n // 10, 10)}-seed1")
 
 
+class StopRequest:
+    """SIGTERM and SIGINT ask the training to stop after the current step (a second Ctrl-C stops at once).
+    Under DDP the ranks agree on it every ``every`` steps with one all-reduce, so all stop at the same step."""
+
+    def __init__(self, every: int) -> None:
+        self.requested, self.every = False, max(1, every)
+        self._saved = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(f"{time.strftime('%H:%M:%S')} {signal.Signals(signum).name}: stopping after this step", flush=True)
+
+    def agreed(self, step: int, device: torch.device) -> bool:
+        """Whether every rank stops now (checked every ``every`` steps; always without DDP)."""
+        if not dist.is_initialized():
+            return self.requested
+        if step % self.every:
+            return False
+        flag = torch.tensor([int(self.requested)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def restore(self) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+
+
 class Progress:
     """A tqdm bar on a terminal; a log line every ``every`` steps otherwise."""
 
@@ -96,13 +133,17 @@ class Progress:
 
             self.bar = tqdm(total=total, desc=desc, unit="batch")
 
-    def update(self, **metrics) -> None:
+    def update(self, metrics) -> None:
+        """``metrics()`` gives the values to show; it is called only when a line or the bar is written, so the
+        training loop does not wait for the GPU every step to read the loss."""
         self.n += 1
+        show = self.bar is not None and self.n % 10 == 0
         if self.bar is not None:
-            self.bar.set_postfix({k: f"{v:.3f}" for k, v in metrics.items()}, refresh=False)
+            if show:
+                self.bar.set_postfix({k: f"{v:.3f}" for k, v in metrics().items()}, refresh=False)
             self.bar.update(1)
         elif self.enabled and (self.n % self.every == 0 or self.n == self.total):
-            text = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+            text = " ".join(f"{k}={v:.4f}" for k, v in metrics().items())
             print(f"{time.strftime('%H:%M:%S')} {self.desc} step {self.n}/{self.total} {text}", flush=True)
 
     def close(self) -> None:
@@ -177,39 +218,88 @@ def main(argv=None) -> int:
     if rank == 0:
         print(f"model {args.model}, {world} process(es) on {device.type}, decode {train_loader.decode_backend}, "
               f"{len(train_loader)} steps/epoch, batch {args.batch_size}/process, lr {lr:.4f}", flush=True)
-    for epoch in range(start_epoch, args.epochs):
-        train_loader.set_epoch(epoch)
-        progress = Progress(len(train_loader), f"epoch {epoch + 1}/{args.epochs}", enabled=rank == 0)
-        t0, seen = time.perf_counter(), 0
-        for images, labels in train_loader:
-            with autocast():
-                loss = F.cross_entropy(model(images), labels)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            step += 1
-            seen += labels.shape[0]
-            progress.update(loss=loss.item(), lr=sched.get_last_lr()[0])
-            if args.checkpoint_every and step % args.checkpoint_every == 0 and rank == 0:
-                save_checkpoint(args.checkpoint, model, opt, sched, epoch, step, train_loader)
-            if args.max_steps and step >= args.max_steps:
-                progress.close()
+    stop = StopRequest(args.stop_check_every)
+    log = open(f"{args.sample_log}.rank{rank}", "a", buffering=1) if args.sample_log else None  # line by line
+    try:
+        for epoch in range(start_epoch, args.epochs):
+            train_loader.set_epoch(epoch)
+            progress = Progress(len(train_loader), f"epoch {epoch + 1}/{args.epochs}", enabled=rank == 0)
+            rate = Rate(len(train_loader))
+            reason = None
+            for images, labels in rate.timed(train_loader):
+                with autocast():
+                    loss = F.cross_entropy(model(images), labels)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+                step += 1
+                if log is not None:
+                    log.write(f"{epoch} {step} {' '.join(map(str, train_loader.batch_indices))}\n")
+                progress.update(lambda: {"loss": loss.item(), "lr": sched.get_last_lr()[0]})
+                if args.checkpoint_every and step % args.checkpoint_every == 0 and rank == 0:
+                    save_checkpoint(args.checkpoint, model, opt, sched, epoch, step, train_loader)
+                if args.max_steps and step >= args.max_steps:
+                    reason = "--max-steps"
+                elif stop.agreed(step, device):
+                    reason = "stop requested"
+                if reason:
+                    break
+            progress.close()
+            if reason:  # mid-epoch: the checkpoint holds the loader's position in this epoch
                 if rank == 0:
-                    print(f"stopping at step {step} (--max-steps)", flush=True)
-                train_loader.close(), val_loader.close()
-                return 0
-        progress.close()
-        top1, top5 = evaluate(model, val_loader, device, autocast)
-        if rank == 0:
-            dt = time.perf_counter() - t0
-            print(f"epoch {epoch + 1}: {seen * world / dt:,.0f} images/s, {dt:.1f} s, val top-1 {top1:.2f}% "
-                  f"top-5 {top5:.2f}%", flush=True)
-            save_checkpoint(args.checkpoint, model, opt, sched, epoch + 1, step, train_loader)
-    train_loader.close(), val_loader.close()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+                    save_checkpoint(args.checkpoint, model, opt, sched, epoch, step, train_loader)
+                    print(f"stopping at step {step} ({reason}); checkpoint {args.checkpoint} saved", flush=True)
+                break
+            top1, top5 = evaluate(model, val_loader, device, autocast)
+            if rank == 0:
+                print(f"epoch {epoch + 1}: {rate.summary(world)}, val top-1 {top1:.2f}% top-5 {top5:.2f}%", flush=True)
+                save_checkpoint(args.checkpoint, model, opt, sched, epoch + 1, step, train_loader)
+    finally:
+        stop.restore()
+        if log is not None:
+            log.close()
+        train_loader.close(), val_loader.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
     return 0
+
+
+class Rate:
+    """An epoch's steady images/s, leaving out its first ``warmup`` steps (workers and decoders starting,
+    first kernels compiled), and the mean time a step waited for its batch."""
+
+    def __init__(self, steps: int) -> None:
+        self.warmup = max(1, min(10, steps // 10))
+        self.images = self.steps = 0
+        self.wait = 0.0
+        self.t0 = self.t_end = time.perf_counter()
+
+    def timed(self, loader):
+        it = iter(loader)
+        while True:
+            t = time.perf_counter()
+            try:
+                images, labels = next(it)
+            except StopIteration:
+                return
+            now = time.perf_counter()
+            self.steps += 1
+            if self.steps == self.warmup + 1:
+                self.t0 = t  # steady from the end of the last warm-up step
+            if self.steps > self.warmup:
+                self.images += labels.shape[0]
+                self.wait += now - t
+            self.t_end = now
+            yield images, labels
+
+    def summary(self, world: int) -> str:
+        steady = self.steps - self.warmup
+        if steady < 1:
+            return f"{self.steps} steps (too few to time after {self.warmup} warm-up steps)"
+        dt = self.t_end - self.t0
+        return (f"{self.images * world / dt:,.0f} images/s steady (steps {self.warmup + 1}-{self.steps}, {dt:.1f} s), "
+                f"data wait {1e3 * self.wait / steady:.1f} ms/step")
 
 
 if __name__ == "__main__":

@@ -85,3 +85,28 @@ def test_bench_row_names_the_gpu_decoder_share_and_worker_cpus(monkeypatch):
                            Monitor(None), lambda *a: Bar())
     assert row["pipeline"] == "gpufeed-gpu (nvjpeg-hw decode, CPU share 0.25, workers on CPUs 3-7,9)"
     assert row["loader_stats"]["worker_cpus"] == [3, 4, 5, 6, 7, 9]
+
+
+def test_bench_under_torchrun_sums_the_ranks(tmp_path, synth_root):
+    """`torchrun -m gpufeed bench`: every rank loads its shard, rank 0 alone prints the table, whose images
+    are those of both ranks."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+           "--master_addr=127.0.0.1", "-m", "gpufeed", "bench", "--data", str(synth_root), "--batch-size", "4",
+           "--epochs", "2", "--device", "cpu", "--pipelines", "baseline,gpufeed", "--json", str(tmp_path / "r.json")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("gpufeed bench:") == 1  # one table, from rank 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    from gpufeed.cores import usable_cores
+
+    assert result["machine"]["ranks"] == 2 and result["config"]["workers"] == max(1, usable_cores() // 2)
+    for r in result["rows"]:  # each rank 20 of the 40 samples (5 batches of 4), summed over the ranks
+        assert [e["images"] for e in r["epochs"]] == [40, 40] and r["images_per_s"] > 0

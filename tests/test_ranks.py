@@ -170,3 +170,47 @@ def test_ddp_training_with_skipped_files_finishes(tmp_path, drop_last):
     for rank, skipped in ((0, 5), (1, 1)):  # epoch 0's order puts 5 broken files on rank 0, 1 on rank 1
         assert f"rank {rank} epoch 0 steps {steps} skipped {skipped}" in res.stdout, res.stdout
         assert f"rank {rank} epoch 1 steps {steps}" in res.stdout, res.stdout
+
+
+NODE_SCRIPT = """
+import os, sys, torch.distributed as dist
+from gpufeed import ImageLoader
+dist.init_process_group("gloo")
+loader = ImageLoader(sys.argv[1], batch_size=5, image_size=16, device="cpu", drop_last=False)
+seen = [i for _ in loader for i in loader.batch_indices]
+print(f"rank {dist.get_rank()} of {dist.get_world_size()} local {os.environ['LOCAL_RANK']} of "
+      f"{os.environ['LOCAL_WORLD_SIZE']} workers {loader.num_workers} cores {len(os.sched_getaffinity(0))} "
+      f"samples {','.join(map(str, seen))}", flush=True)
+loader.close()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="two 'hosts' of different core counts need CPU affinity and two CPUs")
+def test_two_torchrun_nodes_of_different_core_counts(tmp_path):
+    """torchrun --nnodes=2 on one host, the first node held to one CPU: the epoch is sharded over the global
+    ranks (each sample once), and each node sizes its workers from its own cores and local ranks."""
+    _dataset(tmp_path / "data", (0, 0))
+    script = tmp_path / "node.py"
+    script.write_text(NODE_SCRIPT)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    cores = sorted(os.sched_getaffinity(0))
+    nodes = []
+    for node, cpus in ((0, {cores[0]}), (1, set(cores))):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
+               "--nproc_per_node=1", f"--master_port={port}", "--master_addr=127.0.0.1", str(script),
+               str(tmp_path / "data")]
+        nodes.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                      preexec_fn=lambda cpus=cpus: os.sched_setaffinity(0, cpus)))
+    outs = [p.communicate(timeout=180) for p in nodes]
+    for p, (out, err) in zip(nodes, outs):
+        assert p.returncode == 0, err[-3000:]
+    lines = [outs[0][0].strip(), outs[1][0].strip()]
+    assert lines[0].startswith("rank 0 of 2 local 0 of 1 workers 1 cores 1 ")
+    assert lines[1].startswith(f"rank 1 of 2 local 0 of 1 workers {len(cores)} cores {len(cores)} ")
+    samples = [int(i) for line in lines for i in line.rsplit(" ", 1)[1].split(",")]
+    assert sorted(samples) == list(range(N))  # 70 over 2 ranks: 35 each, no padding

@@ -30,31 +30,61 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start_ranks(cuda: bool) -> tuple[int, int, str | None]:
+    """Under torchrun: join the process group (NCCL on CUDA, gloo otherwise), one GPU per local rank.
+    (rank, local ranks on this node, this rank's device or None)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or dist.is_initialized():
+        return 0, 1, None
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    else:
+        dist.init_process_group("gloo")
+    return dist.get_rank(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")), f"cuda:{local}" if cuda else "cpu"
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
+    cuda = torch.cuda.is_available() and args.device != "cpu"
+    rank, local_ranks, rank_device = _start_ranks(cuda)
+    try:
+        return _bench(args, cuda, rank, local_ranks, rank_device)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _bench(args: argparse.Namespace, cuda: bool, rank: int, local_ranks: int, rank_device: str | None) -> int:
     from .bench.report import format_table, write_chart, write_json
     from .bench.run import BenchConfig, run_bench
-    from .cores import usable_cores
+    from .placement import default_num_workers
 
-    cuda = torch.cuda.is_available()
-    device = args.device or ("cuda" if cuda else "cpu")
+    device = rank_device or args.device or ("cuda" if cuda else "cpu")
     model = args.model if args.model != "none" else None
     if args.model is None:
         model = "resnet50" if device.startswith("cuda") else None
     cfg = BenchConfig(
         data=args.data, n=args.n or (10_000 if cuda else 2_000), batch_size=args.batch_size or (256 if cuda else 64),
-        workers=args.workers or usable_cores(), epochs=args.epochs, model=model, device=device,
+        workers=args.workers or default_num_workers(local_ranks), epochs=args.epochs, model=model, device=device,
         pipelines=tuple(args.pipelines.split(",")),
     )
     result = run_bench(cfg, _progress)
+    failed = [r for r in result["rows"] if r.get("error")]
+    if rank != 0:  # rank 0 reports for all
+        return 1 if failed else 0
     table = format_table(result)
     if args.json:
         write_json(result, args.json)
     if args.chart:
         write_chart(result, args.chart)
     print(table)
-    failed = [r for r in result["rows"] if r.get("error")]
     for r in failed:
         print(f"\n{r['pipeline']}:\n{r['error']}", file=sys.stderr)
     return 1 if failed else 0
@@ -78,11 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(fn=_cmd_synth)
 
-    b = sub.add_parser("bench", help="the usual DataLoader against gpufeed, in one run and one table")
+    b = sub.add_parser("bench", help="the usual DataLoader against gpufeed, in one run and one table",
+                       description="Under torchrun (torchrun --nproc_per_node=N -m gpufeed bench ...) every rank "
+                                   "trains with DDP and the table sums images/s over the ranks.")
     b.add_argument("--data", help="an ImageFolder-layout folder (default: a cached synthetic dataset)")
     b.add_argument("--n", type=int, help="synthetic images when --data is not given (default 10,000 with a GPU, else 2,000)")
     b.add_argument("--batch-size", type=int, help="default 256 with a GPU, else 64")
-    b.add_argument("--workers", type=int, help="worker processes for every pipeline (default: the usable cores)")
+    b.add_argument("--workers", type=int, help="worker processes for every pipeline, per rank (default: the usable "
+                                              "cores, shared among the node's ranks)")
     b.add_argument("--epochs", type=int, default=3, help="epochs per pipeline; the first counts as warm-up")
     b.add_argument("--model", help="torchvision model to train per batch, or 'none' (default resnet50 on a GPU)")
     b.add_argument("--device", help="'cuda' or 'cpu' (default: cuda when available)")

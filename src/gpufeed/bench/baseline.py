@@ -4,24 +4,29 @@ from __future__ import annotations
 
 import torch
 import torchvision.transforms as T
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 from torchvision.datasets import ImageFolder
 
 from ..augment.normalize import IMAGENET_MEAN, IMAGENET_STD
 
 
 def create_baseline_loader(root: str, *, batch_size: int, num_workers: int, image_size: int = 224) -> DataLoader:
-    """ImageFolder + RandomResizedCrop + flip + ToTensor + Normalize in a DataLoader(pin_memory=True)."""
+    """ImageFolder + RandomResizedCrop + flip + ToTensor + Normalize in a DataLoader(pin_memory=True); under an
+    initialised process group with a DistributedSampler, as DDP scripts do (call ``sampler.set_epoch``)."""
     transform = T.Compose([
         T.RandomResizedCrop(image_size),
         T.RandomHorizontalFlip(),
         T.ToTensor(),
         T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
     ])
+    dataset = ImageFolder(root, transform)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    sampler = DistributedSampler(dataset, drop_last=True) if distributed else None
     return DataLoader(
-        ImageFolder(root, transform),
+        dataset,
         batch_size=batch_size,
-        shuffle=True,
+        shuffle=sampler is None,
+        sampler=sampler,
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         drop_last=True,

@@ -5,6 +5,11 @@ utilisation (NVML) and peak host RSS of the process tree. With a model, each
 batch also takes one training step (bf16 autocast, channels_last, SGD), and the
 model's own rate on tensors already on the GPU is measured in the same run as
 the ceiling.
+
+Under torchrun (an initialised process group) every rank runs the same: the
+model is wrapped in DDP (the ceiling too), each rank loads its shard, epochs
+start together, and images/s are summed over the ranks; rank 0 reports (GPU
+busy and memory of its own GPU, host memory of its own process tree).
 """
 
 from __future__ import annotations
@@ -62,10 +67,37 @@ class BenchConfig:
             raise ValueError("--model needs a CUDA device (training on the CPU measures the CPU, not the loader)")
 
 
+def _ranks() -> tuple[int, int]:
+    """(rank, world size) of an initialised process group, else (0, 1)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _summed(value: float, device: torch.device) -> float:
+    """``value`` summed over the ranks (itself without a process group)."""
+    if _ranks()[1] == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+    torch.distributed.all_reduce(t)
+    return float(t.item())
+
+
+def _together() -> None:
+    """All ranks reach this point before any goes on (epochs start together)."""
+    if _ranks()[1] > 1:
+        torch.distributed.barrier()
+
+
 def dataset_root(cfg: BenchConfig) -> str:
     if cfg.data:
         return cfg.data
-    return str(create_synthetic_dataset(Path(cfg.cache_dir) / f"synth-{cfg.n}-seed0", n=cfg.n, seed=0))
+    root = Path(cfg.cache_dir) / f"synth-{cfg.n}-seed0"
+    if _ranks()[0] == 0:
+        create_synthetic_dataset(root, n=cfg.n, seed=0)
+    _together()
+    return str(root)
 
 
 def make_train_step(name: str, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], None]:
@@ -73,6 +105,8 @@ def make_train_step(name: str, device: torch.device) -> Callable[[torch.Tensor, 
     import torchvision
 
     model = torchvision.models.get_model(name, num_classes=1000).to(device).to(memory_format=torch.channels_last)
+    if _ranks()[1] > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -95,6 +129,7 @@ def measure_ceiling(step: Callable, batch_size: int, device: torch.device, monit
     for _ in range(10):
         step(images, labels)
     torch.cuda.synchronize(device)
+    _together()
     monitor.start()
     steps, t0 = 0, time.perf_counter()
     while steps < 30 or time.perf_counter() - t0 < 5.0:
@@ -103,7 +138,7 @@ def measure_ceiling(step: Callable, batch_size: int, device: torch.device, monit
     torch.cuda.synchronize(device)
     dt = time.perf_counter() - t0
     monitor.stop()
-    return {"pipeline": "GPU-resident tensors (ceiling)", "images_per_s": steps * batch_size / dt,
+    return {"pipeline": "GPU-resident tensors (ceiling)", "images_per_s": _summed(steps * batch_size / dt, device),
             "gpu_busy": monitor.gpu_busy, "cpu_cores_busy": monitor.cores_busy, "epochs": []}
 
 
@@ -126,7 +161,11 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
     loader = _make_loader(name, root, cfg, device)
     epochs = []
     for epoch in range(cfg.epochs):
+        sampler = getattr(loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):  # the baseline's DistributedSampler under DDP
+            sampler.set_epoch(epoch)
         bar = progress(f"{name} epoch {epoch + 1}/{cfg.epochs}", len(loader))
+        _together()
         monitor.start()
         n, t0 = 0, time.perf_counter()
         for images, labels in loader:
@@ -142,7 +181,8 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
         dt = time.perf_counter() - t0
         monitor.stop()
         bar.close()
-        epochs.append({"seconds": dt, "images": n, "images_per_s": n / dt, "gpu_busy": monitor.gpu_busy,
+        epochs.append({"seconds": dt, "images": int(_summed(n, device)), "images_per_s": _summed(n / dt, device),
+                       "gpu_busy": monitor.gpu_busy,
                        "cpu_cores_busy": monitor.cores_busy,
                        "peak_rss_bytes": monitor.peak_rss, "start_rss_bytes": monitor.start_rss,
                        "peak_pss_bytes": monitor.peak_pss, "start_pss_bytes": monitor.start_pss,
@@ -182,9 +222,11 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
 
 def machine_description() -> dict[str, Any]:
     desc = {"host": platform.node(), "cpu_cores": usable_cores(), "python": sys.version.split()[0],
-            "torch": torch.__version__, "gpu": None}
+            "torch": torch.__version__, "gpu": None, "ranks": _ranks()[1]}
     if torch.cuda.is_available():
         desc["gpu"] = torch.cuda.get_device_name()
+        if desc["ranks"] > 1:
+            desc["gpu"] = f"{desc['ranks']}x {desc['gpu']}"
     return desc
 
 
