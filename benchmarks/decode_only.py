@@ -28,7 +28,7 @@ from gpufeed.bench.run import machine_description
 from gpufeed.decode.base import DecodeJob
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode.gpu_stage import GpuDecodeAugment
-from gpufeed.placement import create_gpu_decoders
+from gpufeed.placement import create_gpu_decoders, gpu_memory
 from gpufeed.ring import KIND_BYTES, SlotView
 from gpufeed.schedule import HostBatch
 
@@ -87,8 +87,10 @@ def decode_only(decoder, batches: list[HostBatch], device: torch.device) -> Call
 
 
 def whole_stage(decoders: list, batches: list[HostBatch], device: torch.device) -> Callable[[], int]:
+    batch = len(batches[0].labels)
+    memory = gpu_memory(batch_size=batch, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=True)
     stage = GpuDecodeAugment(decoders, device=device, image_size=224, mean=MEAN, std=STD, dtype=torch.float32,
-                             channels_last=True, max_pixels=10**8)
+                             channels_last=True, max_pixels=10**8, buffer_bytes=memory.buffer_bytes)
     stream = torch.cuda.Stream(device)
 
     def run() -> int:  # as the Prefetcher runs it: batch k+1 started before batch k finishes

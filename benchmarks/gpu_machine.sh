@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks and times, in one call: logs and JSON under $OUT, a short table last.
 #   bash benchmarks/gpu_machine.sh                      the GPU tests, decode backends, the sweep, gpufeed bench
-#   STEPS="tests bench" bash benchmarks/gpu_machine.sh  a subset, in this order: tests decode sweep bench ab ddp
+#   STEPS="tests bench" bash benchmarks/gpu_machine.sh  a subset, in this order: tests decode sweep bench cpu ab ddp
 #   BASELINE=DIR STEPS=ab bash benchmarks/gpu_machine.sh
 #       gpufeed bench of another checkout (DIR/src, e.g. `git archive REV | tar -x -C DIR`) and of this one,
 #       alternating, ROUNDS times for loader only, ResNet-50 and ResNet-18: a change measured in one run.
 #   STEPS=ddp bash benchmarks/gpu_machine.sh
-#       every GPU of the machine under torchrun (DDP), 20,000 images, for MODELS, with each DDP_WORKERS per rank.
-# Narrowing variables: TESTS (pytest paths), EPOCHS, LOADER_PIPES, MODEL_PIPES, MODELS, SWEEP_ARGS, ROUNDS,
-# DDP_WORKERS, DDP_PIPES.
+#       every GPU of the machine under torchrun (DDP), for MODELS, with each DDP_WORKERS per rank.
+#   STEPS=cpu: gpufeed with device="cpu" against the usual DataLoader, loader only, all cores.
+# Narrowing variables: TESTS (pytest paths), EPOCHS, LOADER_EPOCHS (loader-only bench), LOADER_PIPES,
+# MODEL_PIPES, MODELS, SWEEP_ARGS, ROUNDS, DDP_WORKERS, DDP_PIPES; ONE_GPU="taskset -c 0-15" (say) runs
+# the single-GPU steps on part of a larger machine (with CUDA_VISIBLE_DEVICES=0).
 # Packages that machine lacks (simplejpeg, nvImageCodec, nvJPEG) are installed from .whl/ when it is there.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpufeed-out}; mkdir -p "$OUT"
@@ -33,13 +35,19 @@ if step tests; then
 fi
 step decode && { python3 benchmarks/decode_only.py $DATA; python3 benchmarks/overlap.py; } > "$OUT/decode.txt" 2>&1
 step sweep && timeout 300 python3 benchmarks/sweep.py $DATA ${SWEEP_ARGS:-} > "$OUT/sweep.txt" 2>&1
-W=$(nproc)
-B="python3 -m gpufeed bench --data $DATA --device cuda --workers $W --batch-size 256 --epochs ${EPOCHS:-3}"
+W=$(${ONE_GPU:-} nproc)
+B="${ONE_GPU:-} python3 -m gpufeed bench --data $DATA --device cuda --workers $W --batch-size 256"
 if step bench; then
-  $B --model none --pipelines ${LOADER_PIPES:-baseline,gpufeed-cpu,gpufeed-gpu,gpufeed-gpu-only} --json "$OUT/loader.json" > "$OUT/bench.txt" 2>&1
+  $B --epochs ${LOADER_EPOCHS:-${EPOCHS:-3}} --model none --json "$OUT/loader.json" \
+    --pipelines ${LOADER_PIPES:-baseline,gpufeed-cpu,gpufeed-gpu,gpufeed-gpu-only} > "$OUT/bench.txt" 2>&1
   for m in ${MODELS:-resnet50 resnet18}; do
-    $B --model $m --pipelines ${MODEL_PIPES:-baseline,gpufeed-cpu,gpufeed-gpu} --json "$OUT/$m.json" >> "$OUT/bench.txt" 2>&1
+    $B --epochs ${EPOCHS:-3} --model $m --pipelines ${MODEL_PIPES:-baseline,gpufeed-cpu,gpufeed-gpu} \
+      --json "$OUT/$m.json" >> "$OUT/bench.txt" 2>&1
   done
+fi
+if step cpu; then
+  ${ONE_GPU:-} python3 -m gpufeed bench --data $DATA --device cpu --workers $W --batch-size 256 --epochs 3 \
+    --pipelines baseline,gpufeed --json "$OUT/cpu.json" > "$OUT/cpu.txt" 2>&1
 fi
 if step ab; then
   [ -d "${BASELINE:-}/src" ] || { echo "ab: BASELINE=DIR with DIR/src is needed"; exit 2; }
@@ -49,7 +57,8 @@ if step ab; then
     for m in none resnet50 resnet18; do
       for tree in baseline current; do
         src=$PWD/src; [ $tree = baseline ] && src=$BASELINE/src
-        PYTHONPATH=$SITE$src $B --model $m --pipelines gpufeed-gpu --json /tmp/ab/$m-$tree-$r.json >> "$OUT/ab.txt" 2>&1
+        PYTHONPATH=$SITE$src $B --epochs ${EPOCHS:-3} --model $m --pipelines gpufeed-gpu --json /tmp/ab/$m-$tree-$r.json \
+          >> "$OUT/ab.txt" 2>&1
       done
     done
   done
@@ -69,10 +78,9 @@ PY
 fi
 if step ddp; then
   G=$(nvidia-smi -L | wc -l)
-  python3 -m gpufeed synth /tmp/synth20k --n 20000 --seed 0 > /dev/null
   for m in ${MODELS:-resnet50 resnet18}; do
     for w in ${DDP_WORKERS:-$(( $(nproc) / G ))}; do
-      timeout 300 python3 -m torch.distributed.run --nproc_per_node=$G -m gpufeed bench --data /tmp/synth20k \
+      timeout ${DDP_TIMEOUT:-150} python3 -m torch.distributed.run --nproc_per_node=$G -m gpufeed bench --data $DATA \
         --device cuda --workers $w --batch-size 256 --epochs ${EPOCHS:-4} --model $m \
         --pipelines ${DDP_PIPES:-gpufeed-gpu} --json "$OUT/ddp-$m-w$w.json" >> "$OUT/ddp.txt" 2>&1
     done
@@ -81,6 +89,7 @@ fi
 step sweep && grep -E "^\||CPU cores" "$OUT/sweep.txt"
 step decode && grep -E "^\||files in memory|overlap" "$OUT/decode.txt"
 step bench && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/bench.txt" | cut -c1-230
+step cpu && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/cpu.txt" | cut -c1-200
 step ab && grep -E "^\| (model|none|resnet|---)" "$OUT/ab.txt"
 step ddp && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/ddp.txt" | cut -c1-230
 exit 0

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from gpufeed.augment.params import AugmentSpec
-from gpufeed.placement import GPU_BYTES_CAPACITY
+from gpufeed.placement import GPU_BYTES_CAPACITY, gpu_memory
 from gpufeed.sources import folder_source
 from gpufeed.workers import PipelineSpec, WorkerPool
 
@@ -33,7 +33,9 @@ def measure(data: str, num_workers: int, share: float, gpu_path: bool, epochs: i
     source = folder_source(data)
     if len(source) < batches * BATCH:
         raise SystemExit(f"{data} has {len(source)} files; this needs {batches * BATCH}")
-    spec = PipelineSpec(source, AugmentSpec(), 10**8, gpu_bytes_capacity=GPU_BYTES_CAPACITY if gpu_path else 0)
+    memory = gpu_memory(batch_size=BATCH, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=gpu_path)
+    spec = PipelineSpec(source, AugmentSpec(), 10**8, gpu_bytes_capacity=GPU_BYTES_CAPACITY if gpu_path else 0,
+                        gpu_buffer_bytes=memory.buffer_bytes)
     slots = 4
     pool = WorkerPool(spec, num_workers=num_workers, num_slots=slots, batch_size=BATCH)
     if nice is not None:

@@ -46,11 +46,22 @@ def test_fallback_is_central_crop_for_extreme_aspect():
     assert (box.width, box.height) == (13, 10) and box.x == (1000 - 13) // 2 and box.y == 0
 
 
-def test_validation_box_matches_resize_then_center_crop():
-    box = AugmentSpec(train=False).draw(500, 375, seed=0, epoch=0, index=0)
-    # Resize(256): 341x256, scale 375/256; CenterCrop(224): left 58, top 16
-    s = 375 / 256
-    assert box == CropBox(round(58 * 500 / 341), round(16 * s), round(224 * 500 / 341), round(224 * s), False)
+def test_validation_geometry_is_torchvisions_resize_then_centre_crop():
+    from torchvision.transforms.v2 import CenterCrop, Resize
+
+    spec = AugmentSpec(train=False)
+    for w, h in ((500, 375), (375, 500), (300, 300), (100, 61), (1999, 257)):
+        g = spec.resize_crop(w, h)
+        img = torch.zeros(3, h, w)
+        resized = Resize(256)(img)
+        assert (g.width, g.height) == (resized.shape[2], resized.shape[1])
+        # CenterCrop's offsets: a marker at the crop's top-left corner lands at (0, 0)
+        marked = torch.zeros(1, g.height, g.width)
+        marked[0, g.top, g.left] = 1
+        assert CenterCrop(224)(marked)[0, 0, 0] == 1
+    assert spec.resize_crop(500, 375) == (341, 256, 58, 16)
+    with pytest.raises(ValueError, match="resize_crop"):
+        spec.draw(500, 375, seed=0, epoch=0, index=0)
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -43,7 +43,8 @@ def test_worker_cost_measures_each_path(tmp_path, capsys, monkeypatch):
     assert [r.split("|")[1].strip() for r in rows] == ["GPU path, CPU share 0, 1 in flight",
                                                          "GPU path, CPU share 0.5, 1 in flight", "CPU path, 1 in flight"]
     cpu_us = [float(r.split("|")[3].split("(")[0].replace(",", "")) for r in rows]
-    assert all(c > 0 for c in cpu_us) and cpu_us[0] < cpu_us[1] < cpu_us[2]  # decoding more costs more
+    # decoding more costs more (from /proc, in clock ticks: 10 ms over 256 images, about 40 us a tick)
+    assert 0 <= cpu_us[0] < cpu_us[1] < cpu_us[2]
 
 
 def test_sweep(synth_root, capsys, monkeypatch):

@@ -16,6 +16,7 @@ from gpufeed.sources import folder_source
 from gpufeed.workers import PipelineSpec, WorkerPool
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+BUFFER = 1 << 20  # each decode buffer: the whole test batch at once
 
 
 class CpuStandIn:
@@ -61,7 +62,7 @@ def coloured(tmp_path):
 def _pool_batch(root, capacity=1 << 20, size=16, cpu_rows=0, **spec_kw):
     src = folder_source(root)
     spec = PipelineSpec(src, AugmentSpec(image_size=size, resize_size=size), 10**8, gpu_bytes_capacity=capacity,
-                        **spec_kw)
+                        gpu_buffer_bytes=BUFFER, **spec_kw)
     pool = WorkerPool(spec, num_workers=2, num_slots=2, batch_size=len(src))
     pool.submit(0, 0, 0, 0, list(range(len(src))), cpu_rows=cpu_rows)
     view, failures = pool.collect(0)
@@ -72,9 +73,7 @@ def _pool_batch(root, capacity=1 << 20, size=16, cpu_rows=0, **spec_kw):
 def _stage_output(root, decoder, budget=None, cpu_rows=0, job_images=None, size=16, **spec_kw):
     src, pool, view = _pool_batch(root, size=size, cpu_rows=cpu_rows, **spec_kw)
     kw = dict(device=torch.device("cpu"), image_size=size, mean=MEAN, std=STD, dtype=torch.float32,
-              channels_last=False, max_pixels=10**8)
-    if budget:
-        kw["max_batch_pixels"] = budget
+              channels_last=False, max_pixels=10**8, buffer_bytes=budget or BUFFER)
     stage = GpuDecodeAugment(decoder if isinstance(decoder, list) else [decoder], **kw)
     if job_images:
         stage.job_images = job_images
@@ -110,7 +109,7 @@ def test_stage_splits_batches_over_the_pixel_budget(coloured):
     decoder = CpuStandIn()
     whole, labels, _ = _stage_output(coloured, decoder)
     calls = decoder.calls
-    sliced, labels2, _ = _stage_output(coloured, decoder, budget=8000)
+    sliced, labels2, _ = _stage_output(coloured, decoder, budget=24_000)
     assert decoder.calls - calls > 2  # several slices
     assert torch.equal(labels, labels2) and torch.allclose(whole, sliced)
 
@@ -166,7 +165,7 @@ def test_stage_start_finish_releases_the_batch_once_after_its_decode(coloured):
     released = []
     decoder = CpuStandIn()
     stage = GpuDecodeAugment([decoder], device=torch.device("cpu"), image_size=16, mean=MEAN, std=STD,
-                             dtype=torch.float32, channels_last=False, max_pixels=10**8)
+                             dtype=torch.float32, channels_last=False, max_pixels=10**8, buffer_bytes=BUFFER)
 
     def batch():
         return host_batch(view, src.path, release=lambda: released.append(decoder.calls))

@@ -128,6 +128,8 @@ def test_rank_shards_partition_the_epoch(synth_root):
     (dict(device="tpu"), "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
     (dict(num_workers=0), "num_workers must be >= 1 or None, got 0"),
     (dict(cpu_share=1.5), "cpu_share must be 'auto' or a fraction in [0, 1], got 1.5"),
+    (dict(max_gpu_memory=0), "max_gpu_memory must be a number of bytes >= 1 or None, got 0"),
+    (dict(decode="dali"), "decode must be one of"),
 ])
 def test_bad_arguments_fail_before_any_work(synth_root, kw, message):
     with pytest.raises(ValueError, match=re.escape(message)):

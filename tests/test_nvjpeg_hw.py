@@ -159,7 +159,7 @@ def test_gpu_stage_hands_ring_rows_and_buffer_places_by_address():
     def stage(lib, decoders=2):
         s = GpuDecodeAugment([OnAStream(_decoder(lib)) for _ in range(decoders)], device=torch.device("cpu"),
                              image_size=16, mean=MEAN, std=STD, dtype=torch.float32, channels_last=False,
-                             max_pixels=10**8)
+                             max_pixels=10**8, buffer_bytes=1 << 20)
         assert s.job_images == NvJpegHwDecoder.job_images
         return s
 

@@ -162,3 +162,36 @@ def test_info_names_the_workers_cpus_as_ranges():
         assert line == "all (fewer than 8 in the mask)"
     else:
         assert line.startswith(_ranges(kept) + " (")
+
+
+def test_gpu_memory_budget():
+    # batch 256 at 224, float32: 154 MB an output batch, 5 in flight with prefetch depth 2; 201 MB a buffer
+    m = placement.gpu_memory(batch_size=256, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=True)
+    assert (m.batch_bytes, m.batches, m.buffer_bytes) == (256 * 3 * 224 * 224 * 4, 5, 256 * 3 * 512 * 512)
+    assert m.total == 2 * m.buffer_bytes + 5 * m.batch_bytes
+    assert placement.gpu_memory(batch_size=256, image_size=224, itemsize=2, prefetch_depth=2,
+                                gpu_decode=False).total == 5 * 256 * 3 * 224 * 224 * 2  # CPU decode: outputs only
+    capped = placement.gpu_memory(batch_size=256, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=True,
+                                  max_gpu_memory=1 << 30)
+    assert capped.total <= 1 << 30 and capped.buffer_bytes == ((1 << 30) - 5 * m.batch_bytes) // 2
+    with pytest.raises(ValueError, match=r"max_gpu_memory=100000000 leaves no room to decode"):
+        placement.gpu_memory(batch_size=256, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=True,
+                             max_gpu_memory=100_000_000)
+
+
+def test_images_larger_than_a_decode_buffer_stay_on_the_cpu(tmp_path):
+    from gpufeed.augment.params import AugmentSpec
+    from gpufeed.sources import FileSource
+    from gpufeed.workers import PipelineSpec
+    from tests.corpus import jpeg
+
+    data = jpeg(200, 100)
+    spec = PipelineSpec(FileSource([], []), AugmentSpec(), 10**8, gpu_bytes_capacity=1 << 20,
+                        gpu_buffer_bytes=200 * 100 * 3)
+    assert placement.gpu_may_take(spec, data, (200, 100, True), 1)
+    assert not placement.gpu_may_take(spec, data, (201, 100, True), 1)
+    assert not placement.gpu_may_take(spec, data, (200, 100, False), 1)  # not for libjpeg-turbo's RGB path
+    assert not placement.gpu_may_take(spec, data, (200, 100, True), 6)  # EXIF-rotated
+    val = PipelineSpec(FileSource([], []), AugmentSpec(train=False), 10**8, gpu_bytes_capacity=1 << 20,
+                       gpu_buffer_bytes=1 << 20)
+    assert not placement.gpu_may_take(val, data, (200, 100, True), 1)  # validation: resize + crop on the CPU

@@ -32,7 +32,8 @@ def coloured(tmp_path):
 
 def pool_spec(src, capacity=1 << 20, size=16, **kw):
     """A GPU-path spec (``capacity`` > 0: JPEGs stay encoded) at image size ``size``."""
-    return PipelineSpec(src, AugmentSpec(image_size=size, resize_size=size), 10**8, gpu_bytes_capacity=capacity, **kw)
+    return PipelineSpec(src, AugmentSpec(image_size=size, resize_size=size), 10**8, gpu_bytes_capacity=capacity,
+                        gpu_buffer_bytes=1 << 20, **kw)
 
 
 def _pool_batch(root, capacity=1 << 20, size=16, cpu_rows=0):

@@ -96,7 +96,10 @@ class ImageLoader:
     decoders ("auto": ``placement.ShareControl``); ``loader.stats["cpu_share"]`` gives the current value.
     On the GPU path the workers stay off a few physical cores (``loader.worker_cpus``;
     ``placement.worker_cpus``), so that the threads feeding the GPU decoders and the training loop never
-    wait for a core. The settings are kept, grouped and validated, in ``loader.augment``,
+    wait for a core. ``max_gpu_memory`` (bytes) caps what the loader holds on the GPU: its decode buffers and
+    output batches are sized at construction (``placement.gpu_memory``, ``loader.stats["gpu_memory_budget"]``)
+    and never grow; batches that need more go through in slices. The settings are kept, grouped and
+    validated, in ``loader.augment``,
     ``loader.normalize``, ``loader.decoding`` and ``loader.errors``.
     """
 
@@ -125,11 +128,13 @@ class ImageLoader:
         exif_orientation: bool = False,
         sample_timeout: float | None = None,
         cpu_share: float | str = "auto",
+        max_gpu_memory: int | None = None,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         self.decoding = DecodeOptions(decode=decode, cpu_share=cpu_share, num_workers=num_workers,
-                                      prefetch_depth=prefetch_depth, exif_orientation=exif_orientation)
+                                      prefetch_depth=prefetch_depth, exif_orientation=exif_orientation,
+                                      max_gpu_memory=max_gpu_memory)
         self.errors = ErrorPolicy(on_error=on_error, max_pixels=max_pixels, sample_timeout=sample_timeout)
         self.device = resolve_device(device)
         self.normalize = Normalize(mean=tuple(mean), std=tuple(std), dtype=dtype, channels_last=channels_last)
@@ -145,9 +150,13 @@ class ImageLoader:
         self.num_workers = num_workers or placement.default_num_workers(local_ranks)
         gpu_decoders, self.decode_reason = placement.create_gpu_decoders(decode, self.device)
         gpu_path = gpu_decoders is not None
+        self.gpu_memory = placement.gpu_memory(
+            batch_size=batch_size, image_size=image_size, itemsize=torch.empty((), dtype=dtype).element_size(),
+            prefetch_depth=prefetch_depth, gpu_decode=gpu_path, max_gpu_memory=max_gpu_memory)
         self.spec = PipelineSpec(source=self.source, augment=self.augment, max_pixels=max_pixels,
                                  gpu_bytes_capacity=placement.GPU_BYTES_CAPACITY if gpu_path else 0,
-                                 on_error=on_error, exif_orientation=exif_orientation)
+                                 gpu_buffer_bytes=self.gpu_memory.buffer_bytes, on_error=on_error,
+                                 exif_orientation=exif_orientation)
         self.worker_cpus = placement.worker_cpus(gpu_path, local_ranks)
         self._skips = SkipLog()
         self.batch_indices: list[int] = []  # the source indices of the batch last yielded
@@ -156,7 +165,8 @@ class ImageLoader:
         if gpu_path:
             self._gpu_stage = GpuDecodeAugment(
                 gpu_decoders, device=self.device, image_size=image_size, mean=mean, std=std, dtype=dtype,
-                channels_last=channels_last, max_pixels=max_pixels, skips=skips)
+                channels_last=channels_last, max_pixels=max_pixels, buffer_bytes=self.gpu_memory.buffer_bytes,
+                skips=skips)
             self.decode_backend = self._gpu_stage.name
             transform, on_issued = _Decoded(self._gpu_stage), None  # the stage releases each slot itself
         else:
@@ -216,7 +226,8 @@ class ImageLoader:
     def stats(self) -> dict[str, Any]:
         """Which backend decoded how many images so far (GPU path) and why this backend, the CPU share, the
         CPUs the workers run on (None: all of this process's), whether the batch ring is page-locked for
-        CUDA copies (None before the workers start); under ``on_error="skip"`` the number of skipped samples,
+        CUDA copies (None before the workers start), the GPU memory budget in bytes (``placement.gpu_memory``;
+        0 for a CPU device); under ``on_error="skip"`` the number of skipped samples,
         (path, reason) for the first 10,000, and how many samples stood in for them (``repeated``)."""
         by = dict(self._gpu_stage.decoded_by) if self._gpu_stage is not None else {}
         pool = self._scheduler.pool
@@ -224,6 +235,7 @@ class ImageLoader:
                 "cpu_share": round(self._share.value, 3),
                 "worker_cpus": sorted(self.worker_cpus) if self.worker_cpus is not None else None,
                 "ring_page_locked": pool.page_locked if pool is not None else None,
+                "gpu_memory_budget": self.gpu_memory.total if self.device.type == "cuda" else 0,
                 "skipped_count": self._skips.total, "skipped": list(self._skips.listed),
                 "repeated": self._skips.repeated}
 

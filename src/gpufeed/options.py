@@ -22,7 +22,8 @@ class DecodeOptions:
     ``decode``: one of ``placement.DECODE_CHOICES``; ``cpu_share``: "auto" or the fixed fraction of each
     GPU-path batch the CPU workers decode; ``num_workers``: worker processes (None: this process's usable
     cores shared among the node's ranks); ``prefetch_depth``: batches on the device ahead of the consumer;
-    ``exif_orientation``: apply EXIF rotation before cropping.
+    ``exif_orientation``: apply EXIF rotation before cropping; ``max_gpu_memory``: bytes of GPU memory the
+    loader may hold (None: sized from the batch, ``placement.gpu_memory``).
     """
 
     decode: str = "auto"
@@ -30,6 +31,7 @@ class DecodeOptions:
     num_workers: int | None = None
     prefetch_depth: int = 2
     exif_orientation: bool = False
+    max_gpu_memory: int | None = None
 
     def __post_init__(self) -> None:
         if self.decode not in DECODE_CHOICES:
@@ -39,6 +41,8 @@ class DecodeOptions:
             raise ValueError(f"num_workers must be >= 1 or None, got {self.num_workers}")
         if not isinstance(self.prefetch_depth, int) or self.prefetch_depth < 1:
             raise ValueError(f"prefetch_depth must be an integer >= 1, got {self.prefetch_depth!r}")
+        if self.max_gpu_memory is not None and (not isinstance(self.max_gpu_memory, int) or self.max_gpu_memory < 1):
+            raise ValueError(f"max_gpu_memory must be a number of bytes >= 1 or None, got {self.max_gpu_memory!r}")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ lives here, once, with its reason; the loader, the workers, the GPU stage and ``
 
 - which GPU decoder, if any (``create_gpu_decoders``), chosen once at construction;
 - how many worker processes (``default_num_workers``) and which CPUs they run on (``worker_cpus``);
-- which files go to the GPU at all (``GPU_BYTES_CAPACITY``; the structural check is ``decode.jpeg_check``);
+- which samples go to the GPU at all (``gpu_may_take``), and the GPU memory the loader holds
+  (``gpu_memory``);
 - what share of each GPU-path batch the CPU workers decode (``ShareControl``) and which samples of a
   chunk that share takes (``cheapest_on_cpu``, from the cost model ``cpu_cost`` / ``engine_cost``).
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from .augment.params import CropBox
+    from .workers.chunks import PipelineSpec
 
 __all__ = ["DECODE_CHOICES", "GPU_BYTES_CAPACITY", "KEPT_CORES", "Candidate", "ShareControl", "cheapest_on_cpu",
            "cpu_cost", "create_gpu_decoders", "default_num_workers", "engine_cost", "worker_cpus"]
@@ -43,6 +45,10 @@ GPU_BYTES_CAPACITY = 2 * 1024 * 1024
 # which then never wait for a core (+2-7% loader-only at the same share, ResNet-18 77.6% of its own rate
 # against 69.6%: BENCHMARKS.md#cores-kept-from-the-workers). At most a quarter of the cores; none under 8.
 KEPT_CORES = 3
+
+# Decoded pixels per image each GPU decode buffer is sized for: ImageNet's training JPEGs average about
+# 400 x 350 (most are 500 x 375 or smaller); a batch of larger images goes through in slices, never a bigger buffer.
+BUFFER_PIXELS_PER_IMAGE = 512 * 512
 
 # The NVJPG engines' cost per JPEG is 0.28 ns per byte + 10.2 us per image on the H200 (pixels barely count):
 # the per-image part is worth this many bytes (BENCHMARKS.md#engine-cost-per-jpeg).
@@ -112,6 +118,55 @@ def _torchvision(device: "torch.device") -> tuple[list, str]:
 
 
 _MAKERS = {"nvjpeg": _nvjpeg, "nvimgcodec": _nvimgcodec, "torchvision": _torchvision}
+
+
+def gpu_may_take(spec: "PipelineSpec", data: bytes, header: tuple[int, int, bool], orientation: int) -> bool:
+    """Whether a GPU decoder may take a sample; the CPU workers finish all others. Not: validation samples
+    (the CPU reproduces torchvision's resize + centre crop pixel for pixel, BENCHMARKS.md#validation-crops;
+    validation passes are short), files libjpeg-turbo cannot decode to RGB (not JPEG, CMYK), EXIF-rotated
+    ones when rotation is on, files over ``spec.gpu_bytes_capacity``, images larger decoded than a decode
+    buffer (``spec.gpu_buffer_bytes``), and files that fail the structural check (truncated, corrupt,
+    progressive: GPU decoders fill damage in silently; ``decode.jpeg_check``)."""
+    from .decode.jpeg_check import gpu_safe_jpeg
+
+    width, height, fast = header
+    return (spec.augment.train and fast and orientation == 1 and len(data) <= spec.gpu_bytes_capacity
+            and width * height * 3 <= spec.gpu_buffer_bytes and gpu_safe_jpeg(data))
+
+
+class GpuMemory(NamedTuple):
+    """The loader's GPU memory: two decode buffers of ``buffer_bytes`` (GPU decode only; allocated at
+    construction) and ``batches`` output batches of ``batch_bytes`` in flight; ``total``, all of it."""
+
+    buffer_bytes: int
+    batch_bytes: int
+    batches: int
+
+    @property
+    def total(self) -> int:
+        return 2 * self.buffer_bytes + self.batches * self.batch_bytes
+
+
+def gpu_memory(*, batch_size: int, image_size: int, itemsize: int, prefetch_depth: int, gpu_decode: bool,
+               max_gpu_memory: int | None = None) -> GpuMemory:
+    """The GPU budget: output batches of (B, 3, S, S) x ``itemsize`` bytes, as many as can be in flight
+    (``prefetch_depth`` queued, one being made, the consumer's, the one it just let go); with GPU decode two
+    buffers of B x 3 x ``BUFFER_PIXELS_PER_IMAGE`` bytes each, or, under ``max_gpu_memory``, what it leaves
+    for them. Nothing the loader allocates on the GPU grows past it."""
+    batch = batch_size * 3 * image_size * image_size * itemsize
+    batches = prefetch_depth + 3
+    if not gpu_decode:
+        buffer = 0
+    elif max_gpu_memory is None:
+        buffer = batch_size * 3 * max(image_size * image_size, BUFFER_PIXELS_PER_IMAGE)
+    else:
+        buffer = (max_gpu_memory - batches * batch) // 2
+        least = image_size * image_size * 3
+        if buffer < least:
+            raise ValueError(f"max_gpu_memory={max_gpu_memory} leaves no room to decode: {batches} output batches take "
+                             f"{batches * batch} bytes and each decode buffer needs at least {least}; allow at "
+                             f"least {batches * batch + 2 * least} or lower batch_size or prefetch_depth")
+    return GpuMemory(buffer, batch, batches)
 
 
 def default_num_workers(local_world_size: int = 1) -> int:

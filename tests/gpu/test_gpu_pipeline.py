@@ -103,19 +103,36 @@ def test_odd_images_in_a_gpu_batch_fall_back_to_the_cpu(tmp_path, decode):
 
 
 @pytest.mark.parametrize("decode, share", [("gpu", "auto"), ("nvimgcodec", 0.0), ("nvjpeg", 0.0)])
-def test_gpu_memory_flat_across_epochs(synth, decode, share):
+def test_gpu_memory_is_fixed_from_the_first_epoch(synth, decode, share):
+    """20 epochs: what the loader holds on the GPU after epoch 1 is what it holds at the end (within 16 MB),
+    and within the budget it reports."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
     loader = _gpu_loader(synth, decode, batch_size=32, num_workers=2, cpu_share=share)
     reserved = []
     for _ in range(20):
         for x, y in loader:
             pass
+        del x, y
         torch.cuda.synchronize()
-        reserved.append(torch.cuda.memory_reserved())
-    # No leak: after two epochs at most one more output batch may be cached (when a freed batch's
-    # consumer stream has not yet passed it, record_stream keeps it from the next allocation).
-    out_bytes = 32 * 3 * 224 * 224 * 4
-    assert max(reserved[2:]) - reserved[2] <= out_bytes + (2 << 20), reserved
+        reserved.append(torch.cuda.memory_reserved() - before)
+    assert max(reserved) - min(reserved) <= 16 << 20, reserved
+    assert max(reserved) <= loader.stats["gpu_memory_budget"], (reserved, loader.stats["gpu_memory_budget"])
     loader.close()
+
+
+def test_a_small_gpu_memory_budget_slices_batches_and_changes_nothing_else(synth):
+    kw = dict(batch_size=32, num_workers=2, seed=4, cpu_share=0.0)
+    roomy = _gpu_loader(synth, "gpu", **kw)
+    tight = _gpu_loader(synth, "gpu", max_gpu_memory=roomy.gpu_memory.batches * roomy.gpu_memory.batch_bytes
+                        + 2 * (4 << 20), **kw)  # two 4 MB decode buffers: each batch in several slices
+    assert tight.gpu_memory.buffer_bytes == 4 << 20 and tight.stats["gpu_memory_budget"] < roomy.stats["gpu_memory_budget"]
+    compared = 0
+    for (xa, ya), (xb, yb) in zip(roomy, tight, strict=True):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+        compared += 1
+    assert compared == 3
+    roomy.close(), tight.close()
 
 
 @pytest.mark.parametrize("decode", ENGINE_PATHS)

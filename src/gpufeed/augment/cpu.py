@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
+from PIL import Image
 
 from ..decode.exif import apply_orientation
-from .params import CropBox
+from .params import CropBox, ResizeCrop
 
 if TYPE_CHECKING:
     from ..decode.cpu import CpuDecoder
@@ -130,3 +131,23 @@ def decode_box_rows_into(decoder: "CpuDecoder", data: bytes, path: str, box: Cro
         return None
     width, height, x = done
     return width, height, x, y0 - top, x1 - x0, y1 - y0
+
+
+def decode_resize_crop_into(decoder: "CpuDecoder", data: bytes, path: str, geometry: ResizeCrop, size: tuple[int, int],
+                            fast: bool, out: np.ndarray, orientation: int = 1) -> None:
+    """Validation: decode ``data`` (a ``size`` = (width, height) image as displayed after ``orientation``) and
+    write into ``out`` ((S, S, 3) uint8) what torchvision's ``Resize`` + ``CenterCrop`` give on the PIL
+    image: Pillow's antialiased bilinear resize to ``geometry``'s extent, then its crop. Only the crop's
+    area is resampled (Pillow's ``box``: the same source footprint and filter, so the same pixels). Plain
+    JPEGs may first shrink in the DCT domain where at least 2x is left for the resize
+    (BENCHMARKS.md#validation-crops)."""
+    width, height = size
+    s = out.shape[0]
+    reduce = 1
+    if fast and orientation == 1:
+        shrink = min(width / geometry.width, height / geometry.height)
+        reduce = next((k for k in (8, 4, 2) if shrink >= 2 * k), 1)
+    image = apply_orientation(decoder.decode(data, path, fast=fast, reduce=reduce), orientation)
+    sx, sy = image.shape[1] / geometry.width, image.shape[0] / geometry.height
+    box = (geometry.left * sx, geometry.top * sy, (geometry.left + s) * sx, (geometry.top + s) * sy)
+    out[:] = np.asarray(Image.fromarray(image).resize((s, s), Image.BILINEAR, box=box))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -65,19 +66,49 @@ class Normalize:
         return out if self.dtype == torch.float32 else out.to(self.dtype)  # .to keeps the memory format
 
     def _on_cpu(self, a: np.ndarray, scale: np.ndarray, shift: np.ndarray) -> torch.Tensor:
-        """(B, H, W, 3) uint8 -> float32 (B, 3, H, W) in the asked layout, with NumPy: the uint8 transpose and
-        one multiply-and-cast pass. torch's uint8 -> float32 copy was the slow part of the CPU device's
-        main process: 0.35 against 0.15 ms per 224 x 224 image (one thread, 2-core development machine),
-        and it ran on both cores, beside the two workers."""
-        if self.channels_last:  # scale and shift tiled along each row of W pixels x 3 channels
-            rows = a.reshape(-1, a.shape[2] * 3)
-            out = np.multiply(rows, np.tile(scale, a.shape[2]), dtype=np.float32)
-            out += np.tile(shift, a.shape[2])
-            return torch.from_numpy(out.reshape(a.shape)).permute(0, 3, 1, 2)
-        out = np.multiply(np.ascontiguousarray(a.transpose(0, 3, 1, 2)), scale.reshape(1, 3, 1, 1), dtype=np.float32)
-        out += shift.reshape(1, 3, 1, 1)
-        return torch.from_numpy(out)
+        """(B, H, W, 3) uint8 -> float32 (B, 3, H, W) in the asked layout, with NumPy, each image in one
+        multiply-and-cast pass written straight into the new batch, the images split over threads (as many
+        as ``torch.get_num_threads()``; NumPy releases the GIL): a CPU device's batches are normalised on
+        every core the process may use, not in one thread while the workers wait
+        (BENCHMARKS.md#cpu-only-machines)."""
+        b, h, w, _ = a.shape
+        if self.channels_last:  # NHWC, scale and shift tiled along each row of W pixels x 3 channels
+            out = np.empty(a.shape, np.float32)
+            scale, shift = np.tile(scale, w), np.tile(shift, w)
+            src, dst = a.reshape(b, h, w * 3), out.reshape(b, h, w * 3)
+        else:  # NCHW, each image read through its transposed view
+            out = np.empty((b, 3, h, w), np.float32)
+            scale, shift = scale.reshape(3, 1, 1), shift.reshape(3, 1, 1)
+            src, dst = a.transpose(0, 3, 1, 2), out
+
+        def images(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                np.multiply(src[i], scale, out=dst[i])
+                dst[i] += shift
+
+        _in_parallel(images, b)
+        tensor = torch.from_numpy(out)
+        return tensor.permute(0, 3, 1, 2) if self.channels_last else tensor
 
     def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = batch
         return self.images(images), labels
+
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _in_parallel(fn, n: int) -> None:
+    """``fn(lo, hi)`` over [0, n) split among ``torch.get_num_threads()`` threads (this thread takes a part)."""
+    global _pool
+    parts = max(1, min(n, torch.get_num_threads()))
+    bounds = [n * k // parts for k in range(parts + 1)]
+    if parts == 1:
+        fn(0, n)
+        return
+    if _pool is None or _pool._max_workers < parts - 1:
+        _pool = ThreadPoolExecutor(parts - 1, thread_name_prefix="gpufeed-normalize")
+    futures = [_pool.submit(fn, bounds[k], bounds[k + 1]) for k in range(1, parts)]
+    fn(bounds[0], bounds[1])
+    for f in futures:
+        f.result()

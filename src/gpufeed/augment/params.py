@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 _MASK = (1 << 64) - 1
 
@@ -50,16 +51,25 @@ class CropBox:
     flip: bool = False
 
 
+class ResizeCrop(NamedTuple):
+    """Validation geometry: the whole image resized to ``width`` x ``height``, then the square crop at
+    (``left``, ``top``) of that resized image."""
+
+    width: int
+    height: int
+    left: int
+    top: int
+
+
 @dataclass(frozen=True)
 class AugmentSpec:
     """How training and validation samples become ``image_size`` squares.
 
-    Train: RandomResizedCrop with torchvision's parameter distribution
+    Train (``draw``): RandomResizedCrop with torchvision's parameter distribution
     (area ``scale``, log-uniform aspect ``ratio``, 10 tries, then the central
     fallback) and a horizontal flip with probability ``hflip``.
-    Validation: resize the shorter side to ``resize_size``, centre-crop
-    ``image_size``, expressed as one box in source coordinates (one resampling
-    instead of two).
+    Validation (``resize_crop``): torchvision's ``Resize(resize_size)`` then
+    ``CenterCrop(image_size)``, with their rounding.
     """
 
     train: bool = True
@@ -82,25 +92,23 @@ class AugmentSpec:
             raise ValueError(f"hflip must be in [0, 1], got {self.hflip}")
 
     def draw(self, width: int, height: int, *, seed: int, epoch: int, index: int) -> CropBox:
-        """The crop box for sample ``index`` of ``epoch`` in an image of ``width`` x ``height``."""
+        """The training crop box for sample ``index`` of ``epoch`` in an image of ``width`` x ``height``."""
         if not self.train:
-            return self._centre(width, height)
+            raise ValueError("validation samples are resized and centre-cropped (resize_crop), not cropped by a box")
         rnd = SampleRandom(seed, epoch, index)
         x, y, w, h = random_resized_crop(width, height, self.scale, self.ratio, rnd)
         return CropBox(x, y, w, h, flip=rnd.uniform() < self.hflip)
 
-    def _centre(self, width: int, height: int) -> CropBox:
-        # torchvision Resize(resize_size) then CenterCrop(image_size), mapped back to source pixels.
+    def resize_crop(self, width: int, height: int) -> ResizeCrop:
+        """Where ``Resize(resize_size)`` + ``CenterCrop(image_size)`` take a ``width`` x ``height`` image:
+        the shorter side to ``resize_size``, the longer truncated as torchvision computes it, the crop's
+        offsets rounded as ``CenterCrop`` rounds them."""
         short, long = min(width, height), max(width, height)
         new_short, new_long = self.resize_size, int(self.resize_size * long / short)
         new_w, new_h = (new_short, new_long) if width <= height else (new_long, new_short)
-        sx, sy = width / new_w, height / new_h
-        top = int(round((new_h - self.image_size) / 2.0))
         left = int(round((new_w - self.image_size) / 2.0))
-        x, y = int(round(left * sx)), int(round(top * sy))
-        w = max(1, min(width - x, int(round(self.image_size * sx))))
-        h = max(1, min(height - y, int(round(self.image_size * sy))))
-        return CropBox(x, y, w, h, flip=False)
+        top = int(round((new_h - self.image_size) / 2.0))
+        return ResizeCrop(new_w, new_h, left, top)
 
 
 def random_resized_crop(

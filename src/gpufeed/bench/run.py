@@ -14,6 +14,7 @@ busy and memory of its own GPU, host memory of its own process tree).
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -84,6 +85,15 @@ def _summed(value: float, device: torch.device) -> float:
     return float(t.item())
 
 
+def _largest(value: float, device: torch.device) -> float:
+    """The largest ``value`` over the ranks (itself without a process group)."""
+    if _ranks()[1] == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return float(t.item())
+
+
 def _together() -> None:
     """All ranks reach this point before any goes on (epochs start together)."""
     if _ranks()[1] > 1:
@@ -129,12 +139,18 @@ def measure_ceiling(step: Callable, batch_size: int, device: torch.device, monit
     for _ in range(10):
         step(images, labels)
     torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        step(images, labels)
+    torch.cuda.synchronize(device)
+    # about 5 s of steps, at least 30; under DDP the same count on every rank (a step's all-reduce pairs up
+    # across ranks: a time limit would leave one rank waiting for a step the others never take)
+    steps = int(_largest(max(30.0, math.ceil(5.0 / ((time.perf_counter() - t0) / 10))), device))
     _together()
     monitor.start()
-    steps, t0 = 0, time.perf_counter()
-    while steps < 30 or time.perf_counter() - t0 < 5.0:
+    t0 = time.perf_counter()
+    for _ in range(steps):
         step(images, labels)
-        steps += 1
     torch.cuda.synchronize(device)
     dt = time.perf_counter() - t0
     monitor.stop()

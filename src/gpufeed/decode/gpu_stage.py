@@ -23,8 +23,12 @@ calls returned and the copies ran: ``finish`` calls ``batch.release()`` after qu
 records the slot's event on the side stream.
 
 A pre-cropped image enters the kernel as an S x S image with box (0, 0, S, S), which the kernel copies
-exactly while normalising. Batches whose images together exceed ``max_batch_pixels`` go through in
-consecutive slices, so decode memory stays bounded.
+exactly while normalising.
+
+Memory: the two decode buffers (``buffer_bytes`` each) are allocated at construction and never grow; a
+batch whose images need more goes through in consecutive slices, and no image larger than a buffer comes
+here (``placement.gpu_may_take``). With the output batches in flight that is the loader's whole GPU
+budget (``placement.gpu_memory_budget``).
 """
 
 from __future__ import annotations
@@ -47,17 +51,14 @@ from .cpu import CpuDecoder
 if TYPE_CHECKING:
     from ..schedule import HostBatch
 
-DEFAULT_MAX_BATCH_PIXELS = 256 * 1024 * 1024
-
-
-def _slices(sizes: Sequence[tuple[int, int]], budget: int) -> list[range]:
-    """Consecutive ranges of samples whose (w, h) pixels together stay within ``budget`` (at least one each)."""
+def _slices(sizes: Sequence[int], budget: int) -> list[range]:
+    """Consecutive ranges of samples whose sizes together stay within ``budget`` (at least one each)."""
     out, start, acc = [], 0, 0
-    for i, (w, h) in enumerate(sizes):
-        if i > start and acc + w * h > budget:
+    for i, n in enumerate(sizes):
+        if i > start and acc + n > budget:
             out.append(range(start, i))
             start, acc = i, 0
-        acc += w * h
+        acc += n
     out.append(range(start, len(sizes)))
     return out
 
@@ -66,24 +67,27 @@ class GpuDecodeAugment:
     """HostBatch (GPU path) -> ((B, 3, S, S) ``dtype`` normalised on ``device``, (B,) int64 labels).
 
     ``decoders``: one or more ``GpuDecoder``; with several, each decodes a part of every batch from its
-    own thread on its own CUDA stream. ``skips``: None, a file no decoder reads raises ``DecodeError``;
-    else it is recorded there and another image of the batch stands in for it (``stand_ins``).
+    own thread on its own CUDA stream. ``buffer_bytes``: each of the two decode buffers (allocated now).
+    ``skips``: None, a file no decoder reads raises ``DecodeError``; else it is recorded there and another
+    image of the batch stands in for it (``stand_ins``).
     """
 
     def __init__(self, decoders: Sequence[GpuDecoder], *, device: torch.device, image_size: int, mean, std,
-                 dtype: torch.dtype, channels_last: bool, max_pixels: int,
-                 max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS, skips: SkipLog | None = None) -> None:
+                 dtype: torch.dtype, channels_last: bool, max_pixels: int, buffer_bytes: int,
+                 skips: SkipLog | None = None) -> None:
         self.decoders = list(decoders)
         self.name = self.decoders[0].name
         self.job_images = self.decoders[0].job_images
         self.cpu = CpuDecoder(max_pixels=max_pixels)
         self.device, self.size, self.dtype, self.channels_last = device, image_size, dtype, channels_last
         self.scale, self.shift = normalize_constants(mean, std)
-        self.max_batch_pixels = max_batch_pixels
+        if buffer_bytes < image_size * image_size * 3:
+            raise ValueError(f"buffer_bytes must hold one {image_size} x {image_size} x 3 image, got {buffer_bytes}")
+        self.buffer_bytes = buffer_bytes
         self.skips = skips
         self.decoded_by: collections.Counter = collections.Counter()  # "gpu:<name>", "cpu" -> images
         self._device = (_Cuda if device.type == "cuda" else _Host)(self.decoders, device, self.scale, self.shift)
-        self._flats: list[torch.Tensor | None] = [None, None]
+        self._flats = [torch.empty(buffer_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
         self._turn = 0
 
     def __call__(self, batch: "HostBatch") -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,21 +97,29 @@ class GpuDecodeAugment:
         """Lay the batch out in a decode buffer, queue its CPU-filled pixels' copies and hand its JPEGs to
         the decoder threads; returns at once (on CUDA). ``finish`` completes it: the Prefetcher starts
         batch k+1 before it finishes batch k, so the decoders always have the next batch queued. A batch
-        over ``max_batch_pixels`` goes through in slices here, synchronously."""
+        over ``buffer_bytes`` goes through in slices here, synchronously."""
         s, meta = self.size, batch.slot.meta
-        encoded = meta[:, Meta.KIND] == KIND_BYTES
+        kind = meta[:, Meta.KIND]
+        encoded = kind == KIND_BYTES
         # decoded extents: the header's for encoded samples and the rows' for CPU-decoded rows; S x S pre-cropped
-        sized = meta[:, Meta.KIND] != KIND_PIXELS
+        sized = kind != KIND_PIXELS
         heights = np.where(sized, meta[:, Meta.HEIGHT], s)
         widths = np.where(sized, meta[:, Meta.WIDTH], s)
+        # what the CPU filled, in each sample's pixel room: pre-cropped S x S x 3, or the crop's decoded rows;
+        # each sample's place in the buffer: encoded images get at least S x S x 3 bytes, so a GPU refusal
+        # cropped on the CPU fits in its place
+        px = s * s * 3
+        filled = np.where(kind == KIND_ROWS, meta[:, Meta.LENGTH], px)
+        room = np.where(encoded, np.maximum(heights * widths * 3, px), filled)
         started = _Started(batch)
-        parts = _slices(list(zip(widths.tolist(), heights.tolist())), self.max_batch_pixels)
+        parts = _slices(room.tolist(), self.buffer_bytes)
         try:
             for k, r in enumerate(parts):
                 if k:  # the previous slice is finished (kernel queued) before its buffer is reused
                     self._complete(started)
-                started.part = self._prepare(batch, r, encoded[r.start : r.stop], heights[r.start : r.stop],
-                                             widths[r.start : r.stop], turn=k == 0)
+                sl = slice(r.start, r.stop)
+                started.part = self._prepare(batch, r, encoded[sl], heights[sl], widths[sl], filled[sl], room[sl],
+                                             turn=k == 0)
                 started.decoding = self._submit_decode(batch, started.part)
         except BaseException:  # no finish will come: let the decoders stop reading, then hand the batch back
             if started.decoding:
@@ -157,20 +169,16 @@ class GpuDecodeAugment:
                             started.out[part.r.start : part.r.stop])
 
     def _prepare(self, batch: "HostBatch", r: range, encoded: np.ndarray, h: np.ndarray, w: np.ndarray,
-                 turn: bool) -> "_Part":
-        """Samples ``r`` of ``batch`` laid out in a decode buffer (local row j is sample r.start + j), the
-        kernel's table, and the copies of what the CPU filled (pre-cropped pixels, decoded rows) queued.
-        ``turn``: take the other buffer than last time (the previous batch's kernel may not have run yet)."""
-        s, px = self.size, self.size * self.size * 3
+                 filled: np.ndarray, room: np.ndarray, turn: bool) -> "_Part":
+        """Samples ``r`` of ``batch`` laid out in a decode buffer in batch order (local row j is sample
+        r.start + j, ``room[j]`` bytes), the kernel's table, and the copies of what the CPU filled (``filled``
+        bytes: pre-cropped pixels, decoded rows) queued. ``turn``: take the other buffer than last time (the
+        previous batch's kernel may not have run yet)."""
+        s = self.size
         local = np.arange(len(r))
         meta = batch.slot.meta[r.start : r.stop]
         host, enc = local[~encoded], local[encoded]
         pre = local[meta[:, Meta.KIND] == KIND_PIXELS]
-        # what the CPU filled, in each sample's pixel room: pre-cropped S x S x 3, or the crop's decoded rows
-        filled = np.where(meta[:, Meta.KIND] == KIND_ROWS, meta[:, Meta.LENGTH], px)
-        # In batch order, as in the slot; encoded images get at least S x S x 3 bytes, so a GPU refusal
-        # cropped on the CPU fits in its place.
-        room = np.where(encoded, np.maximum(h * w * 3, px), filled)
         offset = np.concatenate([[0], np.cumsum(room)[:-1]])
         flat = self._buffer(int(room.sum()), turn)
         table = np.empty((len(r), 8), np.int64)  # the kernel's (offset, h, w, box x, y, w, h, flip) per sample
@@ -218,20 +226,13 @@ class GpuDecodeAugment:
         self.decoded_by["cpu"] += 1
 
     def _buffer(self, nbytes: int, turn: bool) -> torch.Tensor:
-        """One of two decode buffers, taken in turn, so a batch decodes while the previous one's kernel is
-        still to run; each is reused every other batch (stream order keeps a batch's decode after the last
-        kernel that read that buffer), so GPU memory stays flat however the batches' sizes vary. Each grows
-        to the largest batch seen, with room to spare, and never shrinks."""
+        """The first ``nbytes`` of one of the two decode buffers, taken in turn, so a batch decodes while the
+        previous one's kernel is still to run; each is reused every other batch (stream order keeps a
+        batch's decode after the last kernel that read that buffer)."""
         self._device.order_buffers()
         if turn:
             self._turn ^= 1
-        k = self._turn
-        if self._flats[k] is None or self._flats[k].numel() < nbytes:
-            self._flats[k] = None  # free the old one first
-            grain = 32 << 20
-            self._flats[k] = torch.empty(-(-int(nbytes * 1.5) // grain) * grain, dtype=torch.uint8,
-                                         device=self.device)
-        return self._flats[k][:nbytes]
+        return self._flats[self._turn][:nbytes]
 
     def _submit_decode(self, batch: "HostBatch", part: "_Part") -> list[Future]:
         """Queue the decode of the part's encoded samples into its buffer (local row j as an (h, w, 3) uint8

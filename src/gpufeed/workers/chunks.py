@@ -17,13 +17,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..augment.cpu import decode_box_into, decode_box_rows_into
+from ..augment.cpu import decode_box_into, decode_box_rows_into, decode_resize_crop_into
 from ..augment.params import AugmentSpec, CropBox
 from ..decode.base import DecodeError
 from ..decode.cpu import CpuDecoder
 from ..decode.exif import read_orientation, swaps_axes
-from ..decode.jpeg_check import gpu_safe_jpeg
-from ..placement import Candidate, cheapest_on_cpu
+from ..placement import Candidate, cheapest_on_cpu, gpu_may_take
 from ..ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, Ring
 from ..sources.base import Source
 from .records import Failure, Progress, Task
@@ -37,6 +36,7 @@ class PipelineSpec:
     augment: AugmentSpec
     max_pixels: int
     gpu_bytes_capacity: int = 0  # > 0: leave JPEGs encoded for GPU decode, up to this many bytes each
+    gpu_buffer_bytes: int = 0  # a GPU decode buffer's size: larger decoded images are finished here
     on_error: str = "raise"  # "raise": stop at the first bad sample; "skip": report it and go on
     exif_orientation: bool = False  # apply EXIF orientation (default: ignore it, as torchvision does)
 
@@ -59,6 +59,10 @@ def _finish_on_cpu(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: in
         orientation = read_orientation(data) if spec.exif_orientation else 1
     if swaps_axes(orientation):
         width, height = height, width
+    if not spec.augment.train:
+        geometry = spec.augment.resize_crop(width, height)
+        decode_resize_crop_into(decoder, data, path, geometry, (width, height), fast, out, orientation)
+        return
     box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
     decode_box_into(decoder, data, path, box, (width, height), fast, out, orientation)
 
@@ -91,12 +95,11 @@ class Inspected:
 
 def inspect_sample(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int) -> Inspected:
     """GPU path, first step: read sample ``index``, parse its header and decide whether a GPU decoder may
-    take it (none should take: not JPEG, CMYK, larger than the capacity, failing ``gpu_safe_jpeg``:
-    truncated, corrupt, progressive; or EXIF-rotated when rotation is on); draw its box if so."""
+    take it (``placement.gpu_may_take``); draw its box if so."""
     path, data = _read(spec, index)
     header = width, height, fast = decoder.header(data, path)
     orientation = read_orientation(data) if spec.exif_orientation else 1
-    gpu_ok = fast and orientation == 1 and len(data) <= spec.gpu_bytes_capacity and gpu_safe_jpeg(data)
+    gpu_ok = gpu_may_take(spec, data, header, orientation)
     box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index) if gpu_ok else None
     return Inspected(index, path, data, header, orientation, gpu_ok, box)
 

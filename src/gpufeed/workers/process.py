@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import os
 import pickle
+import signal
 import sys
 import threading
 from dataclasses import dataclass
@@ -53,7 +54,11 @@ class WorkerArgs:
 
 
 def run(args: WorkerArgs) -> None:
-    """Serve chunks until None arrives, or until the main process is gone."""
+    """Serve chunks until None arrives, or until the main process is gone. SIGTERM and SIGINT are ignored:
+    schedulers, torchrun and Ctrl-C send them to the whole process group, and the training process may be
+    finishing a step and saving a checkpoint; the workers go when it goes."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     _exit_with_parent(args.parent_alive)
     os.environ.update(SINGLE_THREADED)
     _lower_priority()
@@ -72,8 +77,6 @@ def run(args: WorkerArgs) -> None:
             failures = server.serve(task, args.progress) if task.generation == args.generation.value else []
             args.progress.clear()
             args.results.put(ChunkDone(task.generation, task.batch_id, task.chunk_id, failures))
-    except KeyboardInterrupt:
-        return
     finally:
         server.close()
 

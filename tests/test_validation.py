@@ -1,0 +1,68 @@
+"""Validation crops reproduce torchvision's Resize(256) + CenterCrop(224) + ToTensor + Normalize on the same
+files: landscape, portrait, square, smaller than the crop, and large enough for DCT-domain shrinking."""
+
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+from PIL import Image
+
+from gpufeed import ImageLoader
+from gpufeed.synth import synthetic_jpeg
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("val")
+    (root / "c").mkdir()
+    for i in range(24):
+        img = Image.open(io.BytesIO(synthetic_jpeg(np.random.default_rng([11, i]))[0])).convert("RGB")
+        kind = i % 6
+        if kind == 1:
+            img = img.transpose(Image.Transpose.ROTATE_90)  # portrait
+        elif kind == 2:
+            img = img.crop((0, 0, min(img.size), min(img.size)))  # square
+        elif kind == 3:
+            img = img.resize((img.width * 2 // 5, img.height * 2 // 5))  # smaller than the crop
+        elif kind == 4:
+            img = img.resize((img.width * 3, img.height * 3))  # large: shrunk in the DCT domain first
+        img.save(root / "c" / f"{i:02d}.jpg", quality=92)
+    return root
+
+
+def _psnr(a, b):
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return 10 * math.log10(255**2 / max(mse, 1e-12))
+
+
+def _torchvision(root):
+    t = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
+    return torch.stack([t(Image.open(p).convert("RGB")) for p in sorted((root / "c").glob("*.jpg"))])
+
+
+def _pixels(x):
+    m, s = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
+    return ((x.float().cpu() * s + m) * 255).numpy()
+
+
+def _scores(loader, reference):
+    (images, labels), = list(loader)
+    got, want = _pixels(images), _pixels(reference)
+    assert len(got) == len(want) == 24
+    return [_psnr(got[i], want[i]) for i in range(24)]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_validation_matches_torchvision(shapes, device):
+    ref = _torchvision(shapes)
+    with ImageLoader(shapes, train=False, batch_size=24, device=device, num_workers=2, drop_last=False) as loader:
+        scores = _scores(loader, ref)
+        if device == "cuda":
+            assert loader.decode_backend != "cpu"  # the GPU path, whose validation samples the CPU decodes
+    print(f"validation PSNR against torchvision, {device}: min {min(scores):.1f} median {np.median(scores):.1f} dB")
+    assert min(scores) >= 30.0 and np.median(scores) >= 38.0, sorted(scores)[:4]
