@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks and times, in one call: logs and JSON under $OUT, a short table last.
 #   bash benchmarks/gpu_machine.sh                      the GPU tests, decode backends, the sweep, gpufeed bench
-#   STEPS="tests bench" bash benchmarks/gpu_machine.sh  a subset, in this order: tests decode sweep bench cpu ab ddp
+#   STEPS="tests bench" bash benchmarks/gpu_machine.sh  a subset, in this order: tests ddp decode sweep bench cpu ab
 #   BASELINE=DIR STEPS=ab bash benchmarks/gpu_machine.sh
 #       gpufeed bench of another checkout (DIR/src, e.g. `git archive REV | tar -x -C DIR`) and of this one,
 #       alternating, ROUNDS times for loader only, ResNet-50 and ResNet-18: a change measured in one run.
@@ -32,6 +32,16 @@ python3 -m gpufeed synth $DATA --n 10000 --seed 0 > /dev/null
 if step tests; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests} > "$OUT/pytest.txt" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.txt" | tail -8
+fi
+if step ddp; then
+  G=$(nvidia-smi -L | wc -l)
+  for m in ${MODELS:-resnet50 resnet18}; do
+    for w in ${DDP_WORKERS:-$(( $(nproc) / G ))}; do
+      timeout ${DDP_TIMEOUT:-150} python3 -m torch.distributed.run --nproc_per_node=$G -m gpufeed bench --data $DATA \
+        --device cuda --workers $w --batch-size 256 --epochs ${EPOCHS:-4} --model $m \
+        --pipelines ${DDP_PIPES:-gpufeed-gpu} --json "$OUT/ddp-$m-w$w.json" >> "$OUT/ddp.txt" 2>&1
+    done
+  done
 fi
 step decode && { python3 benchmarks/decode_only.py $DATA; python3 benchmarks/overlap.py; } > "$OUT/decode.txt" 2>&1
 step sweep && timeout 300 python3 benchmarks/sweep.py $DATA ${SWEEP_ARGS:-} > "$OUT/sweep.txt" 2>&1
@@ -75,16 +85,6 @@ for (model, tree), v in sorted(rows.items()):
     ceil = "-" if v[0][1] is None else ", ".join(f"{100 * c:.1f}%" for _, c in v)
     print(f"| {model} | {tree} | {', '.join(f'{x:,.0f}' for x in rates)} | {statistics.median(rates):,.0f} | {ceil} |")
 PY
-fi
-if step ddp; then
-  G=$(nvidia-smi -L | wc -l)
-  for m in ${MODELS:-resnet50 resnet18}; do
-    for w in ${DDP_WORKERS:-$(( $(nproc) / G ))}; do
-      timeout ${DDP_TIMEOUT:-150} python3 -m torch.distributed.run --nproc_per_node=$G -m gpufeed bench --data $DATA \
-        --device cuda --workers $w --batch-size 256 --epochs ${EPOCHS:-4} --model $m \
-        --pipelines ${DDP_PIPES:-gpufeed-gpu} --json "$OUT/ddp-$m-w$w.json" >> "$OUT/ddp.txt" 2>&1
-    done
-  done
 fi
 step sweep && grep -E "^\||CPU cores" "$OUT/sweep.txt"
 step decode && grep -E "^\||files in memory|overlap" "$OUT/decode.txt"
