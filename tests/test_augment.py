@@ -143,3 +143,21 @@ def test_normalize_rejects_wrong_input():
         Normalize().images(torch.zeros(2, 3, 8, 8))
     with pytest.raises(ValueError, match="std must be > 0"):
         Normalize(std=(1, 0, 1))
+
+
+def test_cpu_batches_are_never_overwritten_while_referenced():
+    """A CPU device's batch arrays are reused once nothing refers to them (no page faults per batch), and
+    only then: batches kept, or views of them, keep their memory."""
+    n = Normalize()
+    u = torch.randint(0, 255, (4, 8, 8, 3), dtype=torch.uint8)
+    kept = [n.images(u) for _ in range(3)]
+    assert len({k.data_ptr() for k in kept}) == 3
+    first = kept[0].clone()
+    view = kept[0][:1]
+    del kept
+    again = [n.images(torch.zeros_like(u)) for _ in range(3)]
+    assert all(a.data_ptr() != view.data_ptr() for a in again)
+    assert torch.equal(view, first[:1])  # untouched by the batches made since
+    del again
+    reused = {n.images(u).data_ptr() for _ in range(4)}
+    assert len(reused) <= 2  # dropped at once: the same array or two, not a new one each time

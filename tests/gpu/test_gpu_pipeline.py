@@ -137,7 +137,8 @@ def test_a_small_gpu_memory_budget_slices_batches_and_changes_nothing_else(synth
 
 @pytest.mark.parametrize("decode", ENGINE_PATHS)
 def test_gpu_batch_of_255_good_and_1_broken_under_skip(tmp_path, decode):
-    """255 correct outputs, each with its own label; the broken file counted, not delivered."""
+    """A full batch of 256: 255 correct outputs, each with its own label, and a good one standing in for the
+    broken file, which is counted, not delivered."""
     from tests.corpus import UNDECODABLE
 
     colours = [(220, 30, 30), (30, 220, 30), (30, 30, 220)]
@@ -149,10 +150,13 @@ def test_gpu_batch_of_255_good_and_1_broken_under_skip(tmp_path, decode):
     loader = _gpu_loader(tmp_path, decode, batch_size=256, num_workers=4, drop_last=False, image_size=32,
                          on_error="skip")
     (images, labels), = list(loader)
-    assert images.shape[0] == 255 and labels.shape[0] == 255
+    assert images.shape[0] == 256 and labels.shape[0] == 256
     rgb = _uint8(images).mean(axis=(2, 3))
     assert (np.argmax(rgb, axis=1) == labels.cpu().numpy()).all()
-    assert loader.stats["skipped_count"] == 1 and loader.stats["skipped"][0][0].endswith("broken.jpg")
+    assert loader.stats["skipped_count"] == loader.stats["repeated"] == 1
+    assert loader.stats["skipped"][0][0].endswith("broken.jpg")
+    assert len(set(loader.batch_indices)) == 255 and "broken" not in str([loader.source.path(i) for i in
+                                                                          loader.batch_indices])
     loader.close()
 
 
