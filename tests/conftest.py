@@ -27,6 +27,18 @@ def synth_root(tmp_path_factory):
     return create_synthetic_dataset(tmp_path_factory.mktemp("synth"), n=40, num_classes=4, seed=1, workers=1)
 
 
+@pytest.fixture()
+def coloured(tmp_path):
+    """Three classes of flat colours, 4 JPEGs each of varied widths, and a PNG named .jpg in class 1."""
+    colours = [(220, 30, 30), (30, 220, 30), (30, 30, 220)]
+    for c, colour in enumerate(colours):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(4):
+            Image.new("RGB", (60 + 10 * i, 50), colour).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=95)
+    Image.new("RGB", (40, 40), colours[1]).save(tmp_path / "c1" / "png.jpg", "PNG")
+    return tmp_path
+
+
 def jpeg_bytes(width: int, height: int, seed: int = 0, quality: int = 90, **save_kw) -> bytes:
     rng = np.random.default_rng(seed)
     pixels = rng.integers(0, 256, (height // 8 + 1, width // 8 + 1, 3), dtype=np.uint8)

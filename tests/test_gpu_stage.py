@@ -48,17 +48,6 @@ def host_batch(view, path, release=lambda: None):
                      path=path)
 
 
-@pytest.fixture()
-def coloured(tmp_path):
-    colours = [(220, 30, 30), (30, 220, 30), (30, 30, 220)]
-    for c, colour in enumerate(colours):
-        (tmp_path / f"c{c}").mkdir()
-        for i in range(4):
-            Image.new("RGB", (60 + 10 * i, 50), colour).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=95)
-    Image.new("RGB", (40, 40), colours[1]).save(tmp_path / "c1" / "png.jpg", "PNG")
-    return tmp_path
-
-
 def _pool_batch(root, capacity=1 << 20, size=16, cpu_rows=0, **spec_kw):
     src = folder_source(root)
     spec = PipelineSpec(src, AugmentSpec(image_size=size, resize_size=size), 10**8, gpu_bytes_capacity=capacity,

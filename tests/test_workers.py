@@ -19,17 +19,6 @@ from gpufeed.workers import PipelineSpec, WorkerError, WorkerPool
 from gpufeed.workers.chunks import inspect_sample
 
 
-@pytest.fixture()
-def coloured(tmp_path):
-    colours = [(220, 30, 30), (30, 220, 30), (30, 30, 220)]
-    for c, colour in enumerate(colours):
-        (tmp_path / f"c{c}").mkdir()
-        for i in range(4):
-            Image.new("RGB", (60 + 10 * i, 50), colour).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=95)
-    Image.new("RGB", (40, 40), colours[1]).save(tmp_path / "c1" / "png.jpg", "PNG")
-    return tmp_path
-
-
 def pool_spec(src, capacity=1 << 20, size=16, **kw):
     """A GPU-path spec (``capacity`` > 0: JPEGs stay encoded) at image size ``size``."""
     return PipelineSpec(src, AugmentSpec(image_size=size, resize_size=size), 10**8, gpu_bytes_capacity=capacity,
