@@ -102,10 +102,9 @@ class StopRequest:
         self.requested, self.every = False, max(1, every)
         self._saved = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum, frame) -> None:  # sets a flag only: printing here could re-enter a write
         self.requested = True
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        print(f"{time.strftime('%H:%M:%S')} {signal.Signals(signum).name}: stopping after this step", flush=True)
 
     def agreed(self, step: int, device: torch.device) -> bool:
         """Whether every rank stops now (checked every ``every`` steps; always without DDP)."""

@@ -10,7 +10,8 @@ from PIL import Image
 from gpufeed.augment.params import AugmentSpec
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode.gpu_stage import GpuDecodeAugment
-from gpufeed.ring import KIND_PIXELS, KIND_ROWS, Meta
+from gpufeed.decode.base import SkipLog
+from gpufeed.ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, Meta
 from gpufeed.schedule import HostBatch
 from gpufeed.sources import folder_source
 from gpufeed.workers import PipelineSpec, WorkerPool
@@ -175,3 +176,25 @@ def test_stage_start_finish_releases_the_batch_once_after_its_decode(coloured):
         stage.start(batch())  # a start that fails hands the batch back itself: no finish follows
     assert released == [1, 2, 2, 2]
     pool.close()
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_file_no_decoder_reads_gets_a_stand_in_in_place(coloured, channels_last):
+    """Refused by the GPU decoder and broken for the CPU fallback, under skip: a good image of the batch
+    stands in, in place (the batch keeps its size and memory format), with its label and index."""
+    src, pool, view = _pool_batch(coloured)
+    bad = int(np.flatnonzero(view.meta[:, Meta.KIND] == KIND_BYTES)[2])
+    length = int(view.meta[bad, Meta.LENGTH])
+    view.arena[bad, 200:length] = 0  # corrupt entropy data: libjpeg-turbo refuses it
+    skips = SkipLog()
+    stage = GpuDecodeAugment([CpuStandIn({view.arena[bad, :length].tobytes()})], device=torch.device("cpu"),
+                             image_size=16, mean=MEAN, std=STD, dtype=torch.float32, channels_last=channels_last,
+                             max_pixels=10**8, buffer_bytes=BUFFER, skips=skips)
+    batch = host_batch(view, src.path)
+    images, labels = stage(batch)
+    pool.close()
+    assert images.shape[0] == labels.shape[0] == len(src) and skips.total == skips.repeated == 1
+    assert images.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    sub = batch.indices[bad]
+    assert sub != bad and torch.equal(images[bad], images[sub]) and labels[bad] == labels[sub]
+    assert torch.equal(_colour_index(images), labels)

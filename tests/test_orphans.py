@@ -46,3 +46,33 @@ def test_a_killed_training_process_leaves_nothing_behind(tmp_path, synth_root, s
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+SPAWNED = """
+import multiprocessing as mp, sys
+
+def train(root):
+    from gpufeed import ImageLoader
+    loader = ImageLoader(root, batch_size=4, image_size=16, num_workers=2, device="cpu")
+    for _ in loader:
+        raise RuntimeError("loss is NaN")  # any training error, with the loader still alive in the traceback
+
+if __name__ == "__main__":
+    p = mp.get_context("spawn").Process(target=train, args=(sys.argv[1],))
+    p.start()
+    p.join(60)
+    print("exited" if not p.is_alive() else "still alive", p.exitcode, flush=True)
+    if p.is_alive():
+        p.kill()
+"""
+
+
+def test_a_spawned_training_process_that_fails_exits(tmp_path, synth_root):
+    """As under torch.multiprocessing.spawn: the process exits with its error, its workers first (they ignore
+    SIGTERM, so multiprocessing's own exit, which terminates and joins daemon children, must find them gone)."""
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED)
+    res = subprocess.run([sys.executable, str(script), str(synth_root)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert res.stdout.split() == ["exited", "1"], res.stdout + res.stderr[-2000:]
+    assert "loss is NaN" in res.stderr

@@ -25,6 +25,8 @@ def test_decoder_placement_on_the_cpu(monkeypatch):
     else:
         assert decoders[0].name in ("nvjpeg-hw", "nvimgcodec")  # never torchvision's decoder
     assert create_gpu_decoders("cpu", torch.device("cpu"))[0] is None
+    decoders, why = create_gpu_decoders("nvjpeg", torch.device("cuda", 0), train=False)
+    assert decoders is None and why.startswith("validation: CPU workers")  # made for nothing otherwise
     with pytest.raises(ValueError, match="decode='nvimgcodec' needs a CUDA device"):
         create_gpu_decoders("nvimgcodec", torch.device("cpu"))
     with pytest.raises(ValueError, match="decode must be one of"):
@@ -174,6 +176,9 @@ def test_gpu_memory_budget():
     capped = placement.gpu_memory(batch_size=256, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=True,
                                   max_gpu_memory=1 << 30)
     assert capped.total <= 1 << 30 and capped.buffer_bytes == ((1 << 30) - 5 * m.batch_bytes) // 2
+    with pytest.raises(ValueError, match=r"max_gpu_memory=1000 is less than the 5 output batches in flight"):
+        placement.gpu_memory(batch_size=256, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=False,
+                             max_gpu_memory=1000)
     with pytest.raises(ValueError, match=r"max_gpu_memory=100000000 leaves no room to decode"):
         placement.gpu_memory(batch_size=256, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=True,
                              max_gpu_memory=100_000_000)

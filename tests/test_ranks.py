@@ -62,8 +62,8 @@ def _make(root, rank, world, **kw):
 
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_every_rank_yields_the_same_full_batches_whatever_it_skips(tmp_path, drop_last):
-    """The reported hang: 5 broken files on rank 0's shard, 1 on rank 1's, batch 8: both ranks yield
-    len(loader) batches of the same sizes (rank 0 used to yield 3 and rank 1 4)."""
+    """5 broken files on rank 0's shard, 1 on rank 1's, batch 8: both ranks yield len(loader) batches of the
+    same sizes, so neither waits in DDP for a batch the other never makes."""
     src, broken = _dataset(tmp_path)
     runs = []
     for rank in range(2):

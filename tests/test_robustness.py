@@ -192,6 +192,41 @@ def test_sample_timeout_replaces_the_worker(tmp_path, policy):
     loader.close()
 
 
+class HangingAfterABadOne(FileSource):
+    """File ``bad`` cannot be read; file ``slow``, later in the same chunk, hangs its worker."""
+
+    def __init__(self, paths, labels, bad, slow):
+        super().__init__(paths, labels)
+        object.__setattr__(self, "bad", bad)
+        object.__setattr__(self, "slow", slow)
+
+    def read(self, index):
+        if index == self.bad:
+            raise OSError("unreadable (a stand-in)")
+        if index == self.slow:
+            time.sleep(60)
+        return super().read(index)
+
+
+def test_a_failure_before_a_worker_hangs_in_its_chunk_is_not_lost(tmp_path):
+    """The worker that holds ``slow`` past the timeout is replaced and its chunk's report dies with it: the
+    unreadable file earlier in that chunk must still be skipped, not delivered with stale pixels and label."""
+    colours = _mixed_dataset(tmp_path, [])
+    paths = sorted(str(p) for p in tmp_path.glob("c*/*.jpg"))
+    labels = [int(p.split(os.sep)[-2][1]) for p in paths]
+    source = HangingAfterABadOne(paths, labels, bad=1, slow=2)
+    with ImageLoader(source, batch_size=6, image_size=16, num_workers=1, device="cpu", on_error="skip",
+                     sample_timeout=1.0, drop_last=False, train=False) as loader:
+        delivered = []
+        for images, got in loader:
+            assert torch.equal(_colour_labels(images, colours), got)
+            assert [labels[i] for i in loader.batch_indices] == got.tolist()
+            delivered += loader.batch_indices
+        assert sorted(os.path.basename(p) for p, _ in loader.stats["skipped"]) == sorted(
+            os.path.basename(paths[i]) for i in (1, 2))
+    assert 1 not in delivered and 2 not in delivered and len(delivered) == 18
+
+
 def test_pixel_cap_rejects_big_images_cleanly(tmp_path):
     from PIL import Image
 

@@ -90,6 +90,7 @@ def test_resolve_rank_defaults_and_errors(monkeypatch):
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "4")  # torchrun's, before init_process_group: still this rank's shard
     assert resolve_rank(None, None) == (2, 4)
+    assert resolve_rank(None, 1) == (0, 1) and resolve_rank(1, 2) == (1, 2)  # the caller's own sharding
     with pytest.raises(ValueError, match="rank must be in \\[0, 2\\), got 2"):
         resolve_rank(2, 2)
     with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):

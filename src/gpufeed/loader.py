@@ -71,7 +71,8 @@ class ImageLoader:
     Yields ``(images, labels)``: images (B, 3, S, S) ``dtype`` on ``device``, normalised with
     ``mean``/``std`` (channels_last when asked); labels (B,) int64 on ``device``. ``train=True``:
     RandomResizedCrop(``image_size``) and horizontal flip, a new order each epoch; ``train=False``: resize
-    the shorter side to ``resize_size``, centre-crop, fixed order.
+    the shorter side to ``resize_size``, centre-crop (torchvision's ``Resize`` + ``CenterCrop``, decoded by the
+    CPU workers), fixed order.
 
     ``decode``: "cpu" decodes in CPU worker processes; "gpu" decodes on the GPU: the NVJPG hardware
     engines through nvJPEG's batched API, else nvImageCodec (engines, then its CUDA decoder), else
@@ -86,8 +87,9 @@ class ImageLoader:
     ``load_state_dict`` resumes with exactly the rest.
 
     Bad input: ``on_error="raise"`` (default) stops at the first file that cannot be read or decoded,
-    with an error naming it; ``"skip"`` drops it, refills the batch from the next samples (labels stay with
-    their images), counts it in ``loader.stats`` and logs one line per epoch. ``max_pixels`` rejects images
+    with an error naming it; ``"skip"`` drops it, puts a good sample of the same batch in its place (so
+    every batch keeps its size and every rank its batch count; labels stay with their images), counts both
+    in ``loader.stats`` (``skipped_count``, ``repeated``) and logs one line per epoch. ``max_pixels`` rejects images
     whose header claims more pixels, before any allocation. ``sample_timeout`` (seconds) bounds one
     sample's decode; a worker over it is replaced. ``exif_orientation=True`` applies EXIF rotation
     (default: ignored, as torchvision does).
@@ -148,7 +150,7 @@ class ImageLoader:
         self.batch_size, self.drop_last = batch_size, drop_last
         local_ranks = _local_world_size(world_size)
         self.num_workers = num_workers or placement.default_num_workers(local_ranks)
-        gpu_decoders, self.decode_reason = placement.create_gpu_decoders(decode, self.device)
+        gpu_decoders, self.decode_reason = placement.create_gpu_decoders(decode, self.device, train=train)
         gpu_path = gpu_decoders is not None
         self.gpu_memory = placement.gpu_memory(
             batch_size=batch_size, image_size=image_size, itemsize=torch.empty((), dtype=dtype).element_size(),

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from .augment.params import CropBox
     from .workers.chunks import PipelineSpec
 
-__all__ = ["DECODE_CHOICES", "GPU_BYTES_CAPACITY", "KEPT_CORES", "Candidate", "ShareControl", "cheapest_on_cpu",
-           "cpu_cost", "create_gpu_decoders", "default_num_workers", "engine_cost", "worker_cpus"]
+__all__ = ["DECODE_CHOICES", "GPU_BYTES_CAPACITY", "KEPT_CORES", "Candidate", "GpuMemory", "ShareControl",
+           "cheapest_on_cpu", "cpu_cost", "create_gpu_decoders", "default_num_workers", "engine_cost", "gpu_may_take",
+           "gpu_memory", "worker_cpus"]
 
 DECODE_CHOICES = ("auto", "cpu", "gpu", "nvimgcodec", "nvjpeg", "torchvision")
 # what each GPU choice tries, in order; "auto" never takes torchvision's decoder, whose chroma upsampling
@@ -55,9 +56,10 @@ BUFFER_PIXELS_PER_IMAGE = 512 * 512
 ENGINE_BYTES_PER_IMAGE = 36_000
 
 
-def create_gpu_decoders(choice: str, device: "torch.device") -> tuple[list | None, str]:
+def create_gpu_decoders(choice: str, device: "torch.device", *, train: bool = True) -> tuple[list | None, str]:
     """(GPU decoders, or None for the CPU workers; why). Several decoders decode parts of a batch at once,
-    each from its own thread on its own CUDA stream (their calls release the GIL).
+    each from its own thread on its own CUDA stream (their calls release the GIL). Validation samples
+    (``train=False``) are all the CPU workers' (``gpu_may_take``), so no GPU decoder is made for them.
 
     "gpu" and "auto" try, in order: the NVJPG hardware engines through nvJPEG's batched API called
     directly ("nvjpeg"); nvImageCodec, whose CUDA decoder also serves GPUs without engines
@@ -70,6 +72,9 @@ def create_gpu_decoders(choice: str, device: "torch.device") -> tuple[list | Non
         raise ValueError(f"decode must be one of {DECODE_CHOICES}, got {choice!r}")
     if choice == "cpu":
         return None, "decode='cpu' asked for"
+    if not train:
+        return None, ("validation: CPU workers, which reproduce torchvision's Resize + CenterCrop pixel for pixel "
+                      "(BENCHMARKS.md#validation-crops)")
     if device.type != "cuda":
         if choice == "auto":
             return None, f"decode='auto' on {device}: CPU workers"
@@ -157,6 +162,9 @@ def gpu_memory(*, batch_size: int, image_size: int, itemsize: int, prefetch_dept
     batches = prefetch_depth + 3
     if not gpu_decode:
         buffer = 0
+        if max_gpu_memory is not None and max_gpu_memory < batches * batch:
+            raise ValueError(f"max_gpu_memory={max_gpu_memory} is less than the {batches} output batches in flight "
+                             f"need ({batches * batch} bytes); lower batch_size or prefetch_depth")
     elif max_gpu_memory is None:
         buffer = batch_size * 3 * max(image_size * image_size, BUFFER_PIXELS_PER_IMAGE)
     else:

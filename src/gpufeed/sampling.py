@@ -37,7 +37,8 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     else (0, 1)."""
     dist = torch.distributed
     initialised = dist.is_available() and dist.is_initialized()
-    env = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    # torchrun's environment only when neither is given: one given alone means a sharding of the caller's own
+    env = rank is None and world_size is None and "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if world_size is None:
         world_size = dist.get_world_size() if initialised else int(os.environ["WORLD_SIZE"]) if env else 1
     if rank is None:

@@ -161,6 +161,9 @@ class Scheduler:
                 if nxt is not None:
                     self._submit(nxt)
                 if not run.inflight:
+                    if self._full(min(size, len(run.order) - run.cursor)):  # entries left, yet no slot was free
+                        raise RuntimeError(f"no free ring slot for the rest of epoch {run.epoch}: every slot is still "
+                                           "held by batches handed on and not released")
                     finished = True
                     return
                 batch = run.inflight.popleft()

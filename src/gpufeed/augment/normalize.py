@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -107,20 +108,24 @@ class _Recycled:
 
     def __init__(self) -> None:
         self._arrays: list[np.ndarray] = []
+        self._lock = threading.Lock()  # loaders iterated from several threads share the pool
 
     def take(self, shape: tuple[int, ...]) -> np.ndarray:
-        for k in range(len(self._arrays)):
-            if self._arrays[k].shape == shape and sys.getrefcount(self._arrays[k]) == 2:  # the list's, the call's
-                return self._arrays[k]
-        out = np.empty(shape, np.float32)
-        if len(self._arrays) >= self.KEEP:  # batches the user keeps: let the oldest array go with them
-            self._arrays.pop(0)
-        self._arrays.append(out)
-        return out
+        with self._lock:
+            for k in range(len(self._arrays)):
+                if self._arrays[k].shape == shape and sys.getrefcount(self._arrays[k]) == 2:  # the list's, the call's
+                    self._arrays.append(self._arrays.pop(k))  # the caller's reference is taken before the lock goes
+                    return self._arrays[-1]
+            out = np.empty(shape, np.float32)
+            if len(self._arrays) >= self.KEEP:  # batches the user keeps: let the oldest array go with them
+                self._arrays.pop(0)
+            self._arrays.append(out)
+            return out
 
 
 _batches = _Recycled()
 _pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 def _in_parallel(fn, n: int) -> None:
@@ -131,9 +136,12 @@ def _in_parallel(fn, n: int) -> None:
     if parts == 1:
         fn(0, n)
         return
-    if _pool is None or _pool._max_workers < parts - 1:
-        _pool = ThreadPoolExecutor(parts - 1, thread_name_prefix="gpufeed-normalize")
-    futures = [_pool.submit(fn, bounds[k], bounds[k + 1]) for k in range(1, parts)]
+    with _pool_lock:
+        if _pool is None or _pool._max_workers < parts - 1:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool = ThreadPoolExecutor(parts - 1, thread_name_prefix="gpufeed-normalize")
+        futures = [_pool.submit(fn, bounds[k], bounds[k + 1]) for k in range(1, parts)]
     fn(bounds[0], bounds[1])
     for f in futures:
         f.result()

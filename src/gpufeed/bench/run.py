@@ -177,7 +177,7 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
     loader = _make_loader(name, root, cfg, device)
     epochs = []
     for epoch in range(cfg.epochs):
-        sampler = getattr(loader, "sampler", None)
+        sampler = getattr(getattr(loader, "iterable", loader), "sampler", None)  # through a Prefetcher
         if hasattr(sampler, "set_epoch"):  # the baseline's DistributedSampler under DDP
             sampler.set_epoch(epoch)
         bar = progress(f"{name} epoch {epoch + 1}/{cfg.epochs}", len(loader))
@@ -263,6 +263,8 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str, int], Any]) -> dict[str
         try:
             rows.append(run_pipeline(name, root, cfg, device, step, monitor, progress))
         except Exception as e:  # one pipeline failing must not lose the others' numbers
+            if _ranks()[1] > 1:  # but under DDP the other ranks wait in its collectives: stop them all
+                raise
             rows.append({"pipeline": f"{name} (FAILED: {type(e).__name__}: {str(e)[:120]})", "images_per_s": None,
                          "error": traceback.format_exc(), "epochs": []})
     base = next((r["images_per_s"] for r in rows if r["pipeline"] == "baseline"), None)

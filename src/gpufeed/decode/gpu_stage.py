@@ -28,7 +28,7 @@ exactly while normalising.
 Memory: the two decode buffers (``buffer_bytes`` each) are allocated at construction and never grow; a
 batch whose images need more goes through in consecutive slices, and no image larger than a buffer comes
 here (``placement.gpu_may_take``). With the output batches in flight that is the loader's whole GPU
-budget (``placement.gpu_memory_budget``).
+budget (``placement.gpu_memory``).
 """
 
 from __future__ import annotations
@@ -111,6 +111,10 @@ class GpuDecodeAugment:
         px = s * s * 3
         filled = np.where(kind == KIND_ROWS, meta[:, Meta.LENGTH], px)
         room = np.where(encoded, np.maximum(heights * widths * 3, px), filled)
+        if len(room) and room.max() > self.buffer_bytes:  # the workers keep such images (placement.gpu_may_take)
+            i = int(room.argmax())
+            raise ValueError(f"{batch.path(i)!r} needs {int(room[i])} bytes decoded, over the GPU decode buffer's "
+                             f"{self.buffer_bytes}")
         started = _Started(batch)
         parts = _slices(room.tolist(), self.buffer_bytes)
         try:
@@ -145,12 +149,10 @@ class GpuDecodeAugment:
             if not subs:
                 raise DecodeError(batch.path(started.dropped[0]), "no image of its batch could be decoded, so none "
                                   "can stand in for it")
-            source = list(range(len(labels)))
-            for p, g in subs.items():
-                source[p] = g
+            for p, g in subs.items():  # in place: the batch keeps its memory format and its memory
+                out[p].copy_(out[g])
+                labels[p] = labels[g]
                 batch.indices[p] = batch.indices[g]
-            source_t = torch.tensor(source, device=self.device)
-            out, labels = out.index_select(0, source_t), labels.index_select(0, source_t)
             self.skips.repeated += len(subs)
         return out, labels
 

@@ -18,8 +18,8 @@ the supported ones are decoded again, and the rest are reported as not decoded
 (the CPU decoder takes them). ``NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION``
 gives libjpeg-turbo's chroma upsampling (the CPU path's).
 
-The bitstreams are read from the caller's memory (the loader's page-locked ring)
-in the CUDA stream's order: the caller keeps them until that stream has run.
+The bitstreams are read from the caller's memory (the loader's shared ring) in the
+CUDA stream's order: the caller keeps them until that stream has run.
 """
 
 from __future__ import annotations

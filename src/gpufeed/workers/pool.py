@@ -11,7 +11,7 @@ A batch is split into chunks that any idle worker takes from one queue. A slot b
 from ``collect`` until the caller hands it out again; the caller must not read a slot's views after that.
 Workers start through ``forkserver`` on Linux (safe with CUDA initialised in the parent, and usable from
 Jupyter), ``spawn`` elsewhere. They are stopped by ``close``, by garbage collection of the pool, or at
-interpreter exit.
+interpreter exit, and exit by themselves as soon as the main process is gone (``process.run``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import queue
 import sys
 import time
 import types
-import weakref
 from multiprocessing import shared_memory
+from multiprocessing import util as mp_util
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -101,8 +101,11 @@ class WorkerPool:
         self._procs: list = []
         self._unpin: list = []  # cudaHostUnregister calls, run before the memory is unmapped
         self.page_locked = False  # ``pin_images`` worked
-        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._tasks, self._blocks, self._unpin,
-                                           self._alive_w)
+        # multiprocessing's own finalizer, with an exit priority: at interpreter exit it runs before
+        # multiprocessing terminates and joins its daemon children, which would wait forever for workers
+        # that ignore SIGTERM; on garbage collection or close() it runs at once
+        self._finalizer = mp_util.Finalize(self, _shutdown, (self._procs, self._tasks, self._blocks, self._unpin,
+                                                             self._alive_w), exitpriority=10)
         try:
             for i in range(num_workers):
                 self._procs.append(self._start(i))
@@ -156,7 +159,7 @@ class WorkerPool:
 
     @property
     def closed(self) -> bool:
-        return not self._finalizer.alive
+        return not self._finalizer.still_active()
 
     def cancel(self) -> None:
         """Abandon every submitted batch (workers skip their chunks) and wait until their slots are free."""
@@ -205,10 +208,11 @@ class WorkerPool:
             if self._spec.on_error == "raise" or entry is None:
                 self.close()
                 raise WorkerError(f"gpufeed worker {i} (pid {p.pid}) {why}{where}")
-            # skip: that sample fails, the rest of its chunk is retried, a new worker takes over
+            # skip: that sample fails, every other position of its chunk is loaded again (the chunk's report,
+            # with any earlier failure in it, died with the worker), and a new worker takes over
             entry.left.discard(held.chunk_id)
             entry.failures.append(Failure(held.position, path, f"worker {why}"))
-            entry.failures += [Failure(j, None, RETRY) for j in range(held.position + 1, first + len(chunk))]
+            entry.failures += [Failure(j, None, RETRY) for j in range(first, first + len(chunk)) if j != held.position]
             self._progress[i].clear()
             self._procs[i] = self._start(i)  # the finalizer holds this same list
 
@@ -246,11 +250,13 @@ def _shutdown(procs: list, tasks: Any, blocks: list, unpin: list, alive_w: Any) 
     deadline = time.monotonic() + 2.0
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
+    alive_w.close()  # any worker still busy exits now (it ignores SIGTERM)
+    for p in procs:
+        p.join(1.0)
         if p.is_alive():
-            p.terminate()
+            p.kill()
             p.join(1.0)
     tasks.cancel_join_thread()
-    alive_w.close()
     for block in blocks:
         try:
             block.close()
