@@ -76,21 +76,12 @@ def _ranks() -> tuple[int, int]:
     return 0, 1
 
 
-def _summed(value: float, device: torch.device) -> float:
-    """``value`` summed over the ranks (itself without a process group)."""
+def _over_ranks(value: float, device: torch.device, op: str = "SUM") -> float:
+    """``value`` reduced over the ranks with ``op`` ("SUM", "MAX"); itself without a process group."""
     if _ranks()[1] == 1:
         return value
     t = torch.tensor([value], dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
-    torch.distributed.all_reduce(t)
-    return float(t.item())
-
-
-def _largest(value: float, device: torch.device) -> float:
-    """The largest ``value`` over the ranks (itself without a process group)."""
-    if _ranks()[1] == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, op))
     return float(t.item())
 
 
@@ -145,7 +136,7 @@ def measure_ceiling(step: Callable, batch_size: int, device: torch.device, monit
     torch.cuda.synchronize(device)
     # about 5 s of steps, at least 30; under DDP the same count on every rank (a step's all-reduce pairs up
     # across ranks: a time limit would leave one rank waiting for a step the others never take)
-    steps = int(_largest(max(30.0, math.ceil(5.0 / ((time.perf_counter() - t0) / 10))), device))
+    steps = int(_over_ranks(max(30.0, math.ceil(5.0 / ((time.perf_counter() - t0) / 10))), device, "MAX"))
     _together()
     monitor.start()
     t0 = time.perf_counter()
@@ -154,7 +145,7 @@ def measure_ceiling(step: Callable, batch_size: int, device: torch.device, monit
     torch.cuda.synchronize(device)
     dt = time.perf_counter() - t0
     monitor.stop()
-    return {"pipeline": "GPU-resident tensors (ceiling)", "images_per_s": _summed(steps * batch_size / dt, device),
+    return {"pipeline": "GPU-resident tensors (ceiling)", "images_per_s": _over_ranks(steps * batch_size / dt, device),
             "gpu_busy": monitor.gpu_busy, "cpu_cores_busy": monitor.cores_busy, "epochs": []}
 
 
@@ -197,7 +188,7 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
         dt = time.perf_counter() - t0
         monitor.stop()
         bar.close()
-        epochs.append({"seconds": dt, "images": int(_summed(n, device)), "images_per_s": _summed(n / dt, device),
+        epochs.append({"seconds": dt, "images": int(_over_ranks(n, device)), "images_per_s": _over_ranks(n / dt, device),
                        "gpu_busy": monitor.gpu_busy,
                        "cpu_cores_busy": monitor.cores_busy,
                        "peak_rss_bytes": monitor.peak_rss, "start_rss_bytes": monitor.start_rss,
