@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks and times, in one call: logs and JSON under $OUT, a short table last.
 #   bash benchmarks/gpu_machine.sh                      the GPU tests, decode backends, the sweep, gpufeed bench
-#   STEPS="tests bench" bash benchmarks/gpu_machine.sh  a subset, in this order: tests ddp decode sweep bench cpu ab
+#   STEPS="tests bench" bash benchmarks/gpu_machine.sh  a subset, in this order: tests ddp decode sweep bench cpu memory ab
 #   BASELINE=DIR STEPS=ab bash benchmarks/gpu_machine.sh
 #       gpufeed bench of another checkout (DIR/src, e.g. `git archive REV | tar -x -C DIR`) and of this one,
 #       alternating, ROUNDS times for loader only, ResNet-50 and ResNet-18: a change measured in one run.
 #   STEPS=ddp bash benchmarks/gpu_machine.sh
 #       every GPU of the machine under torchrun (DDP), for MODELS, with each DDP_WORKERS per rank.
 #   STEPS=cpu: gpufeed with device="cpu" against the usual DataLoader, loader only, all cores.
+#   STEPS=memory: GPU memory per epoch, loader only, GPU and CPU decode (benchmarks/gpu_memory.py), and the
+#       nvJPEG decoder's own memory per call (--probe).
 # Narrowing variables: TESTS (pytest paths), EPOCHS, LOADER_EPOCHS (loader-only bench), LOADER_PIPES,
-# MODEL_PIPES, MODELS, SWEEP_ARGS, ROUNDS, DDP_WORKERS, DDP_PIPES; ONE_GPU="taskset -c 0-15" (say) runs
+# MODEL_PIPES, MODELS, SWEEP_ARGS, ROUNDS, DDP_WORKERS, DDP_PIPES, DDP_N (images, 20000), MEMORY_EPOCHS; ONE_GPU="taskset -c 0-15" (say) runs
 # the single-GPU steps on part of a larger machine (with CUDA_VISIBLE_DEVICES=0).
 # Packages that machine lacks (simplejpeg, nvImageCodec, nvJPEG) are installed from .whl/ when it is there.
 set -uo pipefail
@@ -35,9 +37,10 @@ if step tests; then
 fi
 if step ddp; then
   G=$(nvidia-smi -L | wc -l)
+  python3 -m gpufeed synth /tmp/synth-ddp --n ${DDP_N:-20000} --seed 0 > /dev/null
   for m in ${MODELS:-resnet50 resnet18}; do
     for w in ${DDP_WORKERS:-$(( $(nproc) / G ))}; do
-      timeout ${DDP_TIMEOUT:-150} python3 -m torch.distributed.run --nproc_per_node=$G -m gpufeed bench --data $DATA \
+      timeout ${DDP_TIMEOUT:-150} python3 -m torch.distributed.run --nproc_per_node=$G -m gpufeed bench --data /tmp/synth-ddp \
         --device cuda --workers $w --batch-size 256 --epochs ${EPOCHS:-4} --model $m \
         --pipelines ${DDP_PIPES:-gpufeed-gpu} --json "$OUT/ddp-$m-w$w.json" >> "$OUT/ddp.txt" 2>&1
     done
@@ -58,6 +61,12 @@ fi
 if step cpu; then
   ${ONE_GPU:-} python3 -m gpufeed bench --data $DATA --device cpu --workers $W --batch-size 256 --epochs 3 \
     --pipelines baseline,gpufeed --json "$OUT/cpu.json" > "$OUT/cpu.txt" 2>&1
+fi
+if step memory; then
+  for d in probe auto cpu; do
+    a="--epochs ${MEMORY_EPOCHS:-20} --decode $d"; [ $d = probe ] && a=--probe
+    timeout 200 ${ONE_GPU:-} python3 benchmarks/gpu_memory.py $DATA $a >> "$OUT/memory.txt" 2>&1
+  done
 fi
 if step ab; then
   [ -d "${BASELINE:-}/src" ] || { echo "ab: BASELINE=DIR with DIR/src is needed"; exit 2; }
@@ -90,6 +99,7 @@ step sweep && grep -E "^\||CPU cores" "$OUT/sweep.txt"
 step decode && grep -E "^\||files in memory|overlap" "$OUT/decode.txt"
 step bench && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/bench.txt" | cut -c1-230
 step cpu && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/cpu.txt" | cut -c1-200
+step memory && grep -E "^\||nvJPEG|decode=|growth|Error" "$OUT/memory.txt"
 step ab && grep -E "^\| (model|none|resnet|---)" "$OUT/ab.txt"
 step ddp && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/ddp.txt" | cut -c1-230
 exit 0

@@ -6,6 +6,9 @@ import runpy
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -66,3 +69,19 @@ def test_overlap(capsys, monkeypatch):
         assert min(copy_ms, work_ms, both_ms) > 0
     else:
         assert out.strip().endswith("needs CUDA (none here); nothing measured")
+
+
+def test_gpu_memory_says_it_needs_cuda_without_one(synth_root, capsys, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the gpu-marked test below runs it")
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        _run("gpu_memory.py", [str(synth_root), "--epochs", "2"], capsys, monkeypatch)
+
+
+@pytest.mark.gpu
+def test_gpu_memory_reports_every_epoch(synth_root, capsys, monkeypatch):
+    out = _run("gpu_memory.py", [str(synth_root), "--epochs", "3", "--batch-size", "8", "--workers", "2"], capsys,
+               monkeypatch)
+    epochs = [int(r.split("|")[1]) for r in _rows(out)]
+    assert epochs == [1, 2, 3], out
+    assert "growth after epoch 1" in out

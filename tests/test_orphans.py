@@ -12,7 +12,7 @@ import pytest
 SCRIPT = """
 import os, sys, time
 from gpufeed import ImageLoader
-loader = ImageLoader(sys.argv[1], batch_size=4, image_size=16, num_workers=2, device="cpu")
+loader = ImageLoader(sys.argv[1], batch_size=4, image_size=16, num_workers=2, device=sys.argv[2])
 it = iter(loader)
 next(it)  # mid-epoch: workers busy with the next batches, slots in use
 print("ready", flush=True)
@@ -21,12 +21,14 @@ time.sleep(120)
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="lists POSIX shared memory in /dev/shm")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_a_killed_training_process_leaves_nothing_behind(tmp_path, synth_root, sig):
+def test_a_killed_training_process_leaves_nothing_behind(tmp_path, synth_root, sig, device):
+    """On the GPU path the ring's page-locked pixel rooms are in /dev/shm too, and decoder threads run."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     before = set(os.listdir("/dev/shm"))
-    proc = subprocess.Popen([sys.executable, str(script), str(synth_root)], stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, str(script), str(synth_root), device], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
         assert proc.stdout.readline().strip() == "ready"
