@@ -11,7 +11,8 @@
 #   STEPS=memory: GPU memory per epoch, loader only, GPU and CPU decode (benchmarks/gpu_memory.py), and the
 #       nvJPEG decoder's own memory per call (--probe).
 # Narrowing variables: TESTS (pytest paths), EPOCHS, LOADER_EPOCHS (loader-only bench), LOADER_PIPES,
-# MODEL_PIPES, MODELS, SWEEP_ARGS, ROUNDS, DDP_WORKERS, DDP_PIPES, DDP_N (images, 20000), MEMORY_EPOCHS; ONE_GPU="taskset -c 0-15" (say) runs
+# MODEL_PIPES, MODELS, SWEEP_ARGS, ROUNDS, DDP_WORKERS, DDP_PIPES, DDP_N (images, 20000), MEMORY_EPOCHS,
+# MEMORY_DECODES; ONE_GPU="taskset -c 0-15" (say) runs
 # the single-GPU steps on part of a larger machine (with CUDA_VISIBLE_DEVICES=0).
 # Packages that machine lacks (simplejpeg, nvImageCodec, nvJPEG) are installed from .whl/ when it is there.
 set -uo pipefail
@@ -61,9 +62,10 @@ fi
 if step cpu; then
   ${ONE_GPU:-} python3 -m gpufeed bench --data $DATA --device cpu --workers $W --batch-size 256 --epochs 3 \
     --pipelines baseline,gpufeed --json "$OUT/cpu.json" > "$OUT/cpu.txt" 2>&1
+  ${ONE_GPU:-} python3 benchmarks/cpu_device.py $DATA --workers $W >> "$OUT/cpu.txt" 2>&1
 fi
 if step memory; then
-  for d in probe auto cpu; do
+  for d in ${MEMORY_DECODES:-probe auto cpu}; do
     a="--epochs ${MEMORY_EPOCHS:-20} --decode $d"; [ $d = probe ] && a=--probe
     timeout 200 ${ONE_GPU:-} python3 benchmarks/gpu_memory.py $DATA $a >> "$OUT/memory.txt" 2>&1
   done
@@ -98,7 +100,17 @@ fi
 step sweep && grep -E "^\||CPU cores" "$OUT/sweep.txt"
 step decode && grep -E "^\||files in memory|overlap" "$OUT/decode.txt"
 step bench && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/bench.txt" | cut -c1-230
-step cpu && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/cpu.txt" | cut -c1-200
+step bench && python3 - "$OUT"/loader.json "$OUT"/resnet*.json <<'PY'
+import json, sys
+for f in sys.argv[1:]:  # GPU memory added by the end of each epoch (NVML, peak), MB
+    for r in json.load(open(f))["rows"]:
+        e = r.get("epochs") or []
+        if e and e[0]["gpu_mem_peak_bytes"] is not None:
+            start = e[0]["gpu_mem_start_bytes"]
+            print(f.rsplit("/", 1)[1], r["pipeline"][:24], "GPU MB added per epoch:",
+                  " ".join(f"{(x['gpu_mem_peak_bytes'] - start) / 2**20:.0f}" for x in e))
+PY
+step cpu && grep -E "^\||^gpufeed bench|CPUs, torch|FAILED|Error" "$OUT/cpu.txt" | cut -c1-200
 step memory && grep -E "^\||nvJPEG|decode=|growth|Error" "$OUT/memory.txt"
 step ab && grep -E "^\| (model|none|resnet|---)" "$OUT/ab.txt"
 step ddp && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/ddp.txt" | cut -c1-230

@@ -8,8 +8,9 @@ Loader only (default): at the end of each epoch, the device synchronised, NVML's
 loaded kernels) and PyTorch's reserved memory above the start; "outside" is the difference. Prints one
 row per epoch and the growth from the end of epoch 1 to the end of the run.
 
-``--probe``: one nvJPEG hardware decoder, calls of growing bitstream size (the largest files first), NVML
-"used" after each: how the decoder's own memory follows the bytes and the images of a call.
+``--probe``: one nvJPEG hardware decoder, calls of growing size (the smallest files, then the largest), NVML
+"used" after each: how the decoder's own memory follows the images of a call, when it takes the least
+memory at first and when it takes room for a whole call at once (as the loader makes it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from gpufeed import ImageLoader
 from gpufeed.bench.run import machine_description
 from gpufeed.decode.base import DecodeJob
 from gpufeed.decode.cpu import CpuDecoder
+from gpufeed.placement import GPU_MAX_SIDE
 
 MB = 1 << 20
 
@@ -101,14 +103,12 @@ def _probe_calls(device, nvml, arena, lengths, widths, heights, extents, flat, p
     stream = torch.cuda.Stream(device)
     torch.cuda.synchronize(device)
     used0 = nvml.used()
-    decoder = nvjpeg_hw.NvJpegHwDecoder(device)
-    note = ""
-    if preallocate:  # nvJPEG's own pre-allocation, for a call of 256 of the largest extent here
-        w, h = int(widths.max()), int(heights.max())
-        for state, _ in decoder._states:
-            decoder._lib.nvjpegDecodeBatchedPreAllocate(decoder._handle, state, 256, w, h, nvjpeg_hw._CSS_444,
-                                                        nvjpeg_hw._OUTPUT_RGBI)
-        note = f", pre-allocated for 256 images of {w} x {h}"
+    if preallocate:  # as the loader makes it: room for a call of 256 images of the largest size it gives
+        decoder = nvjpeg_hw.NvJpegHwDecoder(device, call_images=256)
+        note = f", memory taken for 256 images of {GPU_MAX_SIDE} x {GPU_MAX_SIDE}"
+    else:  # the least nvJPEG takes: it grows as calls need more
+        decoder = nvjpeg_hw.NvJpegHwDecoder(device, call_images=1, max_side=1)
+        note = ", memory taken for 1 image of 1 x 1"
     torch.cuda.synchronize(device)
     print(f"nvJPEG {decoder.version}, {decoder.engines} engines; decoder made{note}: "
           f"{(nvml.used() - used0) / MB:+.1f} MB")

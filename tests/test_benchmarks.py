@@ -85,3 +85,13 @@ def test_gpu_memory_reports_every_epoch(synth_root, capsys, monkeypatch):
     epochs = [int(r.split("|")[1]) for r in _rows(out)]
     assert epochs == [1, 2, 3], out
     assert "growth after epoch 1" in out
+
+
+def test_cpu_device(synth_root, capsys, monkeypatch):
+    out = _run("cpu_device.py", [str(synth_root), "--workers", "2", "--batch-size", "8", "--epochs", "2"], capsys,
+               monkeypatch)
+    (row,) = _rows(out)
+    rate, per, norm, rest, arrays = (c.strip() for c in row.strip("|").split("|"))
+    assert float(rate.replace(",", "")) > 0 and float(norm) > 0 and abs(float(per) - float(norm) - float(rest)) < 0.2
+    used, batches = arrays.split(" of ")
+    assert 1 <= int(used) <= int(batches.split()[0])

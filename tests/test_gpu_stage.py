@@ -198,3 +198,29 @@ def test_a_file_no_decoder_reads_gets_a_stand_in_in_place(coloured, channels_las
     sub = batch.indices[bad]
     assert sub != bad and torch.equal(images[bad], images[sub]) and labels[bad] == labels[sub]
     assert torch.equal(_colour_index(images), labels)
+
+
+def test_output_batches_are_reused_once_dropped_and_never_while_held(coloured):
+    """The stage's output memory stays what is in flight: a batch nothing refers to is written again, one the
+    user still holds (or holds a view of) never is."""
+    src, pool, view = _pool_batch(coloured)
+    stage = GpuDecodeAugment([CpuStandIn()], device=torch.device("cpu"), image_size=16, mean=MEAN, std=STD,
+                             dtype=torch.float32, channels_last=False, max_pixels=10**8, buffer_bytes=BUFFER)
+    first, _ = stage(host_batch(view, src.path))
+    expected = first.clone()
+    part = first[:2]  # a view holds the memory as the tensor does
+    first_ptr = first.data_ptr()
+    del first
+    second, _ = stage(host_batch(view, src.path))
+    assert second.data_ptr() != first_ptr
+    second.zero_()
+    assert torch.equal(part, expected[:2])  # not written by the second batch
+    del part
+    third, _ = stage(host_batch(view, src.path))
+    assert third.data_ptr() == first_ptr and torch.equal(third, expected)  # reused, and fully rewritten
+    fourth, _ = stage(host_batch(view, src.path))
+    assert fourth.data_ptr() != first_ptr and torch.equal(second, torch.zeros_like(second))  # both held: untouched
+    del second
+    fifth, _ = stage(host_batch(view, src.path))
+    assert fifth.data_ptr() != fourth.data_ptr() and torch.equal(fifth, expected)
+    pool.close()

@@ -37,10 +37,10 @@ def test_decoder_placement_order_and_fallback(monkeypatch):
     """Each choice tries its decoders in order, says why each earlier one was passed over, and an explicit
     single choice that cannot work raises instead of quietly decoding elsewhere."""
 
-    def broken(device):
+    def broken(device, batch_size):
         raise RuntimeError("no engines on this GPU")
 
-    made = lambda name: (lambda device: ([name] * 2, f"{name} works"))
+    made = lambda name: (lambda device, batch_size: ([name] * 2, f"{name} works"))
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(placement, "_MAKERS", {"nvjpeg": broken, "nvimgcodec": made("nvimgcodec"),
                                                "torchvision": made("torchvision")})
@@ -200,3 +200,24 @@ def test_images_larger_than_a_decode_buffer_stay_on_the_cpu(tmp_path):
     val = PipelineSpec(FileSource([], []), AugmentSpec(train=False), 10**8, gpu_bytes_capacity=1 << 20,
                        gpu_buffer_bytes=1 << 20)
     assert not placement.gpu_may_take(val, data, (200, 100, True), 1)  # validation: resize + crop on the CPU
+
+
+def test_images_with_a_side_over_the_gpu_limit_stay_on_the_cpu():
+    """nvJPEG's engine decoders took memory for images of up to GPU_MAX_SIDE a side: nothing longer reaches them."""
+    from gpufeed.augment.params import AugmentSpec
+    from gpufeed.sources import FileSource
+    from gpufeed.workers import PipelineSpec
+    from tests.corpus import jpeg
+
+    side = placement.GPU_MAX_SIDE
+    spec = PipelineSpec(FileSource([], []), AugmentSpec(), 10**8, gpu_bytes_capacity=1 << 20, gpu_buffer_bytes=1 << 30)
+    data = jpeg(64, 48)  # the header given decides; the bytes only pass the structural check
+    assert placement.gpu_may_take(spec, data, (side, side, True), 1)
+    assert not placement.gpu_may_take(spec, data, (side + 1, 16, True), 1)
+    assert not placement.gpu_may_take(spec, data, (16, side + 1, True), 1)
+
+
+def test_decode_calls_are_never_larger_than_what_the_decoders_took_memory_for():
+    assert placement.decode_call_images(256, 256) == 128  # two decoder threads share a batch
+    assert placement.decode_call_images(1024, 256) == 256
+    assert placement.decode_call_images(3, 256) == 2

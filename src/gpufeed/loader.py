@@ -150,7 +150,8 @@ class ImageLoader:
         self.batch_size, self.drop_last = batch_size, drop_last
         local_ranks = _local_world_size(world_size)
         self.num_workers = num_workers or placement.default_num_workers(local_ranks)
-        gpu_decoders, self.decode_reason = placement.create_gpu_decoders(decode, self.device, train=train)
+        gpu_decoders, self.decode_reason = placement.create_gpu_decoders(decode, self.device, train=train,
+                                                                         batch_size=batch_size)
         gpu_path = gpu_decoders is not None
         self.gpu_memory = placement.gpu_memory(
             batch_size=batch_size, image_size=image_size, itemsize=torch.empty((), dtype=dtype).element_size(),
@@ -204,6 +205,8 @@ class ImageLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._skips.epoch = 0
+        if self._gpu_stage is not None and self.device.type == "cuda":  # where reused output batches were read
+            self._gpu_stage.consumer = torch.cuda.current_stream(self.device)
         batches = self._prefetcher.iterate(self._scheduler.batches(self.sampler))
         try:
             for out in batches:

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from .augment.params import CropBox
     from .workers.chunks import PipelineSpec
 
-__all__ = ["DECODE_CHOICES", "GPU_BYTES_CAPACITY", "KEPT_CORES", "Candidate", "GpuMemory", "ShareControl",
-           "cheapest_on_cpu", "cpu_cost", "create_gpu_decoders", "default_num_workers", "engine_cost", "gpu_may_take",
+__all__ = ["DECODE_CHOICES", "GPU_BYTES_CAPACITY", "GPU_MAX_SIDE", "KEPT_CORES", "Candidate", "GpuMemory", "ShareControl",
+           "cheapest_on_cpu", "cpu_cost", "create_gpu_decoders", "decode_call_images", "default_num_workers", "engine_cost", "gpu_may_take",
            "gpu_memory", "worker_cpus"]
 
 DECODE_CHOICES = ("auto", "cpu", "gpu", "nvimgcodec", "nvjpeg", "torchvision")
@@ -51,15 +51,29 @@ KEPT_CORES = 3
 # 400 x 350 (most are 500 x 375 or smaller); a batch of larger images goes through in slices, never a bigger buffer.
 BUFFER_PIXELS_PER_IMAGE = 512 * 512
 
+# The longest side of an image the GPU decoders take; longer ones go to the CPU workers. nvJPEG's engine
+# decoder would otherwise grow its own device memory whenever a call holds more or larger images than any
+# before (+22 MB over 20 epochs); it is given room for a whole call of images this size once, at
+# construction, and then never grows (BENCHMARKS.md#memory). ImageNet's training images are almost all smaller.
+GPU_MAX_SIDE = 1024
+
 # The NVJPG engines' cost per JPEG is 0.28 ns per byte + 10.2 us per image on the H200 (pixels barely count):
 # the per-image part is worth this many bytes (BENCHMARKS.md#engine-cost-per-jpeg).
 ENGINE_BYTES_PER_IMAGE = 36_000
 
 
-def create_gpu_decoders(choice: str, device: "torch.device", *, train: bool = True) -> tuple[list | None, str]:
+def decode_call_images(batch_size: int, job_images: int) -> int:
+    """The most images one decode call is given: a batch's encoded images are dealt to the decoder threads
+    in calls of at most ``job_images`` (``GpuDecodeAugment``)."""
+    return min(job_images, -(-batch_size // DECODER_THREADS))
+
+
+def create_gpu_decoders(choice: str, device: "torch.device", *, train: bool = True,
+                        batch_size: int = 256) -> tuple[list | None, str]:
     """(GPU decoders, or None for the CPU workers; why). Several decoders decode parts of a batch at once,
     each from its own thread on its own CUDA stream (their calls release the GIL). Validation samples
     (``train=False``) are all the CPU workers' (``gpu_may_take``), so no GPU decoder is made for them.
+    ``batch_size``: nvJPEG's engine decoders take their device memory for calls of that batch now.
 
     "gpu" and "auto" try, in order: the NVJPG hardware engines through nvJPEG's batched API called
     directly ("nvjpeg"); nvImageCodec, whose CUDA decoder also serves GPUs without engines
@@ -87,7 +101,7 @@ def create_gpu_decoders(choice: str, device: "torch.device", *, train: bool = Tr
     reasons = []
     for name in _ORDER[choice]:
         try:
-            decoders, how = _MAKERS[name](device)
+            decoders, how = _MAKERS[name](device, batch_size)
         except Exception as e:  # missing library, no engines on this GPU, decoder creation failure: "not here"
             reasons.append(f"{name} unavailable: {type(e).__name__}: {e}")
             continue
@@ -100,23 +114,24 @@ def create_gpu_decoders(choice: str, device: "torch.device", *, train: bool = Tr
     return None, "; ".join(reasons + ["CPU decode"])
 
 
-def _nvjpeg(device: "torch.device") -> tuple[list, str]:
+def _nvjpeg(device: "torch.device", batch_size: int) -> tuple[list, str]:
     from .decode.nvjpeg_hw import NvJpegHwDecoder
 
-    decoders = [NvJpegHwDecoder(device) for _ in range(DECODER_THREADS)]
+    images = decode_call_images(batch_size, NvJpegHwDecoder.job_images)
+    decoders = [NvJpegHwDecoder(device, call_images=images, max_side=GPU_MAX_SIDE) for _ in range(DECODER_THREADS)]
     d = decoders[0]
     return decoders, (f"nvJPEG {'.'.join(map(str, d.version))} hardware engines ({d.engines} engines) called "
                       f"directly, {DECODER_THREADS} decoder threads ({d.library})")
 
 
-def _nvimgcodec(device: "torch.device") -> tuple[list, str]:
+def _nvimgcodec(device: "torch.device", batch_size: int) -> tuple[list, str]:
     from .decode.nvimgcodec import NvImageCodecDecoder
 
     return ([NvImageCodecDecoder(device) for _ in range(DECODER_THREADS)],
             f"nvImageCodec (hardware engine, then CUDA), {DECODER_THREADS} decoder threads")
 
 
-def _torchvision(device: "torch.device") -> tuple[list, str]:
+def _torchvision(device: "torch.device", batch_size: int) -> tuple[list, str]:
     from .decode.torchvision_gpu import TorchvisionGpuDecoder
 
     return [TorchvisionGpuDecoder(device)], "torchvision decode_jpeg on CUDA"
@@ -130,13 +145,14 @@ def gpu_may_take(spec: "PipelineSpec", data: bytes, header: tuple[int, int, bool
     (the CPU reproduces torchvision's resize + centre crop pixel for pixel, BENCHMARKS.md#validation-crops;
     validation passes are short), files libjpeg-turbo cannot decode to RGB (not JPEG, CMYK), EXIF-rotated
     ones when rotation is on, files over ``spec.gpu_bytes_capacity``, images larger decoded than a decode
-    buffer (``spec.gpu_buffer_bytes``), and files that fail the structural check (truncated, corrupt,
+    buffer (``spec.gpu_buffer_bytes``) or with a side over ``GPU_MAX_SIDE``, and files that fail the structural check (truncated, corrupt,
     progressive: GPU decoders fill damage in silently; ``decode.jpeg_check``)."""
     from .decode.jpeg_check import gpu_safe_jpeg
 
     width, height, fast = header
     return (spec.augment.train and fast and orientation == 1 and len(data) <= spec.gpu_bytes_capacity
-            and width * height * 3 <= spec.gpu_buffer_bytes and gpu_safe_jpeg(data))
+            and width * height * 3 <= spec.gpu_buffer_bytes and max(width, height) <= GPU_MAX_SIDE
+            and gpu_safe_jpeg(data))
 
 
 class GpuMemory(NamedTuple):

@@ -89,8 +89,9 @@ def test_odd_images_in_a_gpu_batch_fall_back_to_the_cpu(tmp_path, decode):
     Image.new("RGB", (40, 40), colours[1]).convert("CMYK").save(tmp_path / "c1" / "cmyk.jpg", "JPEG")
     Image.new("RGB", (64, 64), colours[2]).save(tmp_path / "c2" / "prog.jpg", "JPEG", progressive=True)
     Image.new("L", (50, 50), 200).save(tmp_path / "c2" / "gray.jpg", "JPEG")
-    loader = _gpu_loader(tmp_path, decode, batch_size=19, num_workers=2, drop_last=False, train=False,
-                         image_size=32)
+    # training crops: validation samples are all the CPU workers' (placement.gpu_may_take)
+    loader = _gpu_loader(tmp_path, decode, batch_size=19, num_workers=2, drop_last=False, image_size=32,
+                         cpu_share=0.0)
     (images, labels), = list(loader)
     rgb = _uint8(images).mean(axis=(2, 3))
     for i, label in enumerate(labels.tolist()):

@@ -27,13 +27,15 @@ exactly while normalising.
 
 Memory: the two decode buffers (``buffer_bytes`` each) are allocated at construction and never grow; a
 batch whose images need more goes through in consecutive slices, and no image larger than a buffer comes
-here (``placement.gpu_may_take``). With the output batches in flight that is the loader's whole GPU
-budget (``placement.gpu_memory``).
+here (``placement.gpu_may_take``). Output batches are reused once nothing but the stage refers to them
+(``_Outputs``), so their number stays what the prefetch depth keeps in flight. That is the loader's whole
+GPU budget (``placement.gpu_memory``); nvJPEG's decoders take their own memory once, when made.
 """
 
 from __future__ import annotations
 
 import collections
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -85,10 +87,13 @@ class GpuDecodeAugment:
             raise ValueError(f"buffer_bytes must hold one {image_size} x {image_size} x 3 image, got {buffer_bytes}")
         self.buffer_bytes = buffer_bytes
         self.skips = skips
+        # the stream batches are handed to (the training's): a reused output batch waits for its work
+        self.consumer: torch.cuda.Stream | None = None
         self.decoded_by: collections.Counter = collections.Counter()  # "gpu:<name>", "cpu" -> images
         self._device = (_Cuda if device.type == "cuda" else _Host)(self.decoders, device, self.scale, self.shift)
         self._flats = [torch.empty(buffer_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
         self._turn = 0
+        self._outputs = _Outputs()
 
     def __call__(self, batch: "HostBatch") -> tuple[torch.Tensor, torch.Tensor]:
         return self.finish(self.start(batch))
@@ -164,11 +169,22 @@ class GpuDecodeAugment:
         if started.out is None:
             n, s = len(batch.slot.meta), self.size
             fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-            started.out = torch.empty((n, 3, s, s), dtype=self.dtype, device=self.device, memory_format=fmt)
+            started.out = self._outputs.take((n, 3, s, s), self._after_consumer)
+            if started.out is None:
+                started.out = self._outputs.keep(torch.empty((n, 3, s, s), dtype=self.dtype, device=self.device,
+                                                             memory_format=fmt))
         for j in (int(j) for j, good in zip(part.enc, ok) if not good):
             self._finish_on_cpu(batch, part.r.start + j, part.table[j], part.flat, started.dropped)
         self._device.kernel(part.flat, torch.from_numpy(part.table), self.size,
                             started.out[part.r.start : part.r.stop])
+
+    def _after_consumer(self) -> None:
+        """Order the current (side) stream after the work queued so far on the consumer's stream: a reused
+        output batch, which nothing refers to any more, had all its readers queued there."""
+        if self.consumer is not None and self.device.type == "cuda":
+            side = torch.cuda.current_stream(self.device)
+            if self.consumer != side:
+                side.wait_stream(self.consumer)
 
     def _prepare(self, batch: "HostBatch", r: range, encoded: np.ndarray, h: np.ndarray, w: np.ndarray,
                  filled: np.ndarray, room: np.ndarray, turn: bool) -> "_Part":
@@ -247,9 +263,10 @@ class GpuDecodeAugment:
         job = DecodeJob((slot.arena.ctypes.data + ids * slot.arena.strides[0]).astype(np.uint64),
                         slot.meta[ids, Meta.LENGTH].astype(np.uint64), (flat.data_ptr() + part.offsets).astype(np.uint64),
                         part.heights, part.widths, self.device, (slot.arena, flat))
-        # calls of equal size (within one image), dealt in turn to the decoders
+        # calls of equal size (within one image) and at most job_images (what nvJPEG took memory for), dealt in
+        # turn to the decoders
         nd = len(self.decoders)
-        calls = max(nd, round(len(ids) / self.job_images))
+        calls = max(nd, -(-len(ids) // self.job_images))
         bounds = np.round(np.arange(calls + 1) * len(ids) / calls).astype(int).tolist()
         return self._device.submit([(j % nd, job[a:b]) for j, (a, b) in enumerate(zip(bounds, bounds[1:])) if b > a])
 
@@ -354,6 +371,44 @@ class _Host:
 
     def kernel(self, flat: torch.Tensor, table: torch.Tensor, size: int, dst: torch.Tensor) -> None:
         resized_crop_reference(flat, table, size, self._scale_t, self._shift_t, dst)
+
+
+class _Outputs:
+    """Output batches handed out again once only this pool refers to them: no tensor object and no view of
+    one left with the user. Without reuse, the caching allocator takes a new block whenever the
+    training's work on an old batch has not finished when the next is made, and the memory held steps up
+    (BENCHMARKS.md#memory). Batches the user keeps are theirs; the pool keeps the newest ``KEEP``."""
+
+    KEEP = 8
+
+    def __init__(self) -> None:
+        self._kept: list[torch.Tensor] = []
+
+    def take(self, shape: tuple[int, ...], before_reuse: Callable[[], None]) -> torch.Tensor | None:
+        """A kept batch of ``shape`` nothing else refers to (``before_reuse()`` called first), or None."""
+        for k in range(len(self._kept)):
+            if tuple(self._kept[k].shape) == shape and _unreferenced(self._kept[k]):
+                self._kept.append(self._kept.pop(k))
+                before_reuse()
+                return self._kept[-1]
+        return None
+
+    def keep(self, t: torch.Tensor) -> torch.Tensor:
+        if len(self._kept) >= self.KEEP:
+            self._kept.pop(0)
+        self._kept.append(t)
+        return t
+
+
+_STORAGE_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _unreferenced(t: torch.Tensor) -> bool:
+    """Called as ``_unreferenced(kept[k])``: no Python reference to ``t`` but the pool's list and no other
+    tensor (a view) on its memory. A PyTorch without the storage count cannot say: never."""
+    # the list, this frame's ``t``, getrefcount's argument
+    return (_STORAGE_USE_COUNT is not None and sys.getrefcount(t) == 3
+            and _STORAGE_USE_COUNT(t.untyped_storage()._cdata) == 2)
 
 
 @dataclass

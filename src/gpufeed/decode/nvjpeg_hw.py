@@ -111,13 +111,18 @@ class NvJpegHwDecoder:
     """Batched decode on the hardware engines of one device (``decode.base.GpuDecoder``).
 
     ``states``: decode states used in turn (a call waits until the state it takes has finished its
-    previous decode on the GPU; nvJPEG stages the bitstreams in the state's own buffers).
+    previous decode on the GPU; nvJPEG stages the bitstreams in the state's own buffers). Each state takes
+    its device memory now, for a call of ``call_images`` images of up to ``max_side`` x ``max_side``
+    pixels, so that it never grows later; callers keep within both (``placement.gpu_may_take``).
     """
 
     name = "nvjpeg-hw"
     job_images = 256  # one call per decoder thread per batch: no Python per image left to overlap
 
-    def __init__(self, device: torch.device, *, states: int = 2) -> None:
+    def __init__(self, device: torch.device, *, states: int = 2, call_images: int = job_images,
+                 max_side: int | None = None) -> None:
+        if max_side is None:
+            from ..placement import GPU_MAX_SIDE as max_side
         lib, where = load_nvjpeg()
         if lib is None:
             raise RuntimeError(where)
@@ -143,9 +148,9 @@ class NvJpegHwDecoder:
             for _ in range(states):
                 state = _P()
                 self._check("nvjpegJpegStateCreate", lib.nvjpegJpegStateCreate(self._handle, ctypes.byref(state)))
-                # as nvImageCodec does: makes the hardware decoder use a memory pool
-                lib.nvjpegDecodeBatchedPreAllocate(self._handle, state, 1, 1, 1, _CSS_444, _OUTPUT_RGBI)
                 self._states.append((state, torch.cuda.Event()))
+                self._check("nvjpegDecodeBatchedPreAllocate", lib.nvjpegDecodeBatchedPreAllocate(
+                    self._handle, state, call_images, max_side, max_side, _CSS_444, _OUTPUT_RGBI))
             self._check("nvjpegJpegStreamCreate", lib.nvjpegJpegStreamCreate(self._handle, ctypes.byref(self._jstream)))
         self._turn = 0
 
