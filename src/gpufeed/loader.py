@@ -169,7 +169,7 @@ class ImageLoader:
             self._gpu_stage = GpuDecodeAugment(
                 gpu_decoders, device=self.device, image_size=image_size, mean=mean, std=std, dtype=dtype,
                 channels_last=channels_last, max_pixels=max_pixels, buffer_bytes=self.gpu_memory.buffer_bytes,
-                skips=skips)
+                skips=skips, output_batches=(batch_size, self.gpu_memory.batches))
             self.decode_backend = self._gpu_stage.name
             transform, on_issued = _Decoded(self._gpu_stage), None  # the stage releases each slot itself
         else:

@@ -71,12 +71,13 @@ class GpuDecodeAugment:
     ``decoders``: one or more ``GpuDecoder``; with several, each decodes a part of every batch from its
     own thread on its own CUDA stream. ``buffer_bytes``: each of the two decode buffers (allocated now).
     ``skips``: None, a file no decoder reads raises ``DecodeError``; else it is recorded there and another
-    image of the batch stands in for it (``stand_ins``).
+    image of the batch stands in for it (``stand_ins``). ``output_batches``: (batch size, how many) output
+    batches to allocate now (``placement.gpu_memory``); more are made only while the user keeps batches.
     """
 
     def __init__(self, decoders: Sequence[GpuDecoder], *, device: torch.device, image_size: int, mean, std,
                  dtype: torch.dtype, channels_last: bool, max_pixels: int, buffer_bytes: int,
-                 skips: SkipLog | None = None) -> None:
+                 skips: SkipLog | None = None, output_batches: tuple[int, int] = (0, 0)) -> None:
         self.decoders = list(decoders)
         self.name = self.decoders[0].name
         self.job_images = self.decoders[0].job_images
@@ -93,7 +94,10 @@ class GpuDecodeAugment:
         self._device = (_Cuda if device.type == "cuda" else _Host)(self.decoders, device, self.scale, self.shift)
         self._flats = [torch.empty(buffer_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
         self._turn = 0
-        self._outputs = _Outputs()
+        batch, count = output_batches
+        self._outputs = _Outputs(keep=max(8, count))
+        for _ in range(count):
+            self._outputs.keep(self._new_output(batch))
 
     def __call__(self, batch: "HostBatch") -> tuple[torch.Tensor, torch.Tensor]:
         return self.finish(self.start(batch))
@@ -168,15 +172,17 @@ class GpuDecodeAugment:
         started.decoding = None
         if started.out is None:
             n, s = len(batch.slot.meta), self.size
-            fmt = torch.channels_last if self.channels_last else torch.contiguous_format
             started.out = self._outputs.take((n, 3, s, s), self._after_consumer)
             if started.out is None:
-                started.out = self._outputs.keep(torch.empty((n, 3, s, s), dtype=self.dtype, device=self.device,
-                                                             memory_format=fmt))
+                started.out = self._outputs.keep(self._new_output(n))
         for j in (int(j) for j, good in zip(part.enc, ok) if not good):
             self._finish_on_cpu(batch, part.r.start + j, part.table[j], part.flat, started.dropped)
         self._device.kernel(part.flat, torch.from_numpy(part.table), self.size,
                             started.out[part.r.start : part.r.stop])
+
+    def _new_output(self, n: int) -> torch.Tensor:
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        return torch.empty((n, 3, self.size, self.size), dtype=self.dtype, device=self.device, memory_format=fmt)
 
     def _after_consumer(self) -> None:
         """Order the current (side) stream after the work queued so far on the consumer's stream: a reused
@@ -377,11 +383,10 @@ class _Outputs:
     """Output batches handed out again once only this pool refers to them: no tensor object and no view of
     one left with the user. Without reuse, the caching allocator takes a new block whenever the
     training's work on an old batch has not finished when the next is made, and the memory held steps up
-    (BENCHMARKS.md#memory). Batches the user keeps are theirs; the pool keeps the newest ``KEEP``."""
+    (BENCHMARKS.md#memory). Batches the user keeps are theirs; the pool keeps the newest ``keep``."""
 
-    KEEP = 8
-
-    def __init__(self) -> None:
+    def __init__(self, keep: int) -> None:
+        self.keep_at_most = keep
         self._kept: list[torch.Tensor] = []
 
     def take(self, shape: tuple[int, ...], before_reuse: Callable[[], None]) -> torch.Tensor | None:
@@ -394,7 +399,7 @@ class _Outputs:
         return None
 
     def keep(self, t: torch.Tensor) -> torch.Tensor:
-        if len(self._kept) >= self.KEEP:
+        if len(self._kept) >= self.keep_at_most:
             self._kept.pop(0)
         self._kept.append(t)
         return t
