@@ -102,11 +102,11 @@ step decode && grep -E "^\||files in memory|overlap" "$OUT/decode.txt"
 step bench && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/bench.txt" | cut -c1-230
 step bench && python3 - "$OUT"/loader.json "$OUT"/resnet*.json <<'PY'
 import json, sys
-for f in sys.argv[1:]:  # GPU memory added by the end of each epoch (NVML, peak), MB
+for f in sys.argv[1:]:  # GPU memory added since before the loader was made, peak of each epoch (NVML), MB
     for r in json.load(open(f))["rows"]:
         e = r.get("epochs") or []
         if e and e[0]["gpu_mem_peak_bytes"] is not None:
-            start = e[0]["gpu_mem_start_bytes"]
+            start = r["gpu_mem_before_loader_bytes"]
             print(f.rsplit("/", 1)[1], r["pipeline"][:24], "GPU MB added per epoch:",
                   " ".join(f"{(x['gpu_mem_peak_bytes'] - start) / 2**20:.0f}" for x in e))
 PY

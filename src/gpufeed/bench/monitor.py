@@ -57,7 +57,7 @@ class Monitor:
         self.start_rss, self.start_pss = self._sample_memory()
         self.cores_busy = None
         self._cpu0, self._t0 = _tree_cpu_seconds(), time.perf_counter()
-        self.gpu_mem_start = self.gpu_mem_peak = self._gpu_used()
+        self.gpu_mem_start = self.gpu_mem_peak = self.gpu_used()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -69,7 +69,8 @@ class Monitor:
         if cpu is not None and self._cpu0 is not None:
             self.cores_busy = (cpu - self._cpu0) / max(time.perf_counter() - self._t0, 1e-9)
 
-    def _gpu_used(self) -> int | None:
+    def gpu_used(self) -> int | None:
+        """NVML's \"used\" of this GPU now, in bytes (None without NVML)."""
         if self._nvml is None:
             return None
         return self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used
@@ -96,7 +97,7 @@ class Monitor:
         while not self._stop.is_set():
             if self._nvml is not None:
                 self.util.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
-                self.gpu_mem_peak = max(self.gpu_mem_peak or 0, self._gpu_used())
+                self.gpu_mem_peak = max(self.gpu_mem_peak or 0, self.gpu_used())
             if me is not None and tick % 4 == 0:
                 rss, pss = _tree_memory(me, psutil)
                 self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)

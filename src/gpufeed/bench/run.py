@@ -165,6 +165,7 @@ def _make_loader(name: str, root: str, cfg: BenchConfig, device: torch.device) -
 
 def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, step: Callable | None,
                  monitor: Monitor, progress: Callable[[str], Any]) -> dict[str, Any]:
+    gpu_before = monitor.gpu_used()  # the loader takes its GPU memory when it is made
     loader = _make_loader(name, root, cfg, device)
     epochs = []
     for epoch in range(cfg.epochs):
@@ -208,12 +209,13 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
         if stats.get("worker_cpus"):
             share += f", workers on CPUs {cpu_ranges(set(stats['worker_cpus']))}"
         label = f"{name} ({stats['decode_backend']} decode{share})"
-    gpu_added = [e["gpu_mem_peak_bytes"] - epochs[0]["gpu_mem_start_bytes"] for e in epochs
-                 if e["gpu_mem_peak_bytes"] is not None]
+    gpu_added = [e["gpu_mem_peak_bytes"] - gpu_before for e in epochs
+                 if e["gpu_mem_peak_bytes"] is not None and gpu_before is not None]
     return {
         "pipeline": label,
         "loader_stats": stats,
         "gpu_mem_added_bytes": max(gpu_added) if gpu_added else None,
+        "gpu_mem_before_loader_bytes": gpu_before,
         "epochs": epochs,
         "first_epoch_s": epochs[0]["seconds"],
         "steady_epoch_s": statistics.median(e["seconds"] for e in steady),
