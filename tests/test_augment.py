@@ -162,3 +162,29 @@ def test_cpu_batches_are_never_overwritten_while_referenced():
     del again
     reused = {n.images(u).data_ptr() for _ in range(4)}
     assert reused <= seen  # each dropped at once: arrays handed out before, no new one
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_workers_normalise_as_the_main_process_would(channels_last, dtype):
+    """A CPU device's workers write each image's final values into the ring (WorkerNormalize); handed out
+    by ``finished``, they are exactly what ``images`` gives from the uint8 batch, in the same layout."""
+    from gpufeed.augment.in_workers import WorkerNormalize
+
+    n = Normalize(dtype=dtype, channels_last=channels_last)
+    worker = n.for_workers()
+    assert isinstance(worker, WorkerNormalize) and worker.layout == ("nhwc" if channels_last else "nchw")
+    u = torch.randint(0, 256, (5, 16, 16, 3), dtype=torch.uint8)
+    ring = np.empty((5, 16, 16, 3) if channels_last else (5, 3, 16, 16), np.float32)
+    for i in range(5):
+        worker.into(u[i].numpy(), ring[i])
+    out = n.finished(torch.from_numpy(ring))
+    expected = n.images(u)
+    assert out.dtype == dtype and out.shape == (5, 3, 16, 16)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert out.is_contiguous(memory_format=fmt)
+    assert torch.equal(out, expected)
+    ring[:] = 0  # the slot reused: the batch handed out is the caller's own
+    assert torch.equal(out, expected)
+    with pytest.raises(ValueError, match="float32 batch"):
+        n.finished(u)

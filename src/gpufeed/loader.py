@@ -159,7 +159,9 @@ class ImageLoader:
         self.spec = PipelineSpec(source=self.source, augment=self.augment, max_pixels=max_pixels,
                                  gpu_bytes_capacity=placement.GPU_BYTES_CAPACITY if gpu_path else 0,
                                  gpu_buffer_bytes=self.gpu_memory.buffer_bytes, on_error=on_error,
-                                 exif_orientation=exif_orientation)
+                                 exif_orientation=exif_orientation,
+                                 # a CPU device's batches are normalised in the workers (BENCHMARKS.md#cpu-only-machines)
+                                 normalize=self.normalize.for_workers() if self.device.type == "cpu" else None)
         self.worker_cpus = placement.worker_cpus(gpu_path, local_ranks)
         self._skips = SkipLog()
         self.batch_indices: list[int] = []  # the source indices of the batch last yielded
@@ -278,13 +280,17 @@ class _Delivered(NamedTuple):
 
 
 class _Normalized:
-    """CPU path, the Prefetcher's transform: the copied (B, S, S, 3) uint8 batch normalised on the device."""
+    """CPU path, the Prefetcher's transform: the (B, S, S, 3) uint8 batch normalised on the device (CUDA), or
+    the batch the workers normalised, copied out of the ring (a CPU device)."""
 
     def __init__(self, normalize: Normalize) -> None:
         self.normalize = normalize
 
     def __call__(self, batch: HostBatch) -> _Delivered:
-        return _Delivered(self.normalize.images(batch.images), batch.labels, batch.indices, batch.consumed)
+        images = batch.images
+        # a CPU device's workers normalised the batch already; for CUDA it is uint8 until the device
+        out = self.normalize.finished(images) if images.dtype == torch.float32 else self.normalize.images(images)
+        return _Delivered(out, batch.labels, batch.indices, batch.consumed)
 
 
 class _Decoded:

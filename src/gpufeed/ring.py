@@ -52,8 +52,9 @@ PIXEL_ROOM = 3
 class Ring:
     """Views of the shared block, per slot and sample.
 
-    images (slots, B, S, S, 3) uint8 and labels (slots, B) int64 always; for the
-    GPU path also meta (slots, B, 9) int64 (columns ``Meta``), arena
+    images (slots, B, S, S, 3) uint8 and labels (slots, B) int64 always; for a CPU
+    device also output (slots, B, S, S, 3) (``output="nhwc"``) or (slots, B, 3, S, S)
+    (``"nchw"``) float32, the normalised images the workers write; for the GPU path also meta (slots, B, 9) int64 (columns ``Meta``), arena
     (slots, B, capacity) uint8 holding each sample's encoded bytes, and rooms
     (slots, B, PIXEL_ROOM x S x S x 3) uint8, each position's pixel room, whose
     first S x S x 3 bytes are its ``images`` entry (None on the CPU path, where
@@ -61,10 +62,10 @@ class Ring:
     """
 
     def __init__(self, shm: shared_memory.SharedMemory, num_slots: int, batch_size: int, size: int,
-                 capacity: int = 0) -> None:
+                 capacity: int = 0, output: str | None = None) -> None:
         self.shm = shm
         views, offset = {}, 0
-        for name, shape, dtype in self.layout(num_slots, batch_size, size, capacity):
+        for name, shape, dtype in self.layout(num_slots, batch_size, size, capacity, output):
             views[name] = np.ndarray(shape, dtype, shm.buf, offset)
             offset = _align(offset + int(np.prod(shape)) * np.dtype(dtype).itemsize)
         self.rooms = views.get("rooms")
@@ -75,13 +76,15 @@ class Ring:
             self.images = np.ndarray((num_slots, batch_size, size, size, 3), np.uint8, self.rooms,
                                      strides=(batch_size * stride, stride, size * 3, 3, 1))
         self.labels = views["labels"]
-        self.meta, self.arena = views.get("meta"), views.get("arena")
+        self.meta, self.arena, self.output = views.get("meta"), views.get("arena"), views.get("output")
 
     @staticmethod
-    def layout(num_slots: int, batch_size: int, size: int, capacity: int) -> list:
+    def layout(num_slots: int, batch_size: int, size: int, capacity: int, output: str | None = None) -> list:
         if not capacity:
+            out = {None: [], "nhwc": [("output", (num_slots, batch_size, size, size, 3), np.float32)],
+                   "nchw": [("output", (num_slots, batch_size, 3, size, size), np.float32)]}[output]
             return [("images", (num_slots, batch_size, size, size, 3), np.uint8),
-                    ("labels", (num_slots, batch_size), np.int64)]
+                    ("labels", (num_slots, batch_size), np.int64)] + out
         return [("rooms", (num_slots, batch_size, PIXEL_ROOM * size * size * 3), np.uint8),
                 ("labels", (num_slots, batch_size), np.int64),
                 ("meta", (num_slots, batch_size, len(Meta)), np.int64),
@@ -95,7 +98,8 @@ class Ring:
     def slot(self, slot: int) -> "SlotView":
         """Views of one whole slot."""
         pick = lambda a: None if a is None else a[slot]
-        return SlotView(self.images[slot], self.labels[slot], pick(self.meta), pick(self.arena), pick(self.rooms))
+        return SlotView(self.images[slot], self.labels[slot], pick(self.meta), pick(self.arena), pick(self.rooms),
+                        pick(self.output))
 
     def map_pages(self, arena_bytes: int = MAP_ARENA_BYTES) -> bool:
         """Map the ring into this process's page tables now: all of ``images`` and ``labels``, and the
@@ -106,7 +110,7 @@ class Ring:
         ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14+), one call per arena position; elsewhere reads a
         byte of each page (never writes: other processes may be filling the ring). The pages made
         resident are the ring's own, counted once. Returns whether madvise did it."""
-        parts = [self.pixels, self.labels] + [a for a in (self.meta,) if a is not None]
+        parts = [self.pixels, self.labels] + [a for a in (self.meta, self.output) if a is not None]
         ranges = [(a.ctypes.data, a.nbytes) for a in parts]
         n = min(arena_bytes, self.arena.shape[-1]) if self.arena is not None else 0
         if n > 0:
@@ -121,9 +125,9 @@ class Ring:
         return False
 
     @classmethod
-    def nbytes(cls, num_slots: int, batch_size: int, size: int, capacity: int = 0) -> int:
+    def nbytes(cls, num_slots: int, batch_size: int, size: int, capacity: int = 0, output: str | None = None) -> int:
         return sum(_align(int(np.prod(shape)) * np.dtype(dt).itemsize)
-                   for _, shape, dt in cls.layout(num_slots, batch_size, size, capacity))
+                   for _, shape, dt in cls.layout(num_slots, batch_size, size, capacity, output))
 
 
 def _align(n: int, to: int = 4096) -> int:
@@ -148,14 +152,15 @@ def _populate_write(addr: int, length: int) -> bool:
 @dataclass(frozen=True)
 class SlotView:
     """numpy views of one finished batch in the ring: images (n, S, S, 3) uint8, labels (n,) int64,
-    and on the GPU path meta (n, 9) int64, arena (n, capacity) uint8 and rooms (n, room) uint8 (``Ring``).
-    Valid until the slot is reused."""
+    on the GPU path meta (n, 9) int64, arena (n, capacity) uint8 and rooms (n, room) uint8, for a CPU
+    device output (n, ...) float32 (``Ring``). Valid until the slot is reused."""
 
     images: np.ndarray
     labels: np.ndarray
     meta: np.ndarray | None = None
     arena: np.ndarray | None = None
     rooms: np.ndarray | None = None
+    output: np.ndarray | None = None
 
     @property
     def pixels(self) -> np.ndarray:
@@ -165,7 +170,8 @@ class SlotView:
     def head(self, n: int) -> "SlotView":
         """The first ``n`` samples."""
         cut = lambda a: None if a is None else a[:n]
-        return SlotView(self.images[:n], self.labels[:n], cut(self.meta), cut(self.arena), cut(self.rooms))
+        return SlotView(self.images[:n], self.labels[:n], cut(self.meta), cut(self.arena), cut(self.rooms),
+                        cut(self.output))
 
 
 def check_shm_space(needed: int, root: str = "/dev/shm") -> None:

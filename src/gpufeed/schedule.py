@@ -44,7 +44,8 @@ class HostBatch:
     """One finished batch in a ring slot, as the transfer stage receives it (host side).
 
     labels: (n,) int64 CPU tensor, copied out of the slot. images: (n, S, S, 3) uint8 CPU tensor viewing the
-    slot (CPU decode), or None on the GPU path, where ``slot`` holds each sample's bytes or rows and crop
+    slot (CPU decode), for a CPU device the slot's normalised float32 output ((n, S, S, 3) or (n, 3, S, S),
+    ``ring.Ring``), or None on the GPU path, where ``slot`` holds each sample's bytes or rows and crop
     box (``ring.Meta``). ``indices[i]``: the source index of sample i (a stand-in's where a sample was
     skipped); ``consumed``: entries of the epoch's order this batch took; ``path(i)`` names sample i's
     file. ``release()`` hands the slot back once nothing will read it any more (on CUDA: once the work
@@ -176,7 +177,8 @@ class Scheduler:
                                 slot=view, indices=indices, consumed=len(batch.indices),
                                 release=functools.partial(slots.release, batch.slot),
                                 path=lambda i, p=indices: self.path(p[i]),
-                                images=torch.from_numpy(view.images) if view.meta is None else None)
+                                images=None if view.meta is not None else torch.from_numpy(
+                                    view.images if view.output is None else view.output))
                 self.share.update(collect_wait)
         finally:
             slots.reclaim(everything=True)  # the next iteration's workers may write these slots at once
@@ -218,7 +220,7 @@ class Scheduler:
             bad = self._reload(batch.slot, indices, self._load(batch.slot, run, take, 0), run) | set(range(len(take), n))
             repeats = n  # every sample of this batch is delivered in its own batch as well
         for p, g in stand_ins(n, bad).items():
-            for arr in (view.pixels, view.labels, view.meta):  # images are a view of the pixels
+            for arr in (view.pixels, view.labels, view.meta, view.output):  # images are a view of the pixels
                 if arr is not None:
                     arr[p] = arr[g]
             if view.arena is not None:

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from .fused import normalize_constants
+from .in_workers import WorkerNormalize
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -95,6 +96,27 @@ class Normalize:
     def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = batch
         return self.images(images), labels
+
+    def for_workers(self) -> "WorkerNormalize":
+        """This normalisation as CPU-device workers apply it to each image they finish (float32, the
+        layout asked for); ``finished`` then turns their batch into the user's."""
+        scale, shift = normalize_constants(self.mean, self.std)
+        return WorkerNormalize(tuple(scale), tuple(shift), self.channels_last)
+
+    def finished(self, x: torch.Tensor) -> torch.Tensor:
+        """A batch the workers normalised, (B, S, S, 3) (channels_last) or (B, 3, S, S) float32 viewing the
+        shared ring -> (B, 3, S, S) ``dtype`` of the caller's own, in the asked layout: a copy (float32: into
+        a reused array, split over threads; else the cast), so the ring slot can be reused at once."""
+        if x.dtype != torch.float32 or x.dim() != 4:
+            raise ValueError(f"expected a (B, S, S, 3) or (B, 3, S, S) float32 batch, got {tuple(x.shape)} {x.dtype}")
+        if self.dtype != torch.float32:
+            out = x.to(self.dtype)
+        else:
+            src = x.numpy()
+            dst = _batches.take(src.shape)
+            _in_parallel(lambda lo, hi: np.copyto(dst[lo:hi], src[lo:hi]), len(src))
+            out = torch.from_numpy(dst)
+        return out.permute(0, 3, 1, 2) if self.channels_last else out
 
 
 class _Recycled:

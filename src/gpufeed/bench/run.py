@@ -165,6 +165,8 @@ def _make_loader(name: str, root: str, cfg: BenchConfig, device: torch.device) -
 
 def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, step: Callable | None,
                  monitor: Monitor, progress: Callable[[str], Any]) -> dict[str, Any]:
+    if device.type == "cuda":
+        torch.zeros(1, device=device)  # the CUDA context is this process's, not the loader's
     gpu_before = monitor.gpu_used()  # the loader takes its GPU memory when it is made
     loader = _make_loader(name, root, cfg, device)
     epochs = []

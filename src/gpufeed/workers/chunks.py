@@ -1,6 +1,7 @@
 """What a worker does with a chunk of samples: read, decode, crop and resize them into a ring slot.
 
-CPU path: every sample is decoded, cropped, resized and flipped here into the slot's pixels.
+CPU path: every sample is decoded, cropped, resized and flipped here into the slot's pixels; for a CPU
+device also normalised here into the slot's float32 output, so no single process does that for a batch.
 GPU path: every sample is read and its header parsed; a plain JPEG that fits goes into the slot as bytes
 with its crop box, for a GPU decoder (``KIND_BYTES``); the chunk's share for the CPU (``cheapest_on_cpu``)
 is decoded here down to its crop's rows, which the GPU kernel resizes (``KIND_ROWS``); files no GPU
@@ -18,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 from ..augment.cpu import decode_box_into, decode_box_rows_into, decode_resize_crop_into
+from ..augment.in_workers import WorkerNormalize
 from ..augment.params import AugmentSpec, CropBox
 from ..decode.base import DecodeError
 from ..decode.cpu import CpuDecoder
@@ -39,6 +41,7 @@ class PipelineSpec:
     gpu_buffer_bytes: int = 0  # a GPU decode buffer's size: larger decoded images are finished here
     on_error: str = "raise"  # "raise": stop at the first bad sample; "skip": report it and go on
     exif_orientation: bool = False  # apply EXIF orientation (default: ignore it, as torchvision does)
+    normalize: WorkerNormalize | None = None  # a CPU device: also write each image's final float32 values
 
 
 def _read(spec: PipelineSpec, index: int) -> tuple[str, bytes]:
@@ -138,7 +141,8 @@ class ChunkServer:
     def __init__(self, spec: PipelineSpec, shm_name: str, ring_shape: tuple[int, int, int]) -> None:
         self.spec = spec
         self._shm = shared_memory.SharedMemory(name=shm_name)
-        self.ring = Ring(self._shm, *ring_shape, spec.gpu_bytes_capacity)
+        self.ring = Ring(self._shm, *ring_shape, spec.gpu_bytes_capacity,
+                         spec.normalize.layout if spec.normalize is not None else None)
         self.ring.map_pages()
         self.decoder = CpuDecoder(max_pixels=spec.max_pixels)
 
@@ -171,6 +175,8 @@ class ChunkServer:
         if not spec.gpu_bytes_capacity:
             for k, index in positions:
                 settle(k, index, load_sample_into, spec, decoder, seed, epoch, index, ring.images[slot, k])
+                if spec.normalize is not None:  # on this worker's core, while the image is in its cache
+                    spec.normalize.into(ring.images[slot, k], ring.output[slot, k])
                 if stop():
                     break
             return failures

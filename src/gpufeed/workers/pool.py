@@ -80,9 +80,11 @@ class WorkerPool:
         self._ctx = ctx = _default_context()
         capacity = spec.gpu_bytes_capacity
         # the bytes the ring touches: all of it but the arena's room beyond typical JPEGs
-        check_shm_space(Ring.nbytes(num_slots, batch_size, size, min(capacity, 512 << 10)))
-        self._shm = shared_memory.SharedMemory(create=True, size=Ring.nbytes(num_slots, batch_size, size, capacity))
-        self._ring = Ring(self._shm, num_slots, batch_size, size, capacity)
+        output = spec.normalize.layout if spec.normalize is not None else None
+        check_shm_space(Ring.nbytes(num_slots, batch_size, size, min(capacity, 512 << 10), output))
+        self._shm = shared_memory.SharedMemory(create=True,
+                                               size=Ring.nbytes(num_slots, batch_size, size, capacity, output))
+        self._ring = Ring(self._shm, num_slots, batch_size, size, capacity, output)
         self._ring.map_pages()  # this process reads the arena (GPU decoders' host side) and the pixels
         self._tasks = ctx.Queue()
         self._results = ctx.Queue()
