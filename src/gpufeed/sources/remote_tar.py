@@ -15,8 +15,8 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import mmap
 import os
-import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -44,32 +44,91 @@ class Members:
 
 
 def parse_members(path: str, extensions: tuple[str, ...] = IMG_EXTENSIONS) -> Members:
-    """The image members of the local tar at ``path`` and their ``<key>.cls`` labels."""
+    """The image members of the local tar at ``path`` and their ``<key>.cls`` labels.
+
+    Reads the 512-byte headers in place (mmap), hopping from one to the next: a tenth of ``tarfile``'s cost,
+    which every worker pays for every shard of every epoch. ustar, GNU long names and pax paths; a header
+    whose checksum fails, or a member running past the end of the file, ends the shard (``complete=False``).
+    """
     images: list[tuple[str, int, int]] = []
     cls_of: dict[str, int] = {}
-    size = os.path.getsize(path)
-    complete = True
+    with open(path, "rb") as f:
+        total = os.fstat(f.fileno()).st_size
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if total else b""
+    complete, pos, long_name = False, 0, None
     try:
-        with tarfile.open(path, "r:") as tf:
-            for m in tf:
-                if not m.isfile():
-                    continue
-                if m.offset_data + m.size > size:
-                    complete = False
-                    break
-                if m.name.lower().endswith(extensions):
-                    images.append((m.name, m.offset_data, m.size))
-                elif m.name.endswith(".cls"):
-                    text = tf.extractfile(m).read().strip()
-                    try:
-                        cls_of[m.name[: -len(".cls")]] = int(text)
-                    except ValueError:
-                        cls_of[m.name[: -len(".cls")]] = -1
-    except tarfile.TarError:
-        complete = False
+        while pos + 512 <= total:
+            hdr = mm[pos : pos + 512]
+            if hdr.count(0) == 512:  # the end-of-archive marker
+                complete = True
+                break
+            size = _number(hdr[124:136])
+            if size is None or _number(hdr[148:156]) != sum(hdr[:148]) + 256 + sum(hdr[156:]):
+                break  # not a tar header: corrupt or cut short
+            data, kind = pos + 512, hdr[156:157]
+            pos = data + (size + 511) // 512 * 512
+            if data + size > total:
+                break
+            if kind == b"L":  # GNU long name of the next member
+                long_name = mm[data : data + size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                continue
+            if kind in (b"x", b"g"):  # pax extended header: its "path" names the next member
+                long_name = _pax_path(mm[data : data + size]) or long_name
+                continue
+            name = long_name or _header_name(hdr)
+            long_name = None
+            if kind not in (b"0", b"\0", b"7"):
+                continue
+            if name.lower().endswith(extensions):
+                images.append((name, data, size))
+            elif name.endswith(".cls"):
+                try:
+                    cls_of[name[: -len(".cls")]] = int(mm[data : data + size].strip())
+                except ValueError:
+                    cls_of[name[: -len(".cls")]] = -1
+        else:
+            complete = pos == total  # no end marker, but ends at a member's boundary
+    finally:
+        if total:
+            mm.close()
     return Members([n for n, _, _ in images], np.array([o for _, o, _ in images], np.int64),
                    np.array([s for _, _, s in images], np.int64),
                    np.array([cls_of.get(os.path.splitext(n)[0], -1) for n, _, _ in images], np.int64), complete)
+
+
+def _number(field: bytes) -> int | None:
+    """A tar header's numeric field: octal text, or GNU base-256 for large sizes."""
+    if field[:1] == b"\x80":
+        return int.from_bytes(field[1:], "big")
+    text = field.replace(b"\0", b" ").strip()
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        return None
+
+
+def _header_name(hdr: bytes) -> str:
+    name = hdr[:100].split(b"\0", 1)[0]
+    if hdr[257:262] == b"ustar":
+        prefix = hdr[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+    return name.decode("utf-8", "surrogateescape")
+
+
+def _pax_path(records: bytes) -> str | None:
+    """The ``path`` of pax records (``"<length> <key>=<value>\\n"`` ...)."""
+    pos = 0
+    while pos < len(records):
+        space = records.find(b" ", pos)
+        if space < 0:
+            return None
+        length = int(records[pos:space])
+        key, _, value = records[space + 1 : pos + length - 1].partition(b"=")
+        if key == b"path":
+            return value.decode("utf-8", "surrogateescape")
+        pos += length
+    return None
 
 
 class RemoteTarSource:
