@@ -129,6 +129,7 @@ def main() -> None:
         args.data = create_synthetic_dataset(Path.home() / ".cache" / "gpufeed" / f"synth-{args.n}-seed0", n=args.n)
     src = folder_source(args.data)
     moto = MotoProcess()
+    saved = os.environ.get("GPUFEED_CACHE_DIR")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["GPUFEED_CACHE_DIR"] = os.path.join(tmp, "cache")  # the index cache starts empty
         shards = pack(src, range(len(src)), args.per_shard)
@@ -149,6 +150,10 @@ def main() -> None:
             cached = first_batch(url, moto, args)
         finally:
             moto.stop()
+            if saved is None:
+                os.environ.pop("GPUFEED_CACHE_DIR")
+            else:
+                os.environ["GPUFEED_CACHE_DIR"] = saved
     mb = sum(map(len, shards)) / 1e6
     print(f"{len(src)} images, {len(shards)} shards of {args.per_shard} ({mb:.0f} MB), batch {args.batch_size}, "
           f"{args.workers} workers, CPU decode, {args.epochs} epochs each, alternating; median of epochs 2-{args.epochs}\n")

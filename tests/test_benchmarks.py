@@ -66,3 +66,15 @@ def test_overlap(capsys, monkeypatch):
         assert min(copy_ms, work_ms, both_ms) > 0
     else:
         assert out.strip().endswith("needs CUDA (none here); nothing measured")
+
+
+def test_remote_shards(synth_root, capsys, monkeypatch):
+    out = _run("remote_shards.py", [str(synth_root), "--per-shard", "10", "--epochs", "2", "--workers", "1",
+                                    "--batch-size", "8", "--startup-shards", "20"], capsys, monkeypatch)
+    rows = _rows(out)
+    assert [r.split("|")[1].strip() for r in rows[:2]] == ["local disk", "S3 server"]
+    assert all(float(r.split("|")[3].replace(",", "")) > 0 for r in rows[:2])
+    assert "First batch from 20 shards of 2" in out
+    assert [r.split("|")[1].strip() for r in rows[2:]] == [
+        "declared (samples_per_shard)", "from the index cache of an earlier run",
+        "neither: every shard fetched and indexed first"]

@@ -5,6 +5,7 @@ name the URL."""
 from __future__ import annotations
 
 import collections
+import re
 import threading
 import time
 
@@ -264,3 +265,20 @@ def test_missing_filesystem_package_names_the_extra():
             create_source("gs://bucket/train/")
     else:
         pytest.skip("gcsfs is installed here")
+
+
+def test_bench_reads_a_url_and_info_lists_the_schemes(s3, tmp_path, capsys):
+    import json
+
+    from gpufeed.cli import main
+
+    rc = main(["bench", "--data", "s3://data/train/", "--storage-options", json.dumps(s3.storage_options),
+               "--batch-size", "8", "--workers", "1", "--epochs", "2", "--device", "cpu", "--json", str(tmp_path / "r.json")])
+    assert rc == 0
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert [r["pipeline"] for r in rows] == ["gpufeed (cpu decode)"]  # the ImageFolder baseline cannot read a URL
+    assert [e["images"] for e in rows[0]["epochs"]] == [40, 40]
+    capsys.readouterr()
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"URLs s3://\s+yes, s3fs", out) and re.search(r"Parquet tables\s+yes, pyarrow", out)
