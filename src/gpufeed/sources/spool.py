@@ -18,12 +18,12 @@ import collections
 import fcntl
 import hashlib
 import os
+import queue
 import shutil
 import tempfile
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 import numpy as np
@@ -31,6 +31,7 @@ import numpy as np
 from .retry import RetryPolicy, with_retries
 from .urls import filesystem
 
+FETCH_THREADS = 4  # whole files fetched at once, per loader
 FAILED_TTL = 10.0  # seconds a failed fetch is remembered (retries already waited before it was declared)
 
 
@@ -48,23 +49,25 @@ class Spool:
 
     def __init__(self, root: str | None, storage_options: dict[str, Any] | None, retry: RetryPolicy) -> None:
         self.storage_options, self.retry = dict(storage_options or {}), retry
-        if root is None:
+        owned = root is None
+        if owned:
             root = tempfile.mkdtemp(prefix="gpufeed-spool-")
-            self._cleanup = weakref.finalize(self, shutil.rmtree, root, True)
         else:
             os.makedirs(root, exist_ok=True)
         self.root = root
         self._fs: dict[str, Any] = {}
         self._users: collections.Counter[str] = collections.Counter()  # main process: readaheads wanting a file
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
+        self._queue: queue.SimpleQueue | None = None  # URLs for the fetch threads, made on the first readahead
+        if owned:  # at garbage collection or exit
+            weakref.finalize(self, shutil.rmtree, root, True)
 
     def __getstate__(self) -> dict:
         return {"storage_options": self.storage_options, "retry": self.retry, "root": self.root}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._fs, self._users, self._lock, self._pool = {}, collections.Counter(), threading.Lock(), None
+        self._fs, self._users, self._lock, self._queue = {}, collections.Counter(), threading.Lock(), None
 
     def path_of(self, url: str) -> str:
         return os.path.join(self.root, _key(url) + os.path.splitext(url)[1])
@@ -119,9 +122,20 @@ class Spool:
     def readahead(self, urls: Sequence[str], of_sample: np.ndarray, ahead: int) -> "Readahead":
         """Main process: fetch ahead along ``of_sample`` (the file of each entry of an order)."""
         with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpufeed-fetch")
+            if self._queue is None:
+                self._queue = queue.SimpleQueue()
+                for i in range(FETCH_THREADS):  # daemons: an exit never waits for a fetch's retries
+                    threading.Thread(target=_fetch_loop, args=(weakref.ref(self), self._queue), daemon=True,
+                                     name=f"gpufeed-fetch-{i}").start()
         return Readahead(self, urls, of_sample, ahead)
+
+    def _submit(self, url: str) -> None:
+        self._queue.put(url)
+
+    def __del__(self) -> None:
+        if getattr(self, "_queue", None) is not None:
+            for _ in range(FETCH_THREADS):
+                self._queue.put(None)
 
     def _want(self, url: str) -> None:
         with self._lock:
@@ -139,6 +153,16 @@ class Spool:
             self.local(url)
         except Exception:  # the worker that reads it fetches again and reports the error with the sample
             pass
+
+
+def _fetch_loop(spool_ref: weakref.ref, urls: queue.SimpleQueue) -> None:
+    """A fetch thread: fetch each URL put in the queue, until None or the spool is gone."""
+    while (url := urls.get()) is not None:
+        spool = spool_ref()
+        if spool is None:
+            return
+        spool._fetch_quietly(url)
+        del spool
 
 
 class Readahead:
@@ -167,7 +191,7 @@ class Readahead:
         while self.fetched < min(len(self.files), current + self.ahead):
             f = int(self.files[self.fetched])
             self.spool._want(self.urls[f])
-            self.spool._pool.submit(self.spool._fetch_quietly, self.urls[f])
+            self.spool._submit(self.urls[f])
             self.fetched += 1
         for f in self.files[: self.fetched].tolist():
             if f not in self.passed and self.last[f] < done:
