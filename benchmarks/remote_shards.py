@@ -12,8 +12,8 @@ each loader keeping its workers; the table gives the median images/s of the epoc
 
 Start-up: the images are packed again as ``--startup-shards`` shards (brace range
 ``shard-{000000..000999}.tar``), and the time from making the source to the first batch is measured for
-counts declared (``samples_per_shard``), counts from the index cache a previous run wrote, and neither
-(every shard fetched and indexed first).
+counts declared (``samples_per_shard``), counts from the index cache a previous run wrote (brace range, and
+folder URL listed once), and neither (every shard fetched and indexed first).
 """
 
 from __future__ import annotations
@@ -148,6 +148,7 @@ def main() -> None:
             declared = first_batch(url, moto, args, samples_per_shard=counts)
             cold = first_batch(url, moto, args)  # indexes every shard, and writes the index cache
             cached = first_batch(url, moto, args)
+            listed = first_batch("s3://startup/s/", moto, args)  # one listing, then the index cache
         finally:
             moto.stop()
             if saved is None:
@@ -169,6 +170,7 @@ def main() -> None:
     print("|---|---|")
     print(f"| declared (samples_per_shard) | {declared:.2f} |")
     print(f"| from the index cache of an earlier run | {cached:.2f} |")
+    print(f"| folder URL: one listing, then the index cache | {listed:.2f} |")
     print(f"| neither: every shard fetched and indexed first | {cold:.2f} |")
 
 

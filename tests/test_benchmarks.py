@@ -77,4 +77,4 @@ def test_remote_shards(synth_root, capsys, monkeypatch):
     assert "First batch from 20 shards of 2" in out
     assert [r.split("|")[1].strip() for r in rows[2:]] == [
         "declared (samples_per_shard)", "from the index cache of an earlier run",
-        "neither: every shard fetched and indexed first"]
+        "folder URL: one listing, then the index cache", "neither: every shard fetched and indexed first"]
