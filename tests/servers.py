@@ -72,6 +72,7 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         with server.lock:
             server.requests.append(self.path)
             server.ranges.append(self.headers.get("Range"))
+            server.agents.append(self.headers.get("User-Agent", ""))
             failing = server.fail_left[self.path] > 0
             if failing:
                 server.fail_left[self.path] -= 1
@@ -83,12 +84,13 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 
 class HttpServer:
     """``http.server`` serving ``root`` on a free port in a thread. ``fail(path, n)``: the next ``n`` GETs of
-    ``path`` answer 503; ``requests``: the paths asked for, in order; ``ranges``: their Range headers."""
+    ``path`` answer 503; ``requests``: the paths asked for, in order; ``ranges``: their Range headers; ``agents``: their User-Agents."""
 
     def __init__(self, root: Path) -> None:
         self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(root)))
         self._httpd.requests = []
         self._httpd.ranges = []
+        self._httpd.agents = []
         self._httpd.fail_left = collections.Counter()
         self._httpd.lock = threading.Lock()
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
@@ -102,6 +104,11 @@ class HttpServer:
     @property
     def ranges(self) -> list[str | None]:
         return self._httpd.ranges
+
+    @property
+    def agents(self) -> list[str]:
+        """The User-Agent of each request: which client fetched."""
+        return self._httpd.agents
 
     def failures_left(self, path: str) -> int:
         return self._httpd.fail_left[path]

@@ -88,9 +88,11 @@ def test_brace_ranges_expand_as_webdataset_writes_them():
         expand_braces("x{3..1}")
 
 
-@pytest.mark.parametrize("url", ["s3://data/train/", "s3://data/train/shard-{000..007}.tar"])
-def test_s3_shards_give_the_folder_samples(s3, src, url):
-    remote = create_source(url, storage_options=s3.storage_options)
+@pytest.mark.parametrize("url, direct", [("s3://data/train/", True), ("s3://data/train/shard-{000..007}.tar", True),
+                                         ("s3://data/train/", False)])
+def test_s3_shards_give_the_folder_samples(s3, src, url, direct):
+    """Through a presigned GET (direct) and through s3fs alone."""
+    remote = remote_tar_source(url, storage_options=s3.storage_options, direct_get=direct)
     assert len(remote) == len(src) == 40 and remote.groups == (5,) * 8
     for i in range(40):
         assert remote.read(i) == src.read(i) and remote.label(i) == src.label(i)
@@ -251,6 +253,7 @@ def test_wrong_declared_count_fails_naming_the_url(http):
 def test_missing_shard_is_not_retried_and_names_the_url(http):
     source = remote_tar_source(f"{http.url}/shard-{{000..008}}.tar", samples_per_shard=5,
                                retry=RetryPolicy(attempts=5, backoff=1.0))
+    assert source.read(0)  # shard-000 is there
     t0 = time.monotonic()
     with pytest.raises(FileNotFoundError, match=r"/shard-008\.tar: cannot fetch the file"):
         source.read(42)
@@ -282,3 +285,19 @@ def test_bench_reads_a_url_and_info_lists_the_schemes(s3, tmp_path, capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"URLs s3://\s+yes, s3fs", out) and re.search(r"Parquet tables\s+yes, pyarrow", out)
+
+
+def test_plain_get_where_the_url_allows_fsspec_where_options_ask(http, src):
+    url = f"{http.url}/shard-{{000..007}}.tar"
+    assert remote_tar_source(url, samples_per_shard=5).read(7) == src.read(7)
+    assert http.agents[-1].startswith("Python-urllib")  # the standard library's GET: less CPU per byte
+    with_headers = remote_tar_source(url, samples_per_shard=5, storage_options={"headers": {"X-Token": "t"}})
+    assert with_headers.read(12) == src.read(12)
+    assert "aiohttp" in http.agents[-1]  # options only fsspec applies: fsspec fetches
+
+
+def test_plain_get_that_fails_before_it_ever_worked_hands_over_to_fsspec(http, src):
+    http.fail("/shard-000.tar", 1)
+    source = remote_tar_source(f"{http.url}/shard-{{000..007}}.tar", samples_per_shard=5)
+    assert source.read(0) == src.read(0) and source.read(5) == src.read(5)
+    assert http.agents[0].startswith("Python-urllib") and ["aiohttp" in a for a in http.agents[1:]] == [True, True]

@@ -152,15 +152,16 @@ def parquet_files(path: str | os.PathLike | Sequence[str], storage_options: dict
 def parquet_source(path: str | os.PathLike | Sequence[str], *, image_column: str = "image",
                    label_column: str = "label", storage_options: dict[str, Any] | None = None,
                    retry: RetryPolicy = RetryPolicy(), spool_dir: str | None = None, readahead: int = 2,
-                   window: int = 4) -> ParquetSource:
+                   window: int = 4, direct_get: bool = True) -> ParquetSource:
     """A Parquet file, a folder of them, a URL of either, or a list. Reads each file's footer (its row
     groups' sizes and schema, checked here); ``image_column``/``label_column`` name the columns.
     Remote files are fetched whole into ``spool_dir`` (default: a temporary folder), ``readahead`` files
-    ahead of the workers; ``window``: row groups whose samples the epoch order shuffles together."""
+    ahead of the workers; ``window``: row groups whose samples the epoch order shuffles together;
+    ``direct_get`` as for ``remote_tar_source``."""
     pa = _pyarrow()
     files = parquet_files(path, storage_options)
     remote = [is_url(f) for f in files]
-    spool = Spool(spool_dir, storage_options, retry) if any(remote) else None
+    spool = Spool(spool_dir, storage_options, retry, direct_get) if any(remote) else None
     rows: list[list[int]] = []
     for f, is_remote in zip(files, remote):
         def footer(f=f, is_remote=is_remote):

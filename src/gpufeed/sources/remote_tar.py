@@ -274,7 +274,7 @@ def shard_urls(urls: str | Sequence[str], storage_options: dict[str, Any] | None
 def remote_tar_source(urls: str | Sequence[str], *, samples_per_shard: int | Sequence[int] | None = None,
                       storage_options: dict[str, Any] | None = None, retry: RetryPolicy = RetryPolicy(),
                       spool_dir: str | None = None, readahead: int = 8, window: int = 4,
-                      index_cache: str | None = DEFAULT) -> RemoteTarSource:
+                      index_cache: str | None = DEFAULT, direct_get: bool = True) -> RemoteTarSource:
     """Tar shards at ``urls``: a brace pattern (``.../shard-{000000..001023}.tar``), a list of URLs, or a
     folder URL whose ``.tar`` files are the shards (sorted by name).
 
@@ -286,7 +286,9 @@ def remote_tar_source(urls: str | Sequence[str], *, samples_per_shard: int | Seq
 
     ``storage_options`` go to fsspec (endpoint, credentials, ...); ``retry`` governs every fetch;
     ``spool_dir`` holds the local copies (default: a temporary folder, deleted at exit); ``readahead``: shards
-    fetched ahead of the workers; ``window``: shards whose samples the epoch order shuffles together.
+    fetched ahead of the workers; ``window``: shards whose samples the epoch order shuffles together;
+    ``direct_get``: fetch through a plain GET of the URL or of the URL the filesystem signs, where that
+    works (``fetch.Fetcher``: less CPU per byte), else through fsspec; False: always through fsspec.
     """
     index_cache = default_index_cache() if index_cache == DEFAULT else index_cache
     found, sizes = shard_urls(urls, storage_options)
@@ -295,7 +297,7 @@ def remote_tar_source(urls: str | Sequence[str], *, samples_per_shard: int | Seq
     for u in found:
         if scheme(u) is None:
             raise ValueError(f"{u!r} is not a URL (local shards: pass a folder or .tar path)")
-    spool = Spool(spool_dir, storage_options, retry)
+    spool = Spool(spool_dir, storage_options, retry, direct_get)
     if samples_per_shard is not None:
         counts = [samples_per_shard] * len(found) if isinstance(samples_per_shard, int) else list(samples_per_shard)
         if len(counts) != len(found) or min(counts) < 1:

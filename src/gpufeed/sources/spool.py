@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .fetch import Fetcher
 from .retry import RetryPolicy, with_retries
 from .urls import filesystem
 
@@ -44,11 +45,14 @@ class Spool:
 
     ``root`` None: a fresh folder under the system's temporary directory, deleted when this object (in the
     process that made it) is garbage-collected or the interpreter exits. ``storage_options`` go to fsspec;
-    ``retry`` governs each fetch.
+    ``retry`` governs each fetch; ``direct``: fetch through a plain or signed HTTP GET where possible
+    (``fetch.Fetcher``), else always through fsspec.
     """
 
-    def __init__(self, root: str | None, storage_options: dict[str, Any] | None, retry: RetryPolicy) -> None:
-        self.storage_options, self.retry = dict(storage_options or {}), retry
+    def __init__(self, root: str | None, storage_options: dict[str, Any] | None, retry: RetryPolicy,
+                 direct: bool = True) -> None:
+        self.storage_options, self.retry, self.direct = dict(storage_options or {}), retry, direct
+        self._fetcher = Fetcher(self.storage_options, direct)
         owned = root is None
         if owned:
             root = tempfile.mkdtemp(prefix="gpufeed-spool-")
@@ -63,10 +67,12 @@ class Spool:
             weakref.finalize(self, shutil.rmtree, root, True)
 
     def __getstate__(self) -> dict:
-        return {"storage_options": self.storage_options, "retry": self.retry, "root": self.root}
+        return {"storage_options": self.storage_options, "retry": self.retry, "root": self.root,
+                "direct": self.direct}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._fetcher = Fetcher(self.storage_options, self.direct)
         self._fs, self._users, self._lock, self._queue = {}, collections.Counter(), threading.Lock(), None
 
     def path_of(self, url: str) -> str:
@@ -100,7 +106,7 @@ class Spool:
             part = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
             fs = self.filesystem(url)
             try:
-                with_retries(lambda: fs.get_file(url, part), url, self.retry, "fetch the file")
+                with_retries(lambda: self._fetcher.get(fs, url, part), url, self.retry, "fetch the file")
             except OSError as e:
                 with open(failed, "w") as f:
                     f.write(str(e))
