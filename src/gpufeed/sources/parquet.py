@@ -20,6 +20,8 @@ from .retry import RetryPolicy, with_retries
 from .spool import Readahead, Spool
 from .urls import is_url
 
+_OPEN_FILES = 8  # per worker: Parquet files held open
+
 
 def _pyarrow():
     try:
@@ -95,8 +97,14 @@ class ParquetSource:
         handle = self._handles.get(f)
         if handle is None:
             url = self.files[f]
-            local = self.spool.local(url) if self.spool is not None else url
-            handle = self._handles[f] = pq.ParquetFile(local)
+            if self.spool is None:
+                handle = pq.ParquetFile(url)
+            else:  # the descriptor keeps the local copy readable even once the main process deletes it
+                fd, _ = self.spool.open(url)
+                handle = pq.ParquetFile(os.fdopen(fd, "rb"))
+            self._handles[f] = handle
+            if len(self._handles) > _OPEN_FILES:
+                self._handles.pop(next(iter(self._handles))).close()
         try:
             table = handle.read_row_group(int(self._group[g]), columns=[self.image_column, self.label_column])
         except Exception as e:  # pyarrow's errors for corrupt or cut-short files: name the file and row group

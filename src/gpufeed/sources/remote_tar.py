@@ -179,8 +179,7 @@ class RemoteTarSource:
             self._open.move_to_end(s)
             return held
         url = self.urls[s]
-        local = self.spool.local(url)
-        fd = os.open(local, os.O_RDONLY)
+        fd, local = self.spool.open(url)
         members = parse_members(local)
         expected = int(self.counts[s])
         if len(members.names) > expected or (members.complete and len(members.names) < expected):

@@ -118,6 +118,17 @@ class Spool:
         finally:
             os.close(lock)  # closing the descriptor releases the lock
 
+    def open(self, url: str) -> tuple[int, str]:
+        """A read-only descriptor of the local copy of ``url``, and its path (fetched again if the main
+        process deleted the copy between ``local`` and the open: the order had passed it)."""
+        for _ in range(2):
+            path = self.local(url)
+            try:
+                return os.open(path, os.O_RDONLY), path
+            except FileNotFoundError:
+                continue
+        return os.open(self.local(url), os.O_RDONLY), path
+
     def drop(self, url: str) -> None:
         """Delete the local copy (readers holding it open keep reading it)."""
         try:
