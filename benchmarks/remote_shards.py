@@ -8,7 +8,9 @@ DATA: an ImageFolder tree (default: ``gpufeed synth``'s cached dataset of ``--n`
 packed into WebDataset shards (``<id>.jpg`` + ``<id>.cls``) of ``--per-shard`` samples in a temporary
 folder and uploaded to moto's standalone S3 server, started here as its own process on a free port. Then
 ImageLoader (CPU decode, train augmentation) reads the local shards and ``s3://`` in alternating epochs,
-each loader keeping its workers; the table gives the median images/s of the epochs after the first.
+each loader keeping its workers; the table gives the median images/s of the epochs after the first. Then
+the CPU cost of fetching the shards once through s3fs and through a presigned URL with the standard
+library (the two routes of ``sources/fetch.py``).
 
 Start-up: the images are packed again as ``--startup-shards`` shards (brace range
 ``shard-{000000..000999}.tar``), and the time from making the source to the first batch is measured for
@@ -32,6 +34,8 @@ from pathlib import Path
 
 from gpufeed import ImageLoader
 from gpufeed.sources import folder_source, remote_tar_source
+from gpufeed.sources.fetch import http_get
+from gpufeed.sources.urls import filesystem
 
 
 def pack(src, ids: range, per_shard: int) -> list[bytes]:
@@ -113,6 +117,23 @@ def first_batch(url: str, moto: MotoProcess, args, **source_kw) -> float:
         return time.perf_counter() - t0
 
 
+def fetch_cost(moto: MotoProcess, count: int, folder: str) -> dict[str, float]:
+    """CPU seconds of this process to fetch the ``count`` shards of s3://bench/shards/ once, by each route."""
+    fs = filesystem("s3://bench", moto.storage_options)
+    urls = [f"s3://bench/shards/shard-{s:06d}.tar" for s in range(count)]
+    routes = {"s3fs get_file (fsspec)": lambda u, p: fs.get_file(u, p),
+              "presigned URL, standard library GET": lambda u, p: http_get(fs.sign(u, expiration=600), p)}
+    cost = {}
+    for name, get in routes.items():
+        get(urls[0], os.path.join(folder, "warm"))
+        t0 = time.process_time()
+        for u in urls:
+            get(u, os.path.join(folder, "x"))
+            os.unlink(os.path.join(folder, "x"))
+        cost[name] = time.process_time() - t0
+    return cost
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("data", nargs="?")
@@ -140,6 +161,7 @@ def main() -> None:
         moto.upload("bench", "shards", shards)
         try:
             rates = side_by_side(str(local), moto, args)
+            costs = fetch_cost(moto, len(shards), tmp)
             per = -(-len(src) // args.startup_shards)
             small = pack(src, range(min(len(src), per * args.startup_shards)), per)
             moto.upload("startup", "s", small)
@@ -164,6 +186,11 @@ def main() -> None:
     for name, r in rates.items():
         med = statistics.median(r[1:])
         print(f"| {name} | {', '.join(f'{x:,.0f}' for x in r)} | {med:,.0f} | {med / base:.0%} |")
+    print(f"\nCPU seconds of the fetching process for the {len(shards)} shards once ({mb:.0f} MB), by route:\n")
+    print("| route | CPU s |")
+    print("|---|---|")
+    for name, c in costs.items():
+        print(f"| {name} | {c:.2f} |")
     print(f"\nFirst batch from {len(small)} shards of {per} on the S3 server (source made, workers started, "
           f"first batch in hand):\n")
     print("| sample counts | seconds to the first batch |")

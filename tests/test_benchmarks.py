@@ -75,6 +75,8 @@ def test_remote_shards(synth_root, capsys, monkeypatch):
     assert [r.split("|")[1].strip() for r in rows[:2]] == ["local disk", "S3 server"]
     assert all(float(r.split("|")[3].replace(",", "")) > 0 for r in rows[:2])
     assert "First batch from 20 shards of 2" in out
-    assert [r.split("|")[1].strip() for r in rows[2:]] == [
+    assert [r.split("|")[1].strip() for r in rows[2:4]] == ["s3fs get_file (fsspec)",
+                                                            "presigned URL, standard library GET"]
+    assert [r.split("|")[1].strip() for r in rows[4:]] == [
         "declared (samples_per_shard)", "from the index cache of an earlier run",
         "folder URL: one listing, then the index cache", "neither: every shard fetched and indexed first"]
