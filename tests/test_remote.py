@@ -301,3 +301,33 @@ def test_plain_get_that_fails_before_it_ever_worked_hands_over_to_fsspec(http, s
     source = remote_tar_source(f"{http.url}/shard-{{000..007}}.tar", samples_per_shard=5)
     assert source.read(0) == src.read(0) and source.read(5) == src.read(5)
     assert http.agents[0].startswith("Python-urllib") and ["aiohttp" in a for a in http.agents[1:]] == [True, True]
+
+
+@pytest.mark.parametrize("fmt", ["USTAR_FORMAT", "GNU_FORMAT", "PAX_FORMAT"])
+def test_member_index_matches_tarfile_and_finds_the_cut(tmp_path, fmt):
+    """The header walk that indexes spooled shards gives tarfile's names, offsets and sizes (long names
+    included), the .cls labels, and marks a shard cut short as incomplete."""
+    import io
+    import os
+    import tarfile
+
+    from gpufeed.sources.remote_tar import parse_members
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=getattr(tarfile, fmt)) as tf:
+        for i in range(30):
+            stem = ("d" * (120 if i % 7 == 0 else 3)) + f"/x{i}" if fmt != "USTAR_FORMAT" else f"d/x{i}"
+            for name, data in ((f"{stem}.jpg", os.urandom(1000 + 37 * i)), (f"{stem}.cls", str(i % 5).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    path = tmp_path / "s.tar"
+    path.write_bytes(buf.getvalue())
+    with tarfile.open(path) as tf:
+        expected = [(m.name, m.offset_data, m.size) for m in tf if m.name.endswith(".jpg")]
+    members = parse_members(str(path))
+    assert list(zip(members.names, members.offsets, members.sizes)) == expected
+    assert members.complete and members.labels == [i % 5 for i in range(30)]
+    path.write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+    cut = parse_members(str(path))
+    assert not cut.complete and 0 < len(cut.names) < 30 and cut.names == members.names[: len(cut.names)]

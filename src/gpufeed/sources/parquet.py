@@ -9,6 +9,7 @@ row groups at a time (``sampling``). Remote files are fetched whole into the ``S
 
 from __future__ import annotations
 
+import bisect
 import collections
 import os
 from pathlib import Path
@@ -60,6 +61,7 @@ class ParquetSource:
         self._group = np.array([r for _, r, _ in sizes], np.int64)
         self._sizes = np.array([n for _, _, n in sizes], np.int64)
         self._starts = np.concatenate([[0], np.cumsum(self._sizes)])
+        self._first = self._starts.tolist()
         # the first row of each kept row group within its file, for naming samples
         self._row0 = np.array([sum(rows[f][:r]) for f, r, _ in sizes], np.int64)
         self._cache: collections.OrderedDict[int, tuple[Any, np.ndarray]] = collections.OrderedDict()
@@ -80,8 +82,8 @@ class ParquetSource:
     def _locate(self, index: int) -> tuple[int, int]:
         if not 0 <= index < len(self):
             raise IndexError(f"sample {index} out of range for {len(self)} samples")
-        g = int(np.searchsorted(self._starts, index, side="right")) - 1
-        return g, index - int(self._starts[g])
+        g = bisect.bisect_right(self._first, index) - 1  # a list: no numpy call per sample
+        return g, index - self._first[g]
 
     def path(self, index: int) -> str:
         g, k = self._locate(index)

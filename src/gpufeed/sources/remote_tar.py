@@ -12,6 +12,7 @@ cut short fails the samples past the cut, naming the URL and the sample's positi
 
 from __future__ import annotations
 
+import bisect
 import collections
 import hashlib
 import json
@@ -34,12 +35,13 @@ _OPEN_SHARDS = 8  # per worker: local copies held open (an evicted copy stays re
 
 @dataclass(frozen=True)
 class Members:
-    """A shard's images in tar order: names, data offsets and sizes (int64 arrays), labels (-1: none)."""
+    """A shard's images in tar order: names, data offsets and sizes, labels (-1: none); lists, which index
+    faster than arrays one element at a time."""
 
     names: list[str]
-    offsets: np.ndarray
-    sizes: np.ndarray
-    labels: np.ndarray
+    offsets: list[int]
+    sizes: list[int]
+    labels: list[int]
     complete: bool  # False: the tar ended early (a truncated shard)
 
 
@@ -91,9 +93,8 @@ def parse_members(path: str, extensions: tuple[str, ...] = IMG_EXTENSIONS) -> Me
     finally:
         if total:
             mm.close()
-    return Members([n for n, _, _ in images], np.array([o for _, o, _ in images], np.int64),
-                   np.array([s for _, _, s in images], np.int64),
-                   np.array([cls_of.get(os.path.splitext(n)[0], -1) for n, _, _ in images], np.int64), complete)
+    return Members([n for n, _, _ in images], [o for _, o, _ in images], [s for _, _, s in images],
+                   [cls_of.get(os.path.splitext(n)[0], -1) for n, _, _ in images], complete)
 
 
 def _number(field: bytes) -> int | None:
@@ -146,6 +147,7 @@ class RemoteTarSource:
         self.index_cache = default_index_cache() if index_cache == DEFAULT else index_cache
         self.counts = np.asarray(counts, np.int64)
         self._starts = np.concatenate([[0], np.cumsum(self.counts)])
+        self._first = self._starts.tolist()
         self._open: collections.OrderedDict[int, tuple[int, Members]] = collections.OrderedDict()
 
     def __getstate__(self) -> dict:
@@ -163,8 +165,8 @@ class RemoteTarSource:
     def _locate(self, index: int) -> tuple[int, int]:
         if not 0 <= index < len(self):
             raise IndexError(f"sample {index} out of range for {len(self)} samples")
-        s = int(np.searchsorted(self._starts, index, side="right")) - 1
-        return s, index - int(self._starts[s])
+        s = bisect.bisect_right(self._first, index) - 1  # a list: no numpy call per sample
+        return s, index - self._first[s]
 
     def path(self, index: int) -> str:
         s, k = self._locate(index)
@@ -199,8 +201,8 @@ class RemoteTarSource:
         if k >= len(members.names):
             raise OSError(f"{self.urls[s]}: sample {k} missing: the shard ends after {len(members.names)} "
                           f"complete samples of {int(self.counts[s])} (truncated)")
-        size = int(members.sizes[k])
-        data = os.pread(fd, size, int(members.offsets[k]))
+        size = members.sizes[k]
+        data = os.pread(fd, size, members.offsets[k])
         if len(data) != size:
             raise OSError(f"{self.path(index)}: read {len(data)} of {size} bytes")
         return data
@@ -208,7 +210,7 @@ class RemoteTarSource:
     def label(self, index: int) -> int:
         s, k = self._locate(index)
         members = self._shard(s)[1]
-        label = int(members.labels[k]) if k < len(members.labels) else -1
+        label = members.labels[k] if k < len(members.labels) else -1
         if label < 0:
             name = members.names[k] if k < len(members.names) else f"sample {k}"
             raise ValueError(f"{self.urls[s]}:{name}: no '{os.path.splitext(name)[0]}.cls' member holding an "
