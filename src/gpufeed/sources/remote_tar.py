@@ -18,6 +18,7 @@ import hashlib
 import json
 import mmap
 import os
+import pickle
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -45,8 +46,8 @@ class Members:
     complete: bool  # False: the tar ended early (a truncated shard)
 
 
-def parse_members(path: str, extensions: tuple[str, ...] = IMG_EXTENSIONS) -> Members:
-    """The image members of the local tar at ``path`` and their ``<key>.cls`` labels.
+def parse_members(path: str | int, extensions: tuple[str, ...] = IMG_EXTENSIONS) -> Members:
+    """The image members of the local tar at ``path`` (or open descriptor) and their ``<key>.cls`` labels.
 
     Reads the 512-byte headers in place (mmap), hopping from one to the next: a tenth of ``tarfile``'s cost,
     which every worker pays for every shard of every epoch. ustar, GNU long names and pax paths; a header
@@ -54,7 +55,7 @@ def parse_members(path: str, extensions: tuple[str, ...] = IMG_EXTENSIONS) -> Me
     """
     images: list[tuple[str, int, int]] = []
     cls_of: dict[str, int] = {}
-    with open(path, "rb") as f:
+    with open(path, "rb", closefd=not isinstance(path, int)) as f:
         total = os.fstat(f.fileno()).st_size
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if total else b""
     complete, pos, long_name = False, 0, None
@@ -132,6 +133,29 @@ def _pax_path(records: bytes) -> str | None:
     return None
 
 
+_recorded: set[str] = set()  # shards whose count this process has put in the index cache
+
+
+def _members(fd: int, local: str) -> Members:
+    """The members of the spooled shard open at ``fd``: from the index the first worker to read it left
+    beside it (``<copy>.members``), else parsed and left there for the others."""
+    side = local + ".members"
+    try:
+        with open(side, "rb") as f:
+            return pickle.load(f)
+    except (OSError, pickle.UnpicklingError, EOFError):
+        pass
+    members = parse_members(fd)
+    try:
+        tmp = f"{side}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(members, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, side)
+    except OSError:  # only the other workers' time is lost
+        pass
+    return members
+
+
 class RemoteTarSource:
     """Samples in tar shards at ``urls`` with ``counts[s]`` images in shard s (picklable).
 
@@ -182,14 +206,15 @@ class RemoteTarSource:
             return held
         url = self.urls[s]
         fd, local = self.spool.open(url)
-        members = parse_members(local)
+        members = _members(fd, local)
         expected = int(self.counts[s])
         if len(members.names) > expected or (members.complete and len(members.names) < expected):
             os.close(fd)
             raise OSError(f"{url}: holds {len(members.names)} samples, {expected} expected (the declared "
                           f"samples_per_shard, or a stale index cache entry {_cache_path(self.index_cache, url)!r})")
-        if members.complete:
+        if members.complete and url not in _recorded:
             write_index_entry(_cache_path(self.index_cache, url), url, os.fstat(fd).st_size, expected)
+            _recorded.add(url)
         self._open[s] = held = (fd, members)
         if len(self._open) > _OPEN_SHARDS:
             os.close(self._open.popitem(last=False)[1][0])

@@ -130,11 +130,13 @@ class Spool:
         return os.open(self.local(url), os.O_RDONLY), path
 
     def drop(self, url: str) -> None:
-        """Delete the local copy (readers holding it open keep reading it)."""
-        try:
-            os.unlink(self.path_of(url))
-        except FileNotFoundError:
-            pass
+        """Delete the local copy and what readers left beside it (readers holding it open keep reading it)."""
+        path = self.path_of(url)
+        for leftover in (path + ".members", path):  # the copy last: a reader that sees it finds its index
+            try:
+                os.unlink(leftover)
+            except FileNotFoundError:
+                pass
 
     def readahead(self, urls: Sequence[str], of_sample: np.ndarray, ahead: int) -> "Readahead":
         """Main process: fetch ahead along ``of_sample`` (the file of each entry of an order)."""
