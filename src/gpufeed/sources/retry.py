@@ -18,7 +18,7 @@ PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirector
 @dataclass(frozen=True)
 class RetryPolicy:
     """``attempts`` tries in all; the wait before try k+1 is ``backoff * 2**k`` seconds (+- 25% jitter),
-    capped at ``max_wait``. The defaults ride out about 30 s of an unreachable server."""
+    capped at ``max_wait``. The defaults ride out about 15 s of an unreachable server."""
 
     attempts: int = 6
     backoff: float = 0.5
