@@ -140,3 +140,14 @@ def test_grouped_order_is_exactly_once_across_ranks_and_resumes_elastically():
 def test_groups_must_add_up():
     with pytest.raises(ValueError, match="groups hold 9 samples, num_samples_total=10"):
         ShardedSampler(10, groups=(4, 5))
+
+
+def test_a_grouped_order_resumes_only_with_the_same_grouping():
+    saved = ShardedSampler(20, groups=(5,) * 4, window=2, seed=3)
+    saved.advance(7)
+    for other in (ShardedSampler(20, seed=3), ShardedSampler(20, groups=(5,) * 4, window=4, seed=3)):
+        with pytest.raises(ValueError, match="grouped order"):
+            other.load_state_dict(saved.state_dict())
+    same = ShardedSampler(20, groups=(5,) * 4, window=2, seed=3)
+    same.load_state_dict(saved.state_dict())
+    assert same.remaining() == saved.remaining()

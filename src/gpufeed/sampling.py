@@ -164,8 +164,11 @@ class ShardedSampler:
         return self.start + self.position * self.world_size
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "seed": self.seed, "offset": self.offset,
-                "num_samples_total": self.num_samples_total, "world_size": self.world_size}
+        state = {"epoch": self.epoch, "seed": self.seed, "offset": self.offset,
+                 "num_samples_total": self.num_samples_total, "world_size": self.world_size}
+        if self.groups is not None:  # the order depends on them: a resume must see the same
+            state["groups"] = {"count": len(self.groups), "window": self.window}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at ``state``, saved on any world size (the dataset size must match). A state from before
@@ -173,6 +176,10 @@ class ShardedSampler:
         if state["num_samples_total"] != self.num_samples_total:
             raise ValueError(f"state_dict has num_samples_total={state['num_samples_total']}, "
                              f"this loader has {self.num_samples_total}")
+        mine = {"count": len(self.groups), "window": self.window} if self.groups is not None else None
+        if state.get("groups") != mine:
+            raise ValueError(f"state_dict was saved with a grouped order of {state.get('groups')}, this loader's "
+                             f"is {mine} (the same source and window are needed to resume)")
         if "offset" in state:
             offset = state["offset"]
             if not 0 <= offset <= self.num_samples_total:
