@@ -109,7 +109,7 @@ class ImageLoader:
 
     def __init__(
         self,
-        source: str | os.PathLike | Source,
+        source: str | os.PathLike | Sequence[str] | Source,
         *,
         batch_size: int = 256,
         train: bool = True,
