@@ -208,12 +208,13 @@ class RemoteTarSource:
         fd, local = self.spool.open(url)
         members = _members(fd, local)
         expected = int(self.counts[s])
+        cache = _cache_path(self.index_cache, url, self.spool.storage_options)
         if len(members.names) > expected or (members.complete and len(members.names) < expected):
             os.close(fd)
             raise OSError(f"{url}: holds {len(members.names)} samples, {expected} expected (the declared "
-                          f"samples_per_shard, or a stale index cache entry {_cache_path(self.index_cache, url)!r})")
+                          f"samples_per_shard, or a stale index cache entry {cache!r})")
         if members.complete and url not in _recorded:
-            write_index_entry(_cache_path(self.index_cache, url), url, os.fstat(fd).st_size, expected)
+            write_index_entry(cache, url, os.fstat(fd).st_size, expected)
             _recorded.add(url)
         self._open[s] = held = (fd, members)
         if len(self._open) > _OPEN_SHARDS:
@@ -341,9 +342,14 @@ def default_index_cache() -> str:
     return os.path.join(base, "shard-index")
 
 
-def _cache_path(index_cache: str | None, url: str) -> str | None:
-    return None if index_cache is None else os.path.join(
-        index_cache, hashlib.sha256(url.encode()).hexdigest()[:32] + ".json")
+def _cache_path(index_cache: str | None, url: str, storage_options: dict[str, Any]) -> str | None:
+    """The index cache file of ``url``, keyed by the URL and the endpoint it is read from (the same bucket
+    name on two S3-compatible servers is two shards)."""
+    if index_cache is None:
+        return None
+    kwargs = storage_options.get("client_kwargs") or {}
+    endpoint = storage_options.get("endpoint_url") or kwargs.get("endpoint_url") or ""
+    return os.path.join(index_cache, hashlib.sha256(f"{endpoint} {url}".encode()).hexdigest()[:32] + ".json")
 
 
 def _counts(urls: list[str], sizes: dict[str, int], spool: Spool, index_cache: str | None) -> list[int]:
@@ -351,7 +357,7 @@ def _counts(urls: list[str], sizes: dict[str, int], spool: Spool, index_cache: s
     fetching and indexing the shard now."""
     counts: dict[str, int] = {}
     for u in urls:
-        entry = read_index_entry(_cache_path(index_cache, u), u)
+        entry = read_index_entry(_cache_path(index_cache, u, spool.storage_options), u)
         if entry is not None and (u not in sizes or sizes[u] == entry[0]):
             counts[u] = entry[1]
 
@@ -361,7 +367,7 @@ def _counts(urls: list[str], sizes: dict[str, int], spool: Spool, index_cache: s
         if not members.complete:
             raise ValueError(f"{u}: not a complete tar file (it ends after {len(members.names)} images)")
         counts[u] = len(members.names)
-        write_index_entry(_cache_path(index_cache, u), u, os.path.getsize(local), counts[u])
+        write_index_entry(_cache_path(index_cache, u, spool.storage_options), u, os.path.getsize(local), counts[u])
         spool.drop(u)
 
     missing = [u for u in urls if u not in counts]
