@@ -95,3 +95,17 @@ def test_cpu_device(synth_root, capsys, monkeypatch):
     assert float(rate.replace(",", "")) > 0 and float(norm) > 0 and abs(float(per) - float(norm) - float(rest)) < 0.2
     used, batches = arrays.split(" of ")
     assert 1 <= int(used) <= int(batches.split()[0])
+
+
+def test_remote_shards(synth_root, capsys, monkeypatch):
+    out = _run("remote_shards.py", [str(synth_root), "--per-shard", "10", "--epochs", "2", "--workers", "1",
+                                    "--batch-size", "8", "--startup-shards", "20"], capsys, monkeypatch)
+    rows = _rows(out)
+    assert [r.split("|")[1].strip() for r in rows[:2]] == ["local disk", "S3 server"]
+    assert all(float(r.split("|")[3].replace(",", "")) > 0 for r in rows[:2])
+    assert "First batch from 20 shards of 2" in out
+    assert [r.split("|")[1].strip() for r in rows[2:4]] == ["s3fs get_file (fsspec)",
+                                                            "presigned URL, standard library GET"]
+    assert [r.split("|")[1].strip() for r in rows[4:]] == [
+        "declared (samples_per_shard)", "from the index cache of an earlier run",
+        "folder URL: one listing, then the index cache", "neither: every shard fetched and indexed first"]

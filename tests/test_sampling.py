@@ -95,3 +95,59 @@ def test_resolve_rank_defaults_and_errors(monkeypatch):
         resolve_rank(2, 2)
     with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):
         resolve_rank(0, 0)
+
+
+def test_grouped_order_takes_a_window_of_groups_at_a_time():
+    """Groups (shards) of 5, 3, 4, 6, 2, 5 samples, window 2: each epoch is a permutation of all samples in
+    which every run of two groups' samples comes whole before the next, differently each epoch."""
+    groups = (5, 3, 4, 6, 2, 5)
+    starts = [0, 5, 8, 12, 18, 20, 25]
+    group_of = {i: g for g in range(6) for i in range(starts[g], starts[g + 1])}
+    orders = []
+    for epoch in range(2):
+        order = ShardedSampler(25, groups=groups, window=2, seed=7, epoch=epoch).epoch_indices()
+        assert sorted(order) == list(range(25))
+        seen: list[set[int]] = []
+        for i in order:
+            if not seen or (group_of[i] not in seen[-1] and len(seen[-1]) == 2):
+                seen.append(set())
+            seen[-1].add(group_of[i])
+        assert len(seen) == 3 and set().union(*seen) == set(range(6))
+        assert sum(len(window) for window in seen) == 6  # no group is split across windows
+        orders.append(order)
+    assert orders[0] != orders[1]
+
+
+def test_grouped_order_is_exactly_once_across_ranks_and_resumes_elastically():
+    groups = (4,) * 10
+    full = [ShardedSampler(40, groups=groups, seed=1, rank=r, world_size=3).epoch_indices() for r in range(3)]
+    counts = collections.Counter(i for shard in full for i in shard)
+    assert set(counts) == set(range(40)) and sum(counts.values()) == 42
+    first = [ShardedSampler(40, groups=groups, seed=1, rank=r, world_size=3) for r in range(3)]
+    done = []
+    for s in first:
+        done += s.epoch_indices()[:5]
+        s.advance(5)
+    rest = []
+    for r in range(2):
+        s = ShardedSampler(40, groups=groups, seed=1, rank=r, world_size=2)
+        s.load_state_dict(first[0].state_dict())
+        rest += s.remaining()
+    counts = collections.Counter(done + rest)  # 25 left over 2 ranks: one entry of padding
+    assert set(counts) == set(range(40)) and sum(counts.values()) == 41
+
+
+def test_groups_must_add_up():
+    with pytest.raises(ValueError, match="groups hold 9 samples, num_samples_total=10"):
+        ShardedSampler(10, groups=(4, 5))
+
+
+def test_a_grouped_order_resumes_only_with_the_same_grouping():
+    saved = ShardedSampler(20, groups=(5,) * 4, window=2, seed=3)
+    saved.advance(7)
+    for other in (ShardedSampler(20, seed=3), ShardedSampler(20, groups=(5,) * 4, window=4, seed=3)):
+        with pytest.raises(ValueError, match="grouped order"):
+            other.load_state_dict(saved.state_dict())
+    same = ShardedSampler(20, groups=(5,) * 4, window=2, seed=3)
+    same.load_state_dict(saved.state_dict())
+    assert same.remaining() == saved.remaining()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 
 def _progress(desc: str, total: int):
@@ -70,10 +72,22 @@ def _bench(args: argparse.Namespace, cuda: bool, rank: int, local_ranks: int, ra
     model = args.model if args.model != "none" else None
     if args.model is None:
         model = "resnet50" if device.startswith("cuda") else None
+    storage_options = None
+    if args.storage_options:
+        try:
+            storage_options = json.loads(args.storage_options)
+        except ValueError as e:
+            raise ValueError(f"--storage-options must be a JSON object, got {args.storage_options!r} ({e})") from None
+        if not isinstance(storage_options, dict):
+            raise ValueError(f"--storage-options must be a JSON object, got {args.storage_options!r}")
+    # the baseline (torchvision's ImageFolder) reads only local folders: by default URLs, shards and
+    # Parquet files are measured with gpufeed alone
+    pipelines = args.pipelines or ("baseline,gpufeed" if args.data is None or Path(args.data).is_dir() and not
+                                   _holds_only(Path(args.data), (".tar", ".parquet")) else "gpufeed")
     cfg = BenchConfig(
         data=args.data, n=args.n or (10_000 if cuda else 2_000), batch_size=args.batch_size or (256 if cuda else 64),
         workers=args.workers or default_num_workers(local_ranks), epochs=args.epochs, model=model, device=device,
-        pipelines=tuple(args.pipelines.split(",")),
+        pipelines=tuple(pipelines.split(",")), storage_options=storage_options,
     )
     result = run_bench(cfg, _progress)
     failed = [r for r in result["rows"] if r.get("error")]
@@ -88,6 +102,11 @@ def _bench(args: argparse.Namespace, cuda: bool, rank: int, local_ranks: int, ra
     for r in failed:
         print(f"\n{r['pipeline']}:\n{r['error']}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _holds_only(folder: Path, suffixes: tuple[str, ...]) -> bool:
+    entries = [e for e in folder.iterdir() if not e.name.startswith(".")]
+    return bool(entries) and all(e.suffix in suffixes for e in entries)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -111,7 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="the usual DataLoader against gpufeed, in one run and one table",
                        description="Under torchrun (torchrun --nproc_per_node=N -m gpufeed bench ...) every rank "
                                    "trains with DDP and the table sums images/s over the ranks.")
-    b.add_argument("--data", help="an ImageFolder-layout folder (default: a cached synthetic dataset)")
+    b.add_argument("--data", help="an ImageFolder-layout folder, tar shards, Parquet files, or a URL of shards or "
+                                  "Parquet files (s3://, gs://, az://, https://...{000..099}.tar); default: a cached "
+                                  "synthetic dataset")
+    b.add_argument("--storage-options", help="JSON object passed to fsspec for --data URLs, e.g. "
+                                             "'{\"client_kwargs\": {\"endpoint_url\": \"http://host:9000\"}}'")
     b.add_argument("--n", type=int, help="synthetic images when --data is not given (default 10,000 with a GPU, else 2,000)")
     b.add_argument("--batch-size", type=int, help="default 256 with a GPU, else 64")
     b.add_argument("--workers", type=int, help="worker processes for every pipeline, per rank (default: the usable "
@@ -119,8 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--epochs", type=int, default=3, help="epochs per pipeline; the first counts as warm-up")
     b.add_argument("--model", help="torchvision model to train per batch, or 'none' (default resnet50 on a GPU)")
     b.add_argument("--device", help="'cuda' or 'cpu' (default: cuda when available)")
-    b.add_argument("--pipelines", default="baseline,gpufeed",
-                   help="comma-separated, from: baseline, baseline+prefetch, gpufeed (decode where 'auto' puts "
+    b.add_argument("--pipelines",
+                   help="comma-separated (default baseline,gpufeed; gpufeed alone for data the baseline cannot read: "
+                        "URLs, shards, Parquet), from: baseline, baseline+prefetch, gpufeed (decode where 'auto' puts "
                         "it), gpufeed-cpu, gpufeed-gpu (GPU decode + the CPU share cpu_share='auto' settles on), "
                         "gpufeed-gpu-only (GPU decoders alone)")
     b.add_argument("--json", help="write all numbers to this JSON file")
@@ -136,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"gpufeed {args.command}: error: {e}", file=sys.stderr)
         return 2
 

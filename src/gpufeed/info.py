@@ -74,6 +74,23 @@ def _probe_gpu_decode(choice: str) -> str:
     return f"works (PSNR {psnr:.1f} dB against the CPU decode{how})"
 
 
+def data_access() -> dict[str, str]:
+    """Which URL schemes ImageLoader can read here (through fsspec and the scheme's package), and Parquet."""
+    from .sources.urls import scheme_status
+
+    out = {"fsspec": _version("fsspec")}
+    for proto, package in (("s3", "s3fs"), ("gs", "gcsfs"), ("az", "adlfs"), ("https", "aiohttp"), ("file", "fsspec")):
+        status = scheme_status(proto)
+        out[f"URLs {proto}://"] = f"{status}, {package} {_version(package)}" if status == "yes" else status
+    try:
+        import pyarrow  # noqa: F401
+
+        out["Parquet tables"] = f"yes, pyarrow {_version('pyarrow')}"
+    except ImportError:
+        out["Parquet tables"] = "no (pip install 'gpufeed[parquet]' for pyarrow)"
+    return out
+
+
 def collect_info() -> dict[str, str]:
     """Versions, hardware and backends as (name, value) text."""
     import torch
@@ -120,6 +137,7 @@ def collect_info() -> dict[str, str]:
     info["decode: nvjpeg hardware engines (GPU)"] = _probe_gpu_decode("nvjpeg")
     info["decode: nvimgcodec (GPU)"] = _probe_gpu_decode("nvimgcodec")
     info["decode: torchvision (GPU)"] = _probe_gpu_decode("torchvision")
+    info.update(data_access())
     from .placement import create_gpu_decoders
 
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -66,7 +66,9 @@ def _local_world_size(world_size: int) -> int:
 
 
 class ImageLoader:
-    """Batches of augmented images on ``device``, from a folder, a file list, tar shards or a Source.
+    """Batches of augmented images on ``device``, from a folder, a file list, tar shards, Parquet files, URLs
+    of either (``s3://``, ``gs://``, ``az://``, ``https://``, brace ranges, lists; ``storage_options`` go to
+    fsspec) or a Source.
 
     Yields ``(images, labels)``: images (B, 3, S, S) ``dtype`` on ``device``, normalised with
     ``mean``/``std`` (channels_last when asked); labels (B,) int64 on ``device``. ``train=True``:
@@ -107,7 +109,7 @@ class ImageLoader:
 
     def __init__(
         self,
-        source: str | os.PathLike | Source,
+        source: str | os.PathLike | Sequence[str] | Source,
         *,
         batch_size: int = 256,
         train: bool = True,
@@ -131,6 +133,7 @@ class ImageLoader:
         sample_timeout: float | None = None,
         cpu_share: float | str = "auto",
         max_gpu_memory: int | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -142,11 +145,12 @@ class ImageLoader:
         self.normalize = Normalize(mean=tuple(mean), std=tuple(std), dtype=dtype, channels_last=channels_last)
         self.augment = AugmentSpec(train=train, image_size=image_size,
                                    resize_size=resize_size or round(image_size * 256 / 224))
-        self.source = create_source(source)
+        self.source = create_source(source, storage_options=storage_options)
         check_source_importable(self.source)
         rank, world_size = resolve_rank(rank, world_size)
+        groups = getattr(self.source, "groups", None)  # read whole group by group: a grouped order (sampling.py)
         self.sampler = ShardedSampler(len(self.source), shuffle=train, seed=seed, rank=rank, world_size=world_size,
-                                      drop_last=drop_last)
+                                      drop_last=drop_last, groups=groups, window=getattr(self.source, "window", 4))
         self.batch_size, self.drop_last = batch_size, drop_last
         local_ranks = _local_world_size(world_size)
         self.num_workers = num_workers or placement.default_num_workers(local_ranks)
@@ -187,7 +191,7 @@ class ImageLoader:
                                        page_lock=self.device.type == "cuda")
         self._scheduler = Scheduler(start_pool=start_pool, num_slots=num_slots, batch_size=batch_size,
                                     drop_last=drop_last, share=self._share, skips=self._skips, path=self.source.path,
-                                    cuda=self.device.type == "cuda")
+                                    cuda=self.device.type == "cuda", readahead=getattr(self.source, "readahead", None))
         self._prefetcher = Prefetcher(device=self.device, depth=prefetch_depth, transform=transform,
                                       on_issued=on_issued)
 

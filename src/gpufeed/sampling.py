@@ -17,6 +17,14 @@ sharded over the new ranks the same way (elastic resume):
 
     saved on 3 ranks after 2 samples each: offset 6  ->  [7 2 9 4 0 5 | 1 8 3 6]
     resumed on 2 ranks: rank 0 gets [1 3], rank 1 gets [8 6]
+
+Grouped order. A source read whole shard by shard (remote tar shards, Parquet row groups) gives its
+groups' sizes; the order then shuffles the groups, and the samples within each ``window`` of consecutive
+groups of that order, so the workers need only a few groups at a time. Still a function of (seed, epoch),
+cut into rank shards and resumed exactly as above:
+
+    groups [0 1 2] [3 4] [5 6 7] [8 9], window 2, group order (2 0 3 1)
+    full order  [6 1 5 0 2 7 | 9 4 8 3]      (samples of groups 2 and 0 shuffled, then of 3 and 1)
 """
 
 from __future__ import annotations
@@ -50,6 +58,20 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
+def grouped_order(groups: tuple[int, ...], window: int, g: torch.Generator) -> list[int]:
+    """A permutation of ``range(sum(groups))``: groups in random order, samples shuffled within each run of
+    ``window`` consecutive groups of that order."""
+    starts = [0]
+    for size in groups:
+        starts.append(starts[-1] + size)
+    perm = torch.randperm(len(groups), generator=g).tolist()
+    out: list[torch.Tensor] = []
+    for w in range(0, len(perm), window):
+        idx = torch.cat([torch.arange(starts[s], starts[s + 1]) for s in perm[w : w + window]])
+        out.append(idx[torch.randperm(len(idx), generator=g)])
+    return torch.cat(out).tolist()
+
+
 @dataclass
 class ShardedSampler:
     """Sample indices for one rank, one epoch at a time, resumable mid-epoch on any world size.
@@ -69,6 +91,8 @@ class ShardedSampler:
     epoch: int = 0
     position: int = 0
     start: int = 0
+    groups: tuple[int, ...] | None = None  # sizes of consecutive index groups: a grouped order (module docstring)
+    window: int = 4
 
     def __post_init__(self) -> None:
         if self.num_samples_total < 1:
@@ -78,6 +102,10 @@ class ShardedSampler:
                 f"drop_last=True leaves no sample per rank: {self.num_samples_total} samples, "
                 f"world_size={self.world_size}"
             )
+        if self.groups is not None and sum(self.groups) != self.num_samples_total:
+            raise ValueError(f"groups hold {sum(self.groups)} samples, num_samples_total={self.num_samples_total}")
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
 
     def __len__(self) -> int:
         """Samples per epoch on this rank, from an epoch's start."""
@@ -102,7 +130,10 @@ class ShardedSampler:
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(self.seed + e)
-            order = torch.randperm(n, generator=g).tolist()
+            if self.groups is None:
+                order = torch.randperm(n, generator=g).tolist()
+            else:
+                order = grouped_order(self.groups, self.window, g)
         else:
             order = list(range(n))
         if e == self.epoch:
@@ -133,8 +164,11 @@ class ShardedSampler:
         return self.start + self.position * self.world_size
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "seed": self.seed, "offset": self.offset,
-                "num_samples_total": self.num_samples_total, "world_size": self.world_size}
+        state = {"epoch": self.epoch, "seed": self.seed, "offset": self.offset,
+                 "num_samples_total": self.num_samples_total, "world_size": self.world_size}
+        if self.groups is not None:  # the order depends on them: a resume must see the same
+            state["groups"] = {"count": len(self.groups), "window": self.window}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at ``state``, saved on any world size (the dataset size must match). A state from before
@@ -142,6 +176,10 @@ class ShardedSampler:
         if state["num_samples_total"] != self.num_samples_total:
             raise ValueError(f"state_dict has num_samples_total={state['num_samples_total']}, "
                              f"this loader has {self.num_samples_total}")
+        mine = {"count": len(self.groups), "window": self.window} if self.groups is not None else None
+        if state.get("groups") != mine:
+            raise ValueError(f"state_dict was saved with a grouped order of {state.get('groups')}, this loader's "
+                             f"is {mine} (the same source and window are needed to resume)")
         if "offset" in state:
             offset = state["offset"]
             if not 0 <= offset <= self.num_samples_total:

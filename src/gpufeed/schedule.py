@@ -16,6 +16,10 @@ next entries of the order, which stay in their own batches too. Every batch keep
 with, so every rank yields ``len(loader)`` full batches and the sampler's position is exact and the same
 on every rank. Samples a dead worker left undone are loaded again first.
 
+Remote sources: a source that reads whole shards (``readahead``) is told each epoch's order, and as
+batches go to the workers, how far they have got, so shards are fetched ahead of the workers and deleted
+once the order has passed them.
+
 Across epochs: once an epoch's last batches are with the workers, free slots take the next epoch's first
 batches, so it starts without a pipeline bubble. They are kept if the next iteration is that epoch from its
 start, and cancelled otherwise (another epoch, a loaded state, a ``break``).
@@ -27,7 +31,7 @@ import collections
 import functools
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 
@@ -109,6 +113,16 @@ class EpochRun:
     slots: Slots
     cursor: int = 0
     inflight: collections.deque[Submitted] = field(default_factory=collections.deque)
+    fetch: Any = None  # the source's readahead along ``order`` (``sources.spool.Readahead``), if it has one
+
+    def progress(self) -> None:
+        """Tell the readahead how far the workers have got: entries submitted, and entries delivered."""
+        if self.fetch is not None:
+            self.fetch.at(self.cursor, self.inflight[0].first if self.inflight else self.cursor)
+
+    def close(self) -> None:
+        if self.fetch is not None:
+            self.fetch.close()
 
 
 class Scheduler:
@@ -116,18 +130,27 @@ class Scheduler:
 
     ``start_pool()`` makes the pool (again after an error stopped it); ``share`` says how many samples of
     each GPU-path batch the CPU decodes and learns from the workers' lateness; ``skips`` records what
-    ``on_error="skip"`` dropped; ``path(i)`` names sample i; ``cuda``: slots are read by CUDA copies.
+    ``on_error="skip"`` dropped; ``path(i)`` names sample i; ``cuda``: slots are read by CUDA copies;
+    ``readahead(order)``: the source's fetcher along an epoch's order (None: a source read in place).
     """
 
     def __init__(self, *, start_pool: Callable[[], WorkerPool], num_slots: int, batch_size: int, drop_last: bool,
-                 share: ShareControl, skips: SkipLog, path: Callable[[int], str], cuda: bool) -> None:
+                 share: ShareControl, skips: SkipLog, path: Callable[[int], str], cuda: bool,
+                 readahead: Callable[[list[int]], Any] | None = None) -> None:
         self._start_pool, self.num_slots, self.batch_size, self.drop_last = start_pool, num_slots, batch_size, drop_last
         self.share, self.skips, self.path, self.cuda = share, skips, path, cuda
+        self.readahead = readahead
         self.pool: WorkerPool | None = None
         self.ahead: EpochRun | None = None  # the next epoch's first batches, submitted at the end of this one
         self._last_slots: Slots | None = None
 
+    def _run(self, seed: int, epoch: int, order: list[int], slots: Slots) -> EpochRun:
+        return EpochRun(seed, epoch, order, slots, fetch=self.readahead(order) if self.readahead else None)
+
     def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
+            self.ahead = None
         if self.pool is not None:
             self.pool.close()
             self.pool = None
@@ -140,6 +163,8 @@ class Scheduler:
         """The rest of ``sampler``'s current epoch as ``HostBatch`` es, in order (see the module docstring)."""
         if self.pool is None or self.pool.closed:
             self.pool = self._start_pool()
+            if self.ahead is not None:
+                self.ahead.close()
             self.ahead = None
         if self._last_slots is not None:  # the GPU stage released the last batch's slot after that run ended
             self._last_slots.reclaim(everything=True)
@@ -148,19 +173,23 @@ class Scheduler:
         if ahead is not None and (ahead.seed, ahead.epoch) == (sampler.seed, sampler.epoch) and sampler.at_epoch_start:
             run, slots = ahead, ahead.slots  # this epoch's first batches are already with the workers
         else:
+            if ahead is not None:
+                ahead.close()
             pool.cancel()  # an earlier, abandoned iteration may have batches in flight
             slots = Slots(self.num_slots, self.cuda)
-            run = EpochRun(sampler.seed, sampler.epoch, sampler.remaining(), slots)
+            run = self._run(sampler.seed, sampler.epoch, sampler.remaining(), slots)
         nxt: EpochRun | None = None  # the next epoch's run, started early
         finished = False
         try:
             while True:
                 slots.reclaim()
                 self._submit(run)
+                run.progress()
                 if nxt is None and not self._full(min(size, len(run.order) - run.cursor)):
-                    nxt = EpochRun(run.seed, run.epoch + 1, sampler.epoch_indices(run.epoch + 1), slots)
+                    nxt = self._run(run.seed, run.epoch + 1, sampler.epoch_indices(run.epoch + 1), slots)
                 if nxt is not None:
                     self._submit(nxt)
+                    nxt.progress()
                 if not run.inflight:
                     if self._full(min(size, len(run.order) - run.cursor)):  # entries left, yet no slot was free
                         raise RuntimeError(f"no free ring slot for the rest of epoch {run.epoch}: every slot is still "
@@ -183,9 +212,13 @@ class Scheduler:
         finally:
             slots.reclaim(everything=True)  # the next iteration's workers may write these slots at once
             self._last_slots = slots
+            run.close()
+            keep = finished and nxt is not None and nxt.inflight and not (self.pool is not None and self.pool.closed)
+            if nxt is not None and not keep:
+                nxt.close()
             if self.pool is not None and self.pool.closed:  # stopped by an error: fresh workers next time
                 self.pool = None
-            elif finished and nxt is not None and nxt.inflight:
+            elif keep:
                 self.ahead = nxt
             elif self.pool is not None:
                 self.pool.cancel()

@@ -53,6 +53,7 @@ class BenchConfig:
     model: str | None = None
     device: str = "cpu"
     pipelines: tuple[str, ...] = ("baseline", "gpufeed")
+    storage_options: dict[str, Any] | None = None  # fsspec's, for a URL in ``data``
     cache_dir: str = field(default_factory=lambda: os.path.expanduser("~/.cache/gpufeed"))
 
     def __post_init__(self) -> None:
@@ -150,13 +151,15 @@ def measure_ceiling(step: Callable, batch_size: int, device: torch.device, monit
 
 
 def _make_loader(name: str, root: str, cfg: BenchConfig, device: torch.device) -> Iterable:
+    if name.startswith("baseline") and not os.path.isdir(root):
+        raise ValueError(f"the baseline (torchvision's ImageFolder) reads only a local ImageFolder folder, not {root!r}")
     if name == "baseline":
         return create_baseline_loader(root, batch_size=cfg.batch_size, num_workers=cfg.workers)
     if name == "baseline+prefetch":
         return prefetch(create_baseline_loader(root, batch_size=cfg.batch_size, num_workers=cfg.workers), device)
     loader = ImageLoader(root, batch_size=cfg.batch_size, num_workers=cfg.workers, device=device,
                          channels_last=cfg.model is not None, decode=_DECODE[name],
-                         cpu_share=0.0 if name == "gpufeed-gpu-only" else "auto")
+                         cpu_share=0.0 if name == "gpufeed-gpu-only" else "auto", storage_options=cfg.storage_options)
     if name.startswith("gpufeed-gpu") and loader.decode_backend == "cpu":
         loader.close()
         raise ValueError(f"pipeline gpufeed-gpu: no GPU decoder works here ({loader.decode_reason})")

@@ -33,6 +33,11 @@ class Source(Protocol):
 
     Implementations are plain picklable objects: worker processes receive a
     copy and call ``read`` themselves, so no bytes cross process boundaries.
+
+    Sources read whole group by group (remote tar shards, Parquet row groups) may also have ``groups``
+    (the sizes of consecutive index groups: the epoch order then takes ``window`` groups at a time,
+    ``sampling.grouped_order``) and ``readahead(order)`` (main process: given each epoch's order, an
+    object the scheduler tells ``at(submitted, delivered)`` and ``close()``s, or None).
     """
 
     def __len__(self) -> int: ...

@@ -1,0 +1,227 @@
+"""Whole remote files copied into a local folder: each fetched once (one streamed GET), read by every
+worker process from the local copy, ahead of need, and deleted once the epoch's order has passed it.
+
+    main process:  Readahead(order) ─► thread pool: fetch the next ``ahead`` shards of the order
+                                       delete those the order has passed
+    workers:       Spool.local(url) ─► the local copy (waits on the shard's lock while it is being
+                                       fetched; fetches it itself if nobody has)
+
+One process fetches a file at a time: a per-file ``flock`` guards the download, which lands under a
+temporary name and is renamed when complete, so a reader never sees a partial copy. A fetch that failed
+after its retries leaves a marker for ``FAILED_TTL`` seconds, so the other samples of that file fail at
+once (each reported) rather than each waiting out the retries again.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import hashlib
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+
+from .fetch import Fetcher
+from .retry import RetryPolicy, with_retries
+from .urls import filesystem
+
+FETCH_THREADS = 4  # whole files fetched at once, per loader
+FAILED_TTL = 10.0  # seconds a failed fetch is remembered (retries already waited before it was declared)
+
+
+def _key(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()[:24]
+
+
+class Spool:
+    """A local folder of whole copies of remote files (picklable: workers get the folder's name).
+
+    ``root`` None: a fresh folder under the system's temporary directory, deleted when this object (in the
+    process that made it) is garbage-collected or the interpreter exits. ``storage_options`` go to fsspec;
+    ``retry`` governs each fetch; ``direct``: fetch through a plain or signed HTTP GET where possible
+    (``fetch.Fetcher``), else always through fsspec.
+    """
+
+    def __init__(self, root: str | None, storage_options: dict[str, Any] | None, retry: RetryPolicy,
+                 direct: bool = True) -> None:
+        self.storage_options, self.retry, self.direct = dict(storage_options or {}), retry, direct
+        self._fetcher = Fetcher(self.storage_options, direct)
+        owned = root is None
+        if owned:
+            root = tempfile.mkdtemp(prefix="gpufeed-spool-")
+        else:
+            os.makedirs(root, exist_ok=True)
+        self.root = root
+        self._fs: dict[str, Any] = {}
+        self._users: collections.Counter[str] = collections.Counter()  # main process: readaheads wanting a file
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue | None = None  # URLs for the fetch threads, made on the first readahead
+        if owned:  # at garbage collection or exit
+            weakref.finalize(self, shutil.rmtree, root, True)
+
+    def __getstate__(self) -> dict:
+        return {"storage_options": self.storage_options, "retry": self.retry, "root": self.root,
+                "direct": self.direct}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._fetcher = Fetcher(self.storage_options, self.direct)
+        self._fs, self._users, self._lock, self._queue = {}, collections.Counter(), threading.Lock(), None
+
+    def path_of(self, url: str) -> str:
+        return os.path.join(self.root, _key(url) + os.path.splitext(url)[1])
+
+    def filesystem(self, url: str):
+        proto = url.split("://", 1)[0]
+        fs = self._fs.get(proto)
+        if fs is None:
+            fs = self._fs[proto] = filesystem(url, self.storage_options)
+        return fs
+
+    def local(self, url: str) -> str:
+        """The path of a complete local copy of ``url``, fetched now if no process has (OSError naming the
+        URL when that fails after the retries)."""
+        path = self.path_of(url)
+        if os.path.exists(path):
+            return path
+        lock = os.open(path + ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be fetching it: wait for that
+            if os.path.exists(path):
+                return path
+            failed = path + ".failed"
+            try:
+                if time.time() - os.stat(failed).st_mtime < FAILED_TTL:
+                    with open(failed) as f:
+                        raise OSError(f.read())
+            except FileNotFoundError:
+                pass
+            part = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
+            fs = self.filesystem(url)
+            try:
+                with_retries(lambda: self._fetcher.get(fs, url, part), url, self.retry, "fetch the file")
+            except OSError as e:
+                with open(failed, "w") as f:
+                    f.write(str(e))
+                if os.path.exists(part):
+                    os.unlink(part)
+                raise
+            os.replace(part, path)  # complete: get_file raises on a dropped or cut-short transfer
+            return path
+        finally:
+            os.close(lock)  # closing the descriptor releases the lock
+
+    def open(self, url: str) -> tuple[int, str]:
+        """A read-only descriptor of the local copy of ``url``, and its path (fetched again if the main
+        process deleted the copy between ``local`` and the open: the order had passed it)."""
+        for _ in range(2):
+            path = self.local(url)
+            try:
+                return os.open(path, os.O_RDONLY), path
+            except FileNotFoundError:
+                continue
+        return os.open(self.local(url), os.O_RDONLY), path
+
+    def drop(self, url: str) -> None:
+        """Delete the local copy and what readers left beside it (readers holding it open keep reading it)."""
+        path = self.path_of(url)
+        for leftover in (path + ".members", path):  # the copy last: a reader that sees it finds its index
+            try:
+                os.unlink(leftover)
+            except FileNotFoundError:
+                pass
+
+    def readahead(self, urls: Sequence[str], of_sample: np.ndarray, ahead: int) -> "Readahead":
+        """Main process: fetch ahead along ``of_sample`` (the file of each entry of an order)."""
+        with self._lock:
+            if self._queue is None:
+                self._queue = queue.SimpleQueue()
+                for i in range(FETCH_THREADS):  # daemons: an exit never waits for a fetch's retries
+                    threading.Thread(target=_fetch_loop, args=(weakref.ref(self), self._queue), daemon=True,
+                                     name=f"gpufeed-fetch-{i}").start()
+        return Readahead(self, urls, of_sample, ahead)
+
+    def _submit(self, url: str) -> None:
+        self._queue.put(url)
+
+    def __del__(self) -> None:
+        if getattr(self, "_queue", None) is not None:
+            for _ in range(FETCH_THREADS):
+                self._queue.put(None)
+
+    def _want(self, url: str) -> None:
+        with self._lock:
+            self._users[url] += 1
+
+    def _done(self, url: str) -> None:
+        with self._lock:
+            self._users[url] -= 1
+            if self._users[url] <= 0:
+                del self._users[url]
+                self.drop(url)
+
+    def _fetch_quietly(self, url: str) -> None:
+        try:
+            self.local(url)
+        except Exception:  # the worker that reads it fetches again and reports the error with the sample
+            pass
+
+
+def _fetch_loop(spool_ref: weakref.ref, urls: queue.SimpleQueue) -> None:
+    """A fetch thread: fetch each URL put in the queue, until None or the spool is gone."""
+    while (url := urls.get()) is not None:
+        spool = spool_ref()
+        if spool is None:
+            return
+        spool._fetch_quietly(url)
+        del spool
+
+
+class Readahead:
+    """One epoch order's fetching: the files of the next ``ahead`` distinct files from the position
+    submitted to the workers are fetched (or being fetched); a file whose last sample in the order lies
+    before the oldest batch still with the workers is deleted, unless another order still wants it."""
+
+    def __init__(self, spool: Spool, urls: Sequence[str], of_sample: np.ndarray, ahead: int) -> None:
+        self.spool, self.urls, self.ahead = spool, urls, max(1, ahead)
+        of_sample = np.asarray(of_sample, np.int64)
+        # the files in order of first appearance, where each first and last appears
+        files, first = np.unique(of_sample, return_index=True)
+        order = np.argsort(first)
+        self.files, self.first = files[order], first[order]
+        last = len(of_sample) - 1 - np.unique(of_sample[::-1], return_index=True)[1]
+        self.last = dict(zip(np.unique(of_sample).tolist(), last.tolist()))
+        self.fetched = 0  # files[:fetched] were handed to the fetch threads
+        self.passed: set[int] = set()
+        self.closed = False
+
+    def at(self, submitted: int, done: int) -> None:
+        """Entries ``[0, submitted)`` of the order are with the workers, ``[0, done)`` delivered."""
+        if self.closed:
+            return
+        current = int(np.searchsorted(self.first, submitted, side="left"))  # files started by the workers
+        while self.fetched < min(len(self.files), current + self.ahead):
+            f = int(self.files[self.fetched])
+            self.spool._want(self.urls[f])
+            self.spool._submit(self.urls[f])
+            self.fetched += 1
+        for f in self.files[: self.fetched].tolist():
+            if f not in self.passed and self.last[f] < done:
+                self.passed.add(f)
+                self.spool._done(self.urls[f])
+
+    def close(self) -> None:
+        """Stop fetching for this order; its files are released (deleted unless another order wants them)."""
+        if self.closed:
+            return
+        self.closed = True
+        for f in self.files[: self.fetched].tolist():
+            if f not in self.passed:
+                self.spool._done(self.urls[f])

@@ -1,0 +1,122 @@
+"""Real servers for the remote-data tests, started in the test run: moto's S3 server (the S3 REST API over
+HTTP, reached through s3fs) and the standard library's HTTP server (with 503s and a request log)."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import http.server
+import io
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+
+def webdataset_shards(src, per_shard: int) -> list[bytes]:
+    """``src``'s samples as WebDataset tar shards (``<id>.jpg`` + ``<id>.cls``), ``per_shard`` each."""
+    shards = []
+    for s in range(0, len(src), per_shard):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for i in range(s, min(s + per_shard, len(src))):
+                for name, data in ((f"{i:06d}.jpg", src.read(i)), (f"{i:06d}.cls", str(src.label(i)).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+        shards.append(buf.getvalue())
+    return shards
+
+
+class S3Server:
+    """moto's standalone S3 server on a free port; ``restart`` keeps the buckets (they live in this process)."""
+
+    def __init__(self) -> None:
+        moto_server = pytest.importorskip("moto.server")
+        pytest.importorskip("s3fs")
+        self._cls = moto_server.ThreadedMotoServer
+        self._server = self._cls(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server.start()
+        self.port = self._server.get_host_and_port()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        # s3fs's own retries off: the loader's retry policy is what the tests exercise
+        self.storage_options = {"key": "test", "secret": "test",
+                                "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
+                                "config_kwargs": {"connect_timeout": 2, "retries": {"max_attempts": 1}}}
+        import boto3
+
+        self.client = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="test",
+                                   aws_secret_access_key="test", region_name="us-east-1")
+
+    def bucket(self, name: str) -> None:
+        self.client.create_bucket(Bucket=name)
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def start(self) -> None:
+        self._server = self._cls(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        server = self.server
+        with server.lock:
+            server.requests.append(self.path)
+            server.ranges.append(self.headers.get("Range"))
+            server.agents.append(self.headers.get("User-Agent", ""))
+            failing = server.fail_left[self.path] > 0
+            if failing:
+                server.fail_left[self.path] -= 1
+        if failing:
+            self.send_error(503, "Slow Down")
+            return
+        super().do_GET()
+
+
+class HttpServer:
+    """``http.server`` serving ``root`` on a free port in a thread. ``fail(path, n)``: the next ``n`` GETs of
+    ``path`` answer 503; ``requests``: the paths asked for, in order; ``ranges``: their Range headers; ``agents``: their User-Agents."""
+
+    def __init__(self, root: Path) -> None:
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(root)))
+        self._httpd.requests = []
+        self._httpd.ranges = []
+        self._httpd.agents = []
+        self._httpd.fail_left = collections.Counter()
+        self._httpd.lock = threading.Lock()
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def requests(self) -> list[str]:
+        return self._httpd.requests
+
+    @property
+    def ranges(self) -> list[str | None]:
+        return self._httpd.ranges
+
+    @property
+    def agents(self) -> list[str]:
+        """The User-Agent of each request: which client fetched."""
+        return self._httpd.agents
+
+    def failures_left(self, path: str) -> int:
+        return self._httpd.fail_left[path]
+
+    def fail(self, path: str, n: int) -> None:
+        with self._httpd.lock:
+            self._httpd.fail_left[path] = n
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
