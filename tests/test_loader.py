@@ -353,3 +353,29 @@ def test_skips_at_an_epoch_end_with_the_next_epoch_started(tmp_path):
             assert len(got) == len(loader) == 6 and len(labels) == 21, epoch  # a good one stands in for it
             assert all(torch.equal(_colour_labels(x), y) for x, y in got)
         assert loader.stats["skipped_count"] == 3
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_cpu_device_gives_the_same_batches_whoever_normalises(tmp_path, synth_root, channels_last):
+    """From WORKERS_NORMALISE_FROM workers a CPU device's workers normalise (BENCHMARKS.md#cpu-only-machines),
+    below that the main process does: the same seed gives the same batches to the bit, stand-ins for a
+    skipped file included."""
+    import shutil
+
+    from gpufeed import placement
+
+    root = tmp_path / "data"
+    shutil.copytree(synth_root, root)
+    broken = sorted(root.glob("*/*.jpg"))[5]
+    broken.write_bytes(broken.read_bytes()[:300])  # truncated: skipped, another image stands in
+    kw = dict(batch_size=8, image_size=32, device="cpu", seed=3, on_error="skip", channels_last=channels_last)
+    few = ImageLoader(root, num_workers=2, **kw)
+    many = ImageLoader(root, num_workers=placement.WORKERS_NORMALISE_FROM, **kw)
+    assert few.spec.normalize is None and many.spec.normalize is not None
+    compared = 0
+    for (xa, ya), (xb, yb) in zip(few, many, strict=True):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb) and xa.stride() == xb.stride()
+        compared += 1
+    assert compared == len(few) == 5
+    assert len(few.stats["skipped"]) == len(many.stats["skipped"]) == 1 and few.stats["repeated"] == 1
+    few.close(), many.close()

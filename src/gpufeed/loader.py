@@ -164,8 +164,9 @@ class ImageLoader:
                                  gpu_bytes_capacity=placement.GPU_BYTES_CAPACITY if gpu_path else 0,
                                  gpu_buffer_bytes=self.gpu_memory.buffer_bytes, on_error=on_error,
                                  exif_orientation=exif_orientation,
-                                 # a CPU device's batches are normalised in the workers (BENCHMARKS.md#cpu-only-machines)
-                                 normalize=self.normalize.for_workers() if self.device.type == "cpu" else None)
+                                 normalize=self.normalize.for_workers() if (
+                                     self.device.type == "cpu"
+                                     and self.num_workers >= placement.WORKERS_NORMALISE_FROM) else None)
         self.worker_cpus = placement.worker_cpus(gpu_path, local_ranks)
         self._skips = SkipLog()
         self.batch_indices: list[int] = []  # the source indices of the batch last yielded

@@ -24,9 +24,9 @@ if TYPE_CHECKING:
     from .augment.params import CropBox
     from .workers.chunks import PipelineSpec
 
-__all__ = ["DECODE_CHOICES", "GPU_BYTES_CAPACITY", "GPU_MAX_SIDE", "KEPT_CORES", "Candidate", "GpuMemory", "ShareControl",
-           "cheapest_on_cpu", "cpu_cost", "create_gpu_decoders", "decode_call_images", "default_num_workers", "engine_cost", "gpu_may_take",
-           "gpu_memory", "worker_cpus"]
+__all__ = ["DECODE_CHOICES", "GPU_BYTES_CAPACITY", "GPU_MAX_SIDE", "KEPT_CORES", "WORKERS_NORMALISE_FROM", "Candidate",
+           "GpuMemory", "ShareControl", "cheapest_on_cpu", "cpu_cost", "create_gpu_decoders", "decode_call_images",
+           "default_num_workers", "engine_cost", "gpu_may_take", "gpu_memory", "worker_cpus"]
 
 DECODE_CHOICES = ("auto", "cpu", "gpu", "nvimgcodec", "nvjpeg", "torchvision")
 # what each GPU choice tries, in order; "auto" never takes torchvision's decoder, whose chroma upsampling
@@ -50,6 +50,12 @@ KEPT_CORES = 3
 # Decoded pixels per image each GPU decode buffer is sized for: ImageNet's training JPEGs average about
 # 400 x 350 (most are 500 x 375 or smaller); a batch of larger images goes through in slices, never a bigger buffer.
 BUFFER_PIXELS_PER_IMAGE = 512 * 512
+
+# A CPU device with at least this many workers has them normalise the images they finish: one process
+# normalising every batch cannot keep up with 16 workers (1.6x the DataLoader, against 3.5x with the workers
+# doing it), while with 2 workers every core is busy decoding anyway and the copy out of the ring costs 5-8%
+# (BENCHMARKS.md#cpu-only-machines).
+WORKERS_NORMALISE_FROM = 8
 
 # The longest side of an image the GPU decoders take; longer ones go to the CPU workers. nvJPEG's engine
 # decoder would otherwise grow its own device memory whenever a call holds more or larger images than any
