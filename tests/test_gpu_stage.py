@@ -224,3 +224,43 @@ def test_output_batches_are_reused_once_dropped_and_never_while_held(coloured):
     fifth, _ = stage(host_batch(view, src.path))
     assert fifth.data_ptr() != fourth.data_ptr() and torch.equal(fifth, expected)
     pool.close()
+
+
+def test_planned_output_batches_serve_every_batch_also_a_short_last_one(coloured):
+    """Output batches planned at construction (``output_batches``) are all the memory batches take while the
+    user keeps none: the first batch makes them, later ones reuse them, a shorter last batch gets a view."""
+    src, pool, view = _pool_batch(coloured)
+    n = len(src)
+    stage = GpuDecodeAugment([CpuStandIn()], device=torch.device("cpu"), image_size=16, mean=MEAN, std=STD,
+                             dtype=torch.float32, channels_last=True, max_pixels=10**8, buffer_bytes=BUFFER,
+                             output_batches=(n, 2))
+    first, _ = stage(host_batch(view, src.path))
+    planned = {t.data_ptr() for t in stage._outputs._kept}
+    assert len(planned) == 2 and first.data_ptr() in planned
+    ptrs = [first.data_ptr()]
+    del first
+    for _ in range(3):
+        out, _ = stage(host_batch(view, src.path))
+        ptrs.append(out.data_ptr())
+        del out
+    short, _ = stage(host_batch(view.head(n - 3), lambda i: src.path(i)))
+    assert len(short) == n - 3 and short.is_contiguous(memory_format=torch.channels_last)
+    assert set(ptrs) | {short.data_ptr()} <= planned and len(stage._outputs._kept) == 2
+    pool.close()
+
+
+def test_decode_calls_never_hold_more_images_than_the_decoders_took_memory_for(coloured):
+    """nvJPEG's decoders take their memory for calls of ``job_images`` at most (placement.decode_call_images):
+    the stage never gives one more, however the batch is dealt."""
+    calls = []
+
+    class Recording(CpuStandIn):
+        job_images = 5
+
+        def decode(self, job, stream):
+            calls.append(len(job))
+            return super().decode(job, stream)
+
+    images, labels, stage = _stage_output(coloured, [Recording(), Recording()], job_images=5)
+    encoded = int(sum(1 for k in stage.kinds if k == KIND_BYTES))
+    assert encoded > 10 and max(calls) <= 5 and sum(calls) == encoded and len(calls) >= 3

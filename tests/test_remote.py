@@ -32,13 +32,18 @@ def src(synth_root):
     return folder_source(synth_root)
 
 
-@pytest.fixture(scope="module")
-def s3(src):
+def _server_with_shards(src) -> S3Server:
     """8 WebDataset shards of 5 samples at s3://data/train/ (sample i in shard i // 5)."""
     server = S3Server()
     server.bucket("data")
     for s, data in enumerate(webdataset_shards(src, 5)):
         server.put("data", f"train/shard-{s:03d}.tar", data)
+    return server
+
+
+@pytest.fixture(scope="module")
+def s3(src):
+    server = _server_with_shards(src)
     yield server
     server.stop()
 
@@ -46,10 +51,7 @@ def s3(src):
 @pytest.fixture()
 def fresh_s3(src):
     """The same shards on a server of this test's own, which it may stop."""
-    server = S3Server()
-    server.bucket("data")
-    for s, data in enumerate(webdataset_shards(src, 5)):
-        server.put("data", f"train/shard-{s:03d}.tar", data)
+    server = _server_with_shards(src)
     yield server
     server.stop()
 

@@ -212,11 +212,12 @@ class ImageLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._skips.epoch = 0
-        if self._gpu_stage is not None and self.device.type == "cuda":  # where reused output batches were read
-            self._gpu_stage.consumer = torch.cuda.current_stream(self.device)
+        stage = self._gpu_stage if self.device.type == "cuda" else None
         batches = self._prefetcher.iterate(self._scheduler.batches(self.sampler))
         try:
             for out in batches:
+                if stage is not None:  # the stream this batch is read on: a reused output batch waits for it
+                    stage.consumer = torch.cuda.current_stream(self.device)
                 self.sampler.advance(out.consumed)
                 self.batch_indices = out.indices
                 yield out.images, out.labels

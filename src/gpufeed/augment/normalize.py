@@ -135,7 +135,7 @@ class _Recycled:
     def take(self, shape: tuple[int, ...]) -> np.ndarray:
         with self._lock:
             for k in range(len(self._arrays)):
-                if self._arrays[k].shape == shape and sys.getrefcount(self._arrays[k]) == 2:  # the list's, the call's
+                if self._arrays[k].shape == shape and _refs(self._arrays, k) == _REFS_IN_A_LIST:
                     self._arrays.append(self._arrays.pop(k))  # the caller's reference is taken before the lock goes
                     return self._arrays[-1]
             out = np.empty(shape, np.float32)
@@ -145,6 +145,13 @@ class _Recycled:
             return out
 
 
+def _refs(arrays: list, k: int) -> int:
+    return sys.getrefcount(arrays[k])
+
+
+# what ``_refs`` counts for an array only a list refers to, on this Python (3.14 counts borrowed references
+# differently from 3.10-3.13)
+_REFS_IN_A_LIST = _refs([np.empty(0)], 0)
 _batches = _Recycled()
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()

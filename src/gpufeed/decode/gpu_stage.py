@@ -35,7 +35,6 @@ GPU budget (``placement.gpu_memory``); nvJPEG's decoders take their own memory o
 from __future__ import annotations
 
 import collections
-import sys
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -94,10 +93,9 @@ class GpuDecodeAugment:
         self._device = (_Cuda if device.type == "cuda" else _Host)(self.decoders, device, self.scale, self.shift)
         self._flats = [torch.empty(buffer_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
         self._turn = 0
-        batch, count = output_batches
-        self._outputs = _Outputs(keep=max(8, count))
-        for _ in range(count):
-            self._outputs.keep(self._new_output(batch))
+        # made at the first batch, on the stream the stage runs on (their memory returns to that stream's pool)
+        self._planned_outputs = output_batches
+        self._outputs = _Outputs(keep=max(8, output_batches[1]))
 
     def __call__(self, batch: "HostBatch") -> tuple[torch.Tensor, torch.Tensor]:
         return self.finish(self.start(batch))
@@ -171,10 +169,15 @@ class GpuDecodeAugment:
         ok = self._await_decode(started.decoding)
         started.decoding = None
         if started.out is None:
-            n, s = len(batch.slot.meta), self.size
-            started.out = self._outputs.take((n, 3, s, s), self._after_consumer)
+            n = len(batch.slot.meta)
+            planned, count = self._planned_outputs
+            if count:
+                self._planned_outputs = (0, 0)
+                for _ in range(count):
+                    self._outputs.keep(self._new_output(planned))
+            started.out = self._outputs.take(n, self._after_consumer)
             if started.out is None:
-                started.out = self._outputs.keep(self._new_output(n))
+                started.out = self._outputs.keep(self._new_output(n))[:n]
         for j in (int(j) for j, good in zip(part.enc, ok) if not good):
             self._finish_on_cpu(batch, part.r.start + j, part.table[j], part.flat, started.dropped)
         self._device.kernel(part.flat, torch.from_numpy(part.table), self.size,
@@ -380,22 +383,26 @@ class _Host:
 
 
 class _Outputs:
-    """Output batches handed out again once only this pool refers to them: no tensor object and no view of
-    one left with the user. Without reuse, the caching allocator takes a new block whenever the
-    training's work on an old batch has not finished when the next is made, and the memory held steps up
-    (BENCHMARKS.md#memory). Batches the user keeps are theirs; the pool keeps the newest ``keep``."""
+    """Output batches handed out again once nothing outside this pool refers to their memory: the pool keeps
+    each whole batch and hands out a view of it (the first n, for a short last batch), so the storage's use
+    count says whether a handed-out view, or any view of that, is still alive. Without reuse the caching
+    allocator takes a new block whenever the training's work on an old batch has not finished when the next is
+    made, and the memory held steps up (BENCHMARKS.md#memory). Batches the user keeps are theirs; the pool keeps
+    the newest ``keep``."""
 
     def __init__(self, keep: int) -> None:
         self.keep_at_most = keep
         self._kept: list[torch.Tensor] = []
 
-    def take(self, shape: tuple[int, ...], before_reuse: Callable[[], None]) -> torch.Tensor | None:
-        """A kept batch of ``shape`` nothing else refers to (``before_reuse()`` called first), or None."""
+    def take(self, n: int, before_reuse: Callable[[], None]) -> torch.Tensor | None:
+        """A view of the first ``n`` of a kept batch nothing else refers to (``before_reuse()`` called
+        first), or None."""
         for k in range(len(self._kept)):
-            if tuple(self._kept[k].shape) == shape and _unreferenced(self._kept[k]):
+            t = self._kept[k]
+            if len(t) >= n and _only_the_pool(t):
                 self._kept.append(self._kept.pop(k))
                 before_reuse()
-                return self._kept[-1]
+                return t[:n]
         return None
 
     def keep(self, t: torch.Tensor) -> torch.Tensor:
@@ -408,12 +415,10 @@ class _Outputs:
 _STORAGE_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
 
-def _unreferenced(t: torch.Tensor) -> bool:
-    """Called as ``_unreferenced(kept[k])``: no Python reference to ``t`` but the pool's list and no other
-    tensor (a view) on its memory. A PyTorch without the storage count cannot say: never."""
-    # the list, this frame's ``t``, getrefcount's argument
-    return (_STORAGE_USE_COUNT is not None and sys.getrefcount(t) == 3
-            and _STORAGE_USE_COUNT(t.untyped_storage()._cdata) == 2)
+def _only_the_pool(t: torch.Tensor) -> bool:
+    """Whether ``t``'s memory is referred to by ``t`` alone (and the temporary storage object asked): no
+    tensor handed out, and no view of one, is alive. A PyTorch without the storage count cannot say: never."""
+    return _STORAGE_USE_COUNT is not None and _STORAGE_USE_COUNT(t.untyped_storage()._cdata) == 2
 
 
 @dataclass
