@@ -77,7 +77,7 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             if failing:
                 server.fail_left[self.path] -= 1
         if failing:
-            self.send_error(503, "Slow Down")
+            self.send_error(server.fail_code[self.path], "Failing on purpose")
             return
         super().do_GET()
 
@@ -92,6 +92,7 @@ class HttpServer:
         self._httpd.ranges = []
         self._httpd.agents = []
         self._httpd.fail_left = collections.Counter()
+        self._httpd.fail_code: dict[str, int] = {}
         self._httpd.lock = threading.Lock()
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
@@ -113,9 +114,11 @@ class HttpServer:
     def failures_left(self, path: str) -> int:
         return self._httpd.fail_left[path]
 
-    def fail(self, path: str, n: int) -> None:
+    def fail(self, path: str, n: int, code: int = 503) -> None:
+        """The next ``n`` GETs of ``path`` answer HTTP ``code``."""
         with self._httpd.lock:
             self._httpd.fail_left[path] = n
+            self._httpd.fail_code[path] = code
 
     def stop(self) -> None:
         self._httpd.shutdown()

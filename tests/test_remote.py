@@ -299,10 +299,17 @@ def test_plain_get_where_the_url_allows_fsspec_where_options_ask(http, src):
 
 
 def test_plain_get_that_fails_before_it_ever_worked_hands_over_to_fsspec(http, src):
-    http.fail("/shard-000.tar", 1)
+    http.fail("/shard-000.tar", 1, code=403)  # not a passing failure: this setup may need fsspec's client
     source = remote_tar_source(f"{http.url}/shard-{{000..007}}.tar", samples_per_shard=5)
     assert source.read(0) == src.read(0) and source.read(5) == src.read(5)
     assert http.agents[0].startswith("Python-urllib") and ["aiohttp" in a for a in http.agents[1:]] == [True, True]
+
+
+def test_a_passing_failure_before_the_plain_get_ever_worked_is_retried_not_handed_over(http, src):
+    http.fail("/shard-000.tar", 1)  # 503: retried, and the cheaper route stays
+    source = remote_tar_source(f"{http.url}/shard-{{000..007}}.tar", samples_per_shard=5)
+    assert source.read(0) == src.read(0) and source.read(5) == src.read(5)
+    assert len(http.agents) == 3 and all(a.startswith("Python-urllib") for a in http.agents), http.agents
 
 
 @pytest.mark.parametrize("fmt", ["USTAR_FORMAT", "GNU_FORMAT", "PAX_FORMAT"])
@@ -333,3 +340,12 @@ def test_member_index_matches_tarfile_and_finds_the_cut(tmp_path, fmt):
     path.write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
     cut = parse_members(str(path))
     assert not cut.complete and 0 < len(cut.names) < 30 and cut.names == members.names[: len(cut.names)]
+
+
+def test_malformed_pax_records_never_stall_the_header_walk():
+    """A pax record whose length is not a number, or too short to move on, leaves the header's own name."""
+    from gpufeed.sources.remote_tar import _pax_path
+
+    assert _pax_path(b"16 path=a/b.jpg\n") == "a/b.jpg"
+    assert _pax_path(b"0 path=x\n") is None and _pax_path(b"1 path=x\n") is None
+    assert _pax_path(b"zz path=x\n") is None

@@ -145,7 +145,8 @@ def test_groups_must_add_up():
 def test_a_grouped_order_resumes_only_with_the_same_grouping():
     saved = ShardedSampler(20, groups=(5,) * 4, window=2, seed=3)
     saved.advance(7)
-    for other in (ShardedSampler(20, seed=3), ShardedSampler(20, groups=(5,) * 4, window=4, seed=3)):
+    recut = ShardedSampler(20, groups=(4, 6, 5, 5), window=2, seed=3)  # as many groups, as many samples
+    for other in (ShardedSampler(20, seed=3), ShardedSampler(20, groups=(5,) * 4, window=4, seed=3), recut):
         with pytest.raises(ValueError, match="grouped order"):
             other.load_state_dict(saved.state_dict())
     same = ShardedSampler(20, groups=(5,) * 4, window=2, seed=3)

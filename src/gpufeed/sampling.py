@@ -29,11 +29,13 @@ cut into rank shards and resumed exactly as above:
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = ["ShardedSampler", "resolve_rank"]
@@ -167,8 +169,13 @@ class ShardedSampler:
         state = {"epoch": self.epoch, "seed": self.seed, "offset": self.offset,
                  "num_samples_total": self.num_samples_total, "world_size": self.world_size}
         if self.groups is not None:  # the order depends on them: a resume must see the same
-            state["groups"] = {"count": len(self.groups), "window": self.window}
+            state["groups"] = self._grouping()
         return state
+
+    def _grouping(self) -> dict[str, Any]:
+        """What a grouped order depends on besides the seed: the groups' sizes (as a digest) and the window."""
+        digest = hashlib.sha1(np.asarray(self.groups, np.int64).tobytes()).hexdigest()[:16]
+        return {"count": len(self.groups), "sizes": digest, "window": self.window}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at ``state``, saved on any world size (the dataset size must match). A state from before
@@ -176,7 +183,7 @@ class ShardedSampler:
         if state["num_samples_total"] != self.num_samples_total:
             raise ValueError(f"state_dict has num_samples_total={state['num_samples_total']}, "
                              f"this loader has {self.num_samples_total}")
-        mine = {"count": len(self.groups), "window": self.window} if self.groups is not None else None
+        mine = self._grouping() if self.groups is not None else None
         if state.get("groups") != mine:
             raise ValueError(f"state_dict was saved with a grouped order of {state.get('groups')}, this loader's "
                              f"is {mine} (the same source and window are needed to resume)")

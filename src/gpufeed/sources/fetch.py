@@ -6,7 +6,7 @@ from a local S3 server), CPU the decode workers need: BENCHMARKS.md#data-where-i
 through a plain GET of an ``https://`` URL (when no storage options would change the request) or of the
 URL the filesystem signs (``fs.sign``: S3 presigned URLs, GCS/Azure signed ones where the credentials
 allow), and through ``fs.get_file`` otherwise. The plain GET must prove itself: until it has worked once
-in a process, a failure is tried again through fsspec at once, and if that works the process uses fsspec
+in a process, a failure that is not a passing one (those are retried) is tried again through fsspec at once, and if that works the process uses fsspec
 from then on (a proxy, a CA bundle or request headers only the fsspec client knows about), so it never
 turns a working setup into a failing one.
 """
@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from .retry import transient
 from .urls import scheme
 
 SIGNED_FOR = 3600  # seconds a signed URL stays valid: one fetch, retries included
@@ -41,13 +42,10 @@ class Fetcher:
                     http_get(plain, path)
                     self.direct = True
                     return
-                except urllib.error.HTTPError as e:
-                    if self.direct and e.code == 404:
+                except Exception as e:
+                    if self.direct and isinstance(e, urllib.error.HTTPError) and e.code == 404:
                         raise FileNotFoundError(f"HTTP 404 for {url}") from None
-                    if self.direct:
-                        raise
-                except Exception:
-                    if self.direct:
+                    if self.direct or transient(e):  # proven here, or a passing failure the retries are for
                         raise
                 # not proven here yet: fsspec decides; if it succeeds, the plain GET is not for this setup
                 fs.get_file(url, path)

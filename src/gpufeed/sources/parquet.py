@@ -51,7 +51,7 @@ class ParquetSource:
     samples), images in ``image_column``, labels in ``label_column`` (picklable)."""
 
     def __init__(self, files: Sequence[str], rows: Sequence[Sequence[int]], *, image_column: str = "image",
-                 label_column: str = "label", spool: Spool | None = None, ahead: int = 2, window: int = 4) -> None:
+                 label_column: str = "label", spool: Spool | None = None, ahead: int = 8, window: int = 4) -> None:
         if len(files) != len(rows):
             raise ValueError(f"{len(files)} files but row counts for {len(rows)}")
         self.files, self.image_column, self.label_column = list(files), image_column, label_column
@@ -161,7 +161,7 @@ def parquet_files(path: str | os.PathLike | Sequence[str], storage_options: dict
 
 def parquet_source(path: str | os.PathLike | Sequence[str], *, image_column: str = "image",
                    label_column: str = "label", storage_options: dict[str, Any] | None = None,
-                   retry: RetryPolicy = RetryPolicy(), spool_dir: str | None = None, readahead: int = 2,
+                   retry: RetryPolicy = RetryPolicy(), spool_dir: str | None = None, readahead: int = 8,
                    window: int = 4, direct_get: bool = True) -> ParquetSource:
     """A Parquet file, a folder of them, a URL of either, or a list. Reads each file's footer (its row
     groups' sizes and schema, checked here); ``image_column``/``label_column`` name the columns.

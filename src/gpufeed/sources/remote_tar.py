@@ -125,7 +125,12 @@ def _pax_path(records: bytes) -> str | None:
         space = records.find(b" ", pos)
         if space < 0:
             return None
-        length = int(records[pos:space])
+        try:
+            length = int(records[pos:space])
+        except ValueError:
+            return None  # not pax records: the header's own name stands
+        if length <= space - pos:  # a record shorter than its own length field: never step back or stand still
+            return None
         key, _, value = records[space + 1 : pos + length - 1].partition(b"=")
         if key == b"path":
             return value.decode("utf-8", "surrogateescape")
