@@ -130,9 +130,12 @@ class Spool:
         return os.open(self.local(url), os.O_RDONLY), path
 
     def drop(self, url: str) -> None:
-        """Delete the local copy and what readers left beside it (readers holding it open keep reading it)."""
+        """Delete the local copy and what readers left beside it (readers holding it open keep reading it). A
+        fetch that waits on the removed lock file and one that makes it anew may both fetch; each writes its
+        own part file and renames it whole, so either copy is complete."""
         path = self.path_of(url)
-        for leftover in (path + ".members", path):  # the copy last: a reader that sees it finds its index
+        # the copy after its index: a reader that sees it finds its index
+        for leftover in (path + ".members", path, path + ".failed", path + ".lock"):
             try:
                 os.unlink(leftover)
             except FileNotFoundError:
