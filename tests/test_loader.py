@@ -379,3 +379,33 @@ def test_a_cpu_device_gives_the_same_batches_whoever_normalises(tmp_path, synth_
     assert compared == len(few) == 5
     assert len(few.stats["skipped"]) == len(many.stats["skipped"]) == 1 and few.stats["repeated"] == 1
     few.close(), many.close()
+
+
+def test_a_batch_transform_gets_each_finished_batch_as_torchvision_would(synth_root):
+    """``batch_transform`` (torchvision's MixUp, CutMix, a RandomChoice of them) runs on each finished batch:
+    the same draws give what calling it on the plain loader's batch gives, labels (B, num_classes) float."""
+    from torchvision.transforms import v2
+
+    kw = dict(batch_size=8, image_size=32, device="cpu", num_workers=2, seed=5)
+    plain = ImageLoader(synth_root, **kw)
+    for transform in (v2.MixUp(num_classes=4, alpha=1.0), v2.CutMix(num_classes=4, alpha=1.0),
+                      v2.RandomChoice([v2.MixUp(num_classes=4), v2.CutMix(num_classes=4)])):
+        mixed = ImageLoader(synth_root, batch_transform=transform, **kw)
+        plain.set_epoch(0)  # the plain loader moved on to the next epoch after the last round
+        compared = 0
+        it = iter(mixed)
+        for k, (x, y) in enumerate(plain):
+            torch.manual_seed(k)
+            xm, ym = next(it)
+            torch.manual_seed(k)
+            expected_x, expected_y = transform(x, y)
+            assert ym.shape == (8, 4) and ym.dtype == torch.float32
+            torch.testing.assert_close(ym.sum(dim=1), torch.ones(8))
+            assert torch.equal(xm, expected_x) and torch.equal(ym, expected_y)
+            assert not torch.equal(xm, x)  # something was mixed in
+            compared += 1
+        assert compared == len(plain) == 5
+        mixed.close()
+    plain.close()
+    with pytest.raises(TypeError, match="batch_transform must be callable"):
+        ImageLoader(synth_root, batch_transform="mixup", **kw)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import torch
 
@@ -102,7 +102,9 @@ class ImageLoader:
     ``placement.worker_cpus``), so that the threads feeding the GPU decoders and the training loop never
     wait for a core. ``max_gpu_memory`` (bytes) caps what the loader holds on the GPU: its decode buffers and
     output batches are sized at construction (``placement.gpu_memory``, ``loader.stats["gpu_memory_budget"]``)
-    and never grow; batches that need more go through in slices. The settings are kept, grouped and
+    and never grow; batches that need more go through in slices. ``batch_transform(images, labels)`` runs on
+    each finished batch on ``device`` before it is yielded: torchvision's ``v2.MixUp``, ``v2.CutMix`` or
+    ``v2.RandomChoice`` of them, whose labels come back as (B, num_classes) float. The settings are kept, grouped and
     validated, in ``loader.augment``,
     ``loader.normalize``, ``loader.decoding`` and ``loader.errors``.
     """
@@ -134,9 +136,13 @@ class ImageLoader:
         cpu_share: float | str = "auto",
         max_gpu_memory: int | None = None,
         storage_options: dict[str, Any] | None = None,
+        batch_transform: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if batch_transform is not None and not callable(batch_transform):
+            raise TypeError(f"batch_transform must be callable as f(images, labels), got {batch_transform!r}")
+        self.batch_transform = batch_transform
         self.decoding = DecodeOptions(decode=decode, cpu_share=cpu_share, num_workers=num_workers,
                                       prefetch_depth=prefetch_depth, exif_orientation=exif_orientation,
                                       max_gpu_memory=max_gpu_memory)
@@ -220,7 +226,10 @@ class ImageLoader:
                     stage.consumer = torch.cuda.current_stream(self.device)
                 self.sampler.advance(out.consumed)
                 self.batch_indices = out.indices
-                yield out.images, out.labels
+                if self.batch_transform is None:
+                    yield out.images, out.labels
+                else:  # on the device, on the consumer's stream, as the user would call it
+                    yield self.batch_transform(out.images, out.labels)
         finally:
             batches.close()  # done, broken off or dropped: stop the prefetch thread and the scheduler
         if self._skips.epoch:
