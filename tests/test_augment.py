@@ -188,3 +188,48 @@ def test_workers_normalise_as_the_main_process_would(channels_last, dtype):
     assert torch.equal(out, expected)
     with pytest.raises(ValueError, match="float32 batch"):
         n.finished(u)
+
+
+def test_a_torchvision_training_pipeline_is_read_for_its_parameters(synth_root):
+    """``transform=`` with RandomResizedCrop(176, scale, ratio) + RandomHorizontalFlip(p) + to-tensor +
+    Normalize: the loader crops with those parameters (torchvision's distribution), flips at that rate,
+    normalises with that mean and std, at 176."""
+    from torchvision.transforms import v2
+
+    from gpufeed import ImageLoader
+
+    pipeline = v2.Compose([v2.RandomResizedCrop(176, scale=(0.35, 1.0), ratio=(0.9, 1.2)),
+                           v2.RandomHorizontalFlip(p=0.2), v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                           v2.Normalize([0.5, 0.4, 0.3], [0.2, 0.3, 0.4])])
+    loader = ImageLoader(synth_root, transform=pipeline, batch_size=8, device="cpu", num_workers=2)
+    spec = loader.augment
+    assert (spec.train, spec.image_size, spec.scale, spec.ratio, spec.hflip) == (True, 176, (0.35, 1.0), (0.9, 1.2), 0.2)
+    assert (loader.normalize.mean, loader.normalize.std) == ((0.5, 0.4, 0.3), (0.2, 0.3, 0.4))
+    images, labels = next(iter(loader))
+    assert images.shape == (8, 3, 176, 176) and images.dtype == torch.float32
+    loader.close()
+    n = 4000
+    boxes = [spec.draw(500, 375, seed=1, epoch=0, index=i) for i in range(n)]
+    flips = sum(b.flip for b in boxes)
+    assert abs(flips - 0.2 * n) < 4 * (n * 0.2 * 0.8) ** 0.5, flips  # binomial, 4 sigma
+    areas = [b.width * b.height / (500 * 375) for b in boxes]
+    aspects = [b.width / b.height for b in boxes]
+    assert min(areas) >= 0.35 - 0.01 and all(0.9 - 0.02 <= a <= 1.2 + 0.02 for a in aspects)
+
+
+@pytest.mark.parametrize("ops, message", [
+    (lambda v2: [v2.RandomResizedCrop(224), v2.TrivialAugmentWide()], "TrivialAugmentWide is not something gpufeed runs"),
+    (lambda v2: [v2.RandomResizedCrop(224, interpolation=v2.InterpolationMode.NEAREST)], "bilinear"),
+    (lambda v2: [v2.RandomResizedCrop((224, 200))], "square output"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.ToImage()], "add ToDtype"),
+    (lambda v2: [v2.Resize(256), v2.CenterCrop(224), v2.ToImage(), v2.ToDtype(torch.float32)], "scale=True"),
+    (lambda v2: [v2.CenterCrop(224), v2.Resize(256)], "the geometric ops must be"),
+    (lambda v2: [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.RandomResizedCrop(224)], "must come after"),
+])
+def test_a_torchvision_pipeline_with_what_gpufeed_does_not_run_is_refused(synth_root, ops, message):
+    from torchvision.transforms import v2
+
+    from gpufeed import ImageLoader
+
+    with pytest.raises(ValueError, match=message):
+        ImageLoader(synth_root, transform=v2.Compose(ops(v2)), device="cpu", num_workers=1)

@@ -65,3 +65,18 @@ def test_validation_matches_torchvision(shapes, device):
         assert loader.decode_backend == "cpu" and loader.decode_reason.startswith("validation: CPU workers")
     print(f"validation PSNR against torchvision, {device}: min {min(scores):.1f} median {np.median(scores):.1f} dB")
     assert min(scores) >= 30.0 and np.median(scores) >= 38.0, sorted(scores)[:4]
+
+
+@pytest.mark.parametrize("mean, std", [(MEAN, STD), ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))])
+def test_a_torchvision_validation_pipeline_given_as_transform_matches_torchvision(shapes, mean, std):
+    """``transform=`` with the script's own Resize + CenterCrop + ToTensor + Normalize: the same pixels as
+    that pipeline run by torchvision, with its mean and std."""
+    pipeline = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(mean, std)])
+    ref = torch.stack([pipeline(Image.open(p).convert("RGB")) for p in sorted((shapes / "c").glob("*.jpg"))])
+    with ImageLoader(shapes, transform=pipeline, batch_size=24, device="cpu", num_workers=2, drop_last=False) as loader:
+        assert not loader.augment.train and (loader.normalize.mean, loader.normalize.std) == (mean, std)
+        (images, _), = list(loader)
+    m, s = torch.tensor(mean).view(1, 3, 1, 1), torch.tensor(std).view(1, 3, 1, 1)
+    got, want = ((images * s + m) * 255).numpy(), ((ref * s + m) * 255).numpy()
+    scores = [_psnr(got[i], want[i]) for i in range(24)]
+    assert len(scores) == 24 and min(scores) >= 30.0 and np.median(scores) >= 38.0, sorted(scores)[:4]

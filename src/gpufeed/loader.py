@@ -26,6 +26,7 @@ import torch
 from . import placement
 from .augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from .augment.params import AugmentSpec
+from .augment.recipe import read_transform
 from .decode.base import DEFAULT_MAX_PIXELS, SkipLog
 from .decode.gpu_stage import GpuDecodeAugment
 from .options import DecodeOptions, ErrorPolicy
@@ -104,7 +105,11 @@ class ImageLoader:
     output batches are sized at construction (``placement.gpu_memory``, ``loader.stats["gpu_memory_budget"]``)
     and never grow; batches that need more go through in slices. ``batch_transform(images, labels)`` runs on
     each finished batch on ``device`` before it is yielded: torchvision's ``v2.MixUp``, ``v2.CutMix`` or
-    ``v2.RandomChoice`` of them, whose labels come back as (B, num_classes) float. The settings are kept, grouped and
+    ``v2.RandomChoice`` of them, whose labels come back as (B, num_classes) float. ``transform``: the
+    torchvision ``Compose`` the script would give a Dataset, read for its settings in place of ``train``,
+    ``image_size``, ``resize_size``, ``mean`` and ``std`` (``augment.recipe``: RandomResizedCrop with its
+    scale and ratio, RandomHorizontalFlip(p), Resize + CenterCrop, to-tensor ops, Normalize; any other op
+    raises, naming it). The settings are kept, grouped and
     validated, in ``loader.augment``,
     ``loader.normalize``, ``loader.decoding`` and ``loader.errors``.
     """
@@ -137,6 +142,7 @@ class ImageLoader:
         max_gpu_memory: int | None = None,
         storage_options: dict[str, Any] | None = None,
         batch_transform: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
+        transform: Any = None,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -148,9 +154,15 @@ class ImageLoader:
                                       max_gpu_memory=max_gpu_memory)
         self.errors = ErrorPolicy(on_error=on_error, max_pixels=max_pixels, sample_timeout=sample_timeout)
         self.device = resolve_device(device)
+        if transform is not None:  # the user's torchvision pipeline in place of train/sizes/mean/std
+            recipe = read_transform(transform)
+            mean, std, dtype = recipe.mean, recipe.std, recipe.dtype or dtype
+            self.augment = AugmentSpec(**recipe.augment_kwargs())
+        else:
+            self.augment = AugmentSpec(train=train, image_size=image_size,
+                                       resize_size=resize_size or round(image_size * 256 / 224))
         self.normalize = Normalize(mean=tuple(mean), std=tuple(std), dtype=dtype, channels_last=channels_last)
-        self.augment = AugmentSpec(train=train, image_size=image_size,
-                                   resize_size=resize_size or round(image_size * 256 / 224))
+        train, image_size = self.augment.train, self.augment.image_size  # as the transform gave them, if any
         self.source = create_source(source, storage_options=storage_options)
         check_source_importable(self.source)
         rank, world_size = resolve_rank(rank, world_size)

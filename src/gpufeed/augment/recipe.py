@@ -1,0 +1,146 @@
+"""A torchvision transform pipeline read as gpufeed's settings.
+
+``ImageLoader(source, transform=T)`` takes the ``Compose`` a training script already has (``torchvision.
+transforms.v2`` or the older ``torchvision.transforms``) and runs it the gpufeed way: the crop decided per
+sample by the workers, decode and resize where the loader decodes, flip and normalise in the same pass.
+Each op is read for its parameters; an op gpufeed does not run raises, naming it and what is supported,
+rather than being skipped: a recipe that silently lost an op would train a different model.
+
+    training:    RandomResizedCrop(size, scale, ratio) [RandomHorizontalFlip(p)] [to tensor] [Normalize]
+    validation:  Resize(int) CenterCrop(size) [to tensor] [Normalize]
+
+"to tensor" is any of ``ToImage``, ``PILToTensor``, ``ToTensor``, ``ToDtype(float, scale=True)``,
+``ConvertImageDtype(float)``: the loader always delivers floats scaled to [0, 1] before ``Normalize``.
+Without ``Normalize`` the images stay in [0, 1] (mean 0, std 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+SUPPORTED = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "ToImage", "PILToTensor",
+             "ToTensor", "ToDtype", "ConvertImageDtype", "Normalize")
+_TENSOR_OPS = {"ToImage", "PILToTensor", "ToTensor", "ToDtype", "ConvertImageDtype"}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The settings a torchvision pipeline amounts to: the ``AugmentSpec`` fields, ``mean``/``std`` and, when
+    the pipeline casts to one, the output ``dtype`` (None: the loader's ``dtype``)."""
+
+    train: bool
+    image_size: int
+    resize_size: int
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: float = 0.0
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    dtype: torch.dtype | None = None
+
+    def augment_kwargs(self) -> dict[str, Any]:
+        return dict(train=self.train, image_size=self.image_size, resize_size=self.resize_size, scale=self.scale,
+                    ratio=self.ratio, hflip=self.hflip)
+
+
+def read_transform(transform: Any) -> Recipe:
+    """``transform`` (a ``Compose``, or one op) as a ``Recipe``; ValueError naming an op gpufeed does not run
+    or one whose parameters it cannot honour."""
+    ops = list(getattr(transform, "transforms", [transform]))
+    names = [type(op).__name__ for op in ops]
+    for op, name in zip(ops, names, strict=True):
+        if name not in SUPPORTED:
+            raise ValueError(f"transform: {name} is not something gpufeed runs (it would be dropped, and the model "
+                             f"trained on other data); supported: {', '.join(SUPPORTED)}")
+    geometry = [n for n in names if n not in _TENSOR_OPS and n != "Normalize"]
+    if geometry[:1] == ["RandomResizedCrop"] and geometry[1:] in ([], ["RandomHorizontalFlip"]):
+        recipe = _training(ops[names.index("RandomResizedCrop")],
+                           ops[names.index("RandomHorizontalFlip")] if "RandomHorizontalFlip" in names else None)
+    elif geometry == ["Resize", "CenterCrop"]:
+        recipe = _validation(ops[names.index("Resize")], ops[names.index("CenterCrop")])
+    else:
+        raise ValueError(f"transform: the geometric ops must be RandomResizedCrop [RandomHorizontalFlip] (training) "
+                         f"or Resize + CenterCrop (validation), in that order; got {geometry}")
+    last_geometry = max(i for i, n in enumerate(names) if n in geometry)
+    for i, name in enumerate(names):
+        if (name in _TENSOR_OPS or name == "Normalize") and i < last_geometry:
+            raise ValueError(f"transform: {name} must come after the crop and flip (gpufeed normalises last)")
+    tensor = [op for op, n in zip(ops, names, strict=True) if n in _TENSOR_OPS]
+    dtype = _dtype(tensor)
+    if "Normalize" in names:
+        norm = ops[names.index("Normalize")]
+        if not tensor:
+            raise ValueError("transform: Normalize needs a float tensor first (ToImage + ToDtype(torch.float32, "
+                             "scale=True), or ToTensor)")
+        if len(norm.mean) != 3 or len(norm.std) != 3:
+            raise ValueError(f"transform: Normalize needs 3 values each (RGB), got mean={list(norm.mean)} "
+                             f"std={list(norm.std)}")
+        recipe = _replace(recipe, mean=tuple(float(m) for m in norm.mean), std=tuple(float(s) for s in norm.std))
+    return _replace(recipe, dtype=dtype)
+
+
+def _replace(recipe: Recipe, **kw: Any) -> Recipe:
+    return Recipe(**{**recipe.__dict__, **kw})
+
+
+def _square(size: Any, what: str) -> int:
+    s = [size] if isinstance(size, int) else list(size)
+    if len(s) == 2 and s[0] == s[1]:
+        s = s[:1]
+    if len(s) != 1:
+        raise ValueError(f"transform: {what} must give a square output, got size={size}")
+    return int(s[0])
+
+
+def _bilinear(op: Any, name: str) -> None:
+    mode = getattr(op, "interpolation", None)
+    if str(getattr(mode, "value", mode)).lower() != "bilinear":
+        raise ValueError(f"transform: {name} must use bilinear interpolation (gpufeed's resize), got {mode}")
+    if getattr(op, "antialias", True) is False:
+        raise ValueError(f"transform: {name}(antialias=False) is not what gpufeed computes (it antialiases)")
+
+
+def _training(crop: Any, flip: Any | None) -> Recipe:
+    _bilinear(crop, "RandomResizedCrop")
+    size = _square(crop.size, "RandomResizedCrop")
+    return Recipe(train=True, image_size=size, resize_size=max(size, round(size * 256 / 224)),
+                  scale=tuple(float(v) for v in crop.scale), ratio=tuple(float(v) for v in crop.ratio),
+                  hflip=float(flip.p) if flip is not None else 0.0)
+
+
+def _validation(resize: Any, crop: Any) -> Recipe:
+    _bilinear(resize, "Resize")
+    sizes = [resize.size] if isinstance(resize.size, int) else list(resize.size)
+    if len(sizes) != 1 or getattr(resize, "max_size", None) is not None:
+        raise ValueError(f"transform: Resize must take one size (the shorter side) and no max_size, got "
+                         f"size={resize.size}")
+    size = _square(crop.size, "CenterCrop")
+    if int(sizes[0]) < size:
+        raise ValueError(f"transform: Resize({sizes[0]}) is smaller than CenterCrop({size})")
+    return Recipe(train=False, image_size=size, resize_size=int(sizes[0]))
+
+
+def _dtype(tensor_ops: Sequence[Any]) -> torch.dtype | None:
+    """The float dtype the pipeline casts to (None: left to the loader); ValueError for a cast to integers or
+    one without scaling, which would give values in [0, 255]."""
+    dtype, scaled = None, False
+    for op in tensor_ops:
+        name = type(op).__name__
+        scaled = scaled or name == "ToTensor"
+        if name in ("ToDtype", "ConvertImageDtype"):
+            d = op.dtype
+            if isinstance(d, dict):
+                d = d.get(torch.Tensor, next(iter(d.values())))
+            if d is None or not d.is_floating_point:
+                raise ValueError(f"transform: {name} to {d}: gpufeed delivers float images")
+            if name == "ToDtype" and not op.scale:
+                raise ValueError("transform: ToDtype(..., scale=False) keeps values in [0, 255]; gpufeed scales to "
+                                 "[0, 1] (use scale=True)")
+            dtype, scaled = d, True
+    if tensor_ops and not scaled:
+        raise ValueError("transform: ToImage/PILToTensor alone give uint8 images; gpufeed delivers floats in [0, 1] "
+                         "before Normalize: add ToDtype(torch.float32, scale=True)")
+    return dtype
