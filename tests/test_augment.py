@@ -218,13 +218,20 @@ def test_a_torchvision_training_pipeline_is_read_for_its_parameters(synth_root):
 
 
 @pytest.mark.parametrize("ops, message", [
-    (lambda v2: [v2.RandomResizedCrop(224), v2.TrivialAugmentWide()], "TrivialAugmentWide is not something gpufeed runs"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.ColorJitter(0.4, 0.4, 0.4)], "ColorJitter is not something gpufeed runs"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.TrivialAugmentWide(num_magnitude_bins=10)], "31 magnitude bins"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                 v2.RandomErasing(value="random")], "value='random'"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.TrivialAugmentWide()],
+     "TrivialAugmentWide must come before ToDtype"),
+    (lambda v2: [v2.Resize(256), v2.CenterCrop(224), v2.TrivialAugmentWide()], "a training op"),
     (lambda v2: [v2.RandomResizedCrop(224, interpolation=v2.InterpolationMode.NEAREST)], "bilinear"),
     (lambda v2: [v2.RandomResizedCrop((224, 200))], "square output"),
     (lambda v2: [v2.RandomResizedCrop(224), v2.ToImage()], "add ToDtype"),
     (lambda v2: [v2.Resize(256), v2.CenterCrop(224), v2.ToImage(), v2.ToDtype(torch.float32)], "scale=True"),
     (lambda v2: [v2.CenterCrop(224), v2.Resize(256)], "the geometric ops must be"),
-    (lambda v2: [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.RandomResizedCrop(224)], "must come after"),
+    (lambda v2: [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.RandomResizedCrop(224)],
+     "RandomResizedCrop must come before ToDtype"),
 ])
 def test_a_torchvision_pipeline_with_what_gpufeed_does_not_run_is_refused(synth_root, ops, message):
     from torchvision.transforms import v2

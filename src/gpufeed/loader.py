@@ -26,6 +26,7 @@ import torch
 from . import placement
 from .augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from .augment.params import AugmentSpec
+from .augment.ops import SampleOps
 from .augment.recipe import read_transform
 from .decode.base import DEFAULT_MAX_PIXELS, SkipLog
 from .decode.gpu_stage import GpuDecodeAugment
@@ -154,6 +155,7 @@ class ImageLoader:
                                       max_gpu_memory=max_gpu_memory)
         self.errors = ErrorPolicy(on_error=on_error, max_pixels=max_pixels, sample_timeout=sample_timeout)
         self.device = resolve_device(device)
+        recipe = None
         if transform is not None:  # the user's torchvision pipeline in place of train/sizes/mean/std
             recipe = read_transform(transform)
             mean, std, dtype = recipe.mean, recipe.std, recipe.dtype or dtype
@@ -163,6 +165,9 @@ class ImageLoader:
                                        resize_size=resize_size or round(image_size * 256 / 224))
         self.normalize = Normalize(mean=tuple(mean), std=tuple(std), dtype=dtype, channels_last=channels_last)
         train, image_size = self.augment.train, self.augment.image_size  # as the transform gave them, if any
+        # the recipe's per-sample ops on each delivered batch (TrivialAugmentWide, RandomErasing)
+        self.sample_ops = SampleOps(trivial=bool(recipe and recipe.trivial), erasing=recipe and recipe.erasing,
+                                    mean=mean, std=std, seed=seed)
         self.source = create_source(source, storage_options=storage_options)
         check_source_importable(self.source)
         rank, world_size = resolve_rank(rank, world_size)
@@ -238,10 +243,13 @@ class ImageLoader:
                     stage.consumer = torch.cuda.current_stream(self.device)
                 self.sampler.advance(out.consumed)
                 self.batch_indices = out.indices
+                images = out.images
+                if self.sample_ops:  # on the device, on the consumer's stream
+                    images = self.sample_ops(images, out.indices, self.sampler.epoch)
                 if self.batch_transform is None:
-                    yield out.images, out.labels
+                    yield images, out.labels
                 else:  # on the device, on the consumer's stream, as the user would call it
-                    yield self.batch_transform(out.images, out.labels)
+                    yield self.batch_transform(images, out.labels)
         finally:
             batches.close()  # done, broken off or dropped: stop the prefetch thread and the scheduler
         if self._skips.epoch:

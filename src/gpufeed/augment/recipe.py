@@ -6,8 +6,11 @@ sample by the workers, decode and resize where the loader decodes, flip and norm
 Each op is read for its parameters; an op gpufeed does not run raises, naming it and what is supported,
 rather than being skipped: a recipe that silently lost an op would train a different model.
 
-    training:    RandomResizedCrop(size, scale, ratio) [RandomHorizontalFlip(p)] [to tensor] [Normalize]
+    training:    RandomResizedCrop(size, scale, ratio) [RandomHorizontalFlip(p)] [TrivialAugmentWide()]
+                 [to tensor] [Normalize] [RandomErasing(p, scale, ratio, value)]
     validation:  Resize(int) CenterCrop(size) [to tensor] [Normalize]
+
+TrivialAugmentWide and RandomErasing run per sample on the device (``augment.ops``).
 
 "to tensor" is any of ``ToImage``, ``PILToTensor``, ``ToTensor``, ``ToDtype(float, scale=True)``,
 ``ConvertImageDtype(float)``: the loader always delivers floats scaled to [0, 1] before ``Normalize``.
@@ -21,8 +24,10 @@ from typing import Any, Sequence
 
 import torch
 
-SUPPORTED = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "ToImage", "PILToTensor",
-             "ToTensor", "ToDtype", "ConvertImageDtype", "Normalize")
+from .ops import NUM_BINS, Erasing
+
+SUPPORTED = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "TrivialAugmentWide", "ToImage",
+             "PILToTensor", "ToTensor", "ToDtype", "ConvertImageDtype", "Normalize", "RandomErasing")
 _TENSOR_OPS = {"ToImage", "PILToTensor", "ToTensor", "ToDtype", "ConvertImageDtype"}
 
 
@@ -40,6 +45,8 @@ class Recipe:
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
     dtype: torch.dtype | None = None
+    trivial: bool = False
+    erasing: Erasing | None = None
 
     def augment_kwargs(self) -> dict[str, Any]:
         return dict(train=self.train, image_size=self.image_size, resize_size=self.resize_size, scale=self.scale,
@@ -55,7 +62,8 @@ def read_transform(transform: Any) -> Recipe:
         if name not in SUPPORTED:
             raise ValueError(f"transform: {name} is not something gpufeed runs (it would be dropped, and the model "
                              f"trained on other data); supported: {', '.join(SUPPORTED)}")
-    geometry = [n for n in names if n not in _TENSOR_OPS and n != "Normalize"]
+    _check_order(names)
+    geometry = [n for n in names if n not in _TENSOR_OPS and n not in _PER_SAMPLE and n != "Normalize"]
     if geometry[:1] == ["RandomResizedCrop"] and geometry[1:] in ([], ["RandomHorizontalFlip"]):
         recipe = _training(ops[names.index("RandomResizedCrop")],
                            ops[names.index("RandomHorizontalFlip")] if "RandomHorizontalFlip" in names else None)
@@ -64,10 +72,6 @@ def read_transform(transform: Any) -> Recipe:
     else:
         raise ValueError(f"transform: the geometric ops must be RandomResizedCrop [RandomHorizontalFlip] (training) "
                          f"or Resize + CenterCrop (validation), in that order; got {geometry}")
-    last_geometry = max(i for i, n in enumerate(names) if n in geometry)
-    for i, name in enumerate(names):
-        if (name in _TENSOR_OPS or name == "Normalize") and i < last_geometry:
-            raise ValueError(f"transform: {name} must come after the crop and flip (gpufeed normalises last)")
     tensor = [op for op, n in zip(ops, names, strict=True) if n in _TENSOR_OPS]
     dtype = _dtype(tensor)
     if "Normalize" in names:
@@ -79,7 +83,59 @@ def read_transform(transform: Any) -> Recipe:
             raise ValueError(f"transform: Normalize needs 3 values each (RGB), got mean={list(norm.mean)} "
                              f"std={list(norm.std)}")
         recipe = _replace(recipe, mean=tuple(float(m) for m in norm.mean), std=tuple(float(s) for s in norm.std))
+    if "TrivialAugmentWide" in names:
+        if not recipe.train:
+            raise ValueError("transform: TrivialAugmentWide is a training op; validation takes Resize + CenterCrop")
+        _check_trivial(ops[names.index("TrivialAugmentWide")])
+        recipe = _replace(recipe, trivial=True)
+    if "RandomErasing" in names:
+        if not recipe.train:
+            raise ValueError("transform: RandomErasing is a training op; validation takes Resize + CenterCrop")
+        recipe = _replace(recipe, erasing=_erasing(ops[names.index("RandomErasing")]))
     return _replace(recipe, dtype=dtype)
+
+
+# where each kind of op may stand: geometry, then TrivialAugmentWide, then to-tensor ops, then Normalize,
+# then RandomErasing (torchvision's reference recipes' order)
+_PER_SAMPLE = {"TrivialAugmentWide", "RandomErasing"}
+
+
+def _stage(name: str) -> int:
+    if name in _TENSOR_OPS:
+        return 2
+    return {"TrivialAugmentWide": 1, "Normalize": 3, "RandomErasing": 4}.get(name, 0)
+
+
+def _check_order(names: list[str]) -> None:
+    for a, b in zip(names, names[1:]):
+        if _stage(b) < _stage(a):
+            raise ValueError(f"transform: {b} must come before {a} (the order is crop and flip, TrivialAugmentWide, "
+                             "to tensor, Normalize, RandomErasing)")
+    for name in set(names):
+        if names.count(name) > 1 and name not in _TENSOR_OPS:
+            raise ValueError(f"transform: {name} appears {names.count(name)} times; gpufeed runs each op once")
+
+
+def _check_trivial(op: Any) -> None:
+    mode = getattr(op, "interpolation", None)
+    if op.num_magnitude_bins != NUM_BINS or str(getattr(mode, "value", mode)).lower() != "nearest":
+        raise ValueError(f"transform: TrivialAugmentWide runs with its defaults here ({NUM_BINS} magnitude bins, "
+                         f"nearest interpolation), got {op.num_magnitude_bins} bins, {mode}")
+    fill = getattr(op, "fill", None)
+    values = list(fill.values()) if isinstance(fill, dict) else [fill]
+    if any(v not in (None, 0, 0.0) and v != [0] and v != [0.0] for v in values):
+        raise ValueError(f"transform: TrivialAugmentWide fills with 0 here, got fill={fill}")
+
+
+def _erasing(op: Any) -> Erasing:
+    value = op.value
+    if value is None or isinstance(value, str):
+        raise ValueError("transform: RandomErasing(value='random') is not supported; give a number per channel")
+    value = [value] if isinstance(value, (int, float)) else list(value)
+    if len(value) not in (1, 3):
+        raise ValueError(f"transform: RandomErasing value needs 1 or 3 numbers, got {value}")
+    return Erasing(p=float(op.p), scale=tuple(float(v) for v in op.scale), ratio=tuple(float(v) for v in op.ratio),
+                   value=tuple(float(v) for v in value))
 
 
 def _replace(recipe: Recipe, **kw: Any) -> Recipe:
