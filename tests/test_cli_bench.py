@@ -110,3 +110,23 @@ def test_bench_under_torchrun_sums_the_ranks(tmp_path, synth_root):
     assert result["machine"]["ranks"] == 2 and result["config"]["workers"] == max(1, usable_cores() // 2)
     for r in result["rows"]:  # each rank 20 of the 40 samples (5 batches of 4), summed over the ranks
         assert [e["images"] for e in r["epochs"]] == [40, 40] and r["images_per_s"] > 0
+
+
+def test_bench_times_a_recipe_both_ways(tmp_path, synth_root, capsys):
+    """``--recipe``: the DataLoader runs the recipe's torchvision transforms per image, gpufeed gets the same
+    Compose, and a batch transform (MixUp/CutMix) runs on both pipelines' batches; a recipe file works too."""
+    rc = main(["bench", "--data", str(synth_root), "--batch-size", "8", "--workers", "1", "--epochs", "2",
+               "--device", "cpu", "--recipe", "trivialaugment-mix", "--json", str(tmp_path / "r.json")])
+    assert rc == 0
+    assert "recipe trivialaugment-mix" in capsys.readouterr().out
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert [r["pipeline"] for r in rows] == ["baseline", "gpufeed (cpu decode)"]
+    assert all([e["images"] for e in r["epochs"]] == [40, 40] and r["images_per_s"] > 0 for r in rows)
+    recipe = tmp_path / "mine.py"
+    recipe.write_text("import torch\nfrom torchvision.transforms import v2\n"
+                      "transform = v2.Compose([v2.RandomResizedCrop(64), v2.ToImage(), "
+                      "v2.ToDtype(torch.float32, scale=True)])\n")
+    assert main(["bench", "--data", str(synth_root), "--batch-size", "8", "--workers", "1", "--epochs", "2",
+                 "--device", "cpu", "--pipelines", "gpufeed", "--recipe", str(recipe)]) == 0
+    assert main(["bench", "--n", "10", "--device", "cpu", "--recipe", "randaugment"]) == 2
+    assert "--recipe must be one of" in capsys.readouterr().err

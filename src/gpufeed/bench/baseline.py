@@ -10,10 +10,12 @@ from torchvision.datasets import ImageFolder
 from ..augment.normalize import IMAGENET_MEAN, IMAGENET_STD
 
 
-def create_baseline_loader(root: str, *, batch_size: int, num_workers: int, image_size: int = 224) -> DataLoader:
-    """ImageFolder + RandomResizedCrop + flip + ToTensor + Normalize in a DataLoader(pin_memory=True); under an
-    initialised process group with a DistributedSampler, as DDP scripts do (call ``sampler.set_epoch``)."""
-    transform = T.Compose([
+def create_baseline_loader(root: str, *, batch_size: int, num_workers: int, image_size: int = 224,
+                           transform=None) -> DataLoader:
+    """ImageFolder + ``transform`` (default RandomResizedCrop + flip + ToTensor + Normalize) in a
+    DataLoader(pin_memory=True); under an initialised process group with a DistributedSampler, as DDP scripts
+    do (call ``sampler.set_epoch``)."""
+    transform = transform or T.Compose([
         T.RandomResizedCrop(image_size),
         T.RandomHorizontalFlip(),
         T.ToTensor(),

@@ -31,6 +31,7 @@ from ..loader import ImageLoader
 from ..transfer import prefetch
 from ..synth import create_synthetic_dataset
 from .baseline import create_baseline_loader
+from .recipes import BenchRecipe, load_recipe
 from ..cores import cpu_ranges, usable_cores
 from .monitor import Monitor
 
@@ -54,6 +55,7 @@ class BenchConfig:
     device: str = "cpu"
     pipelines: tuple[str, ...] = ("baseline", "gpufeed")
     storage_options: dict[str, Any] | None = None  # fsspec's, for a URL in ``data``
+    recipe: str | None = None  # a training recipe both ways (``bench.recipes``); None: crop + flip + normalise
     cache_dir: str = field(default_factory=lambda: os.path.expanduser("~/.cache/gpufeed"))
 
     def __post_init__(self) -> None:
@@ -150,16 +152,18 @@ def measure_ceiling(step: Callable, batch_size: int, device: torch.device, monit
             "gpu_busy": monitor.gpu_busy, "cpu_cores_busy": monitor.cores_busy, "epochs": []}
 
 
-def _make_loader(name: str, root: str, cfg: BenchConfig, device: torch.device) -> Iterable:
+def _make_loader(name: str, root: str, cfg: BenchConfig, device: torch.device,
+                 recipe: BenchRecipe | None) -> Iterable:
     if name.startswith("baseline") and not os.path.isdir(root):
         raise ValueError(f"the baseline (torchvision's ImageFolder) reads only a local ImageFolder folder, not {root!r}")
-    if name == "baseline":
-        return create_baseline_loader(root, batch_size=cfg.batch_size, num_workers=cfg.workers)
-    if name == "baseline+prefetch":
-        return prefetch(create_baseline_loader(root, batch_size=cfg.batch_size, num_workers=cfg.workers), device)
+    transform = recipe.transform if recipe is not None else None
+    if name.startswith("baseline"):
+        loader = create_baseline_loader(root, batch_size=cfg.batch_size, num_workers=cfg.workers, transform=transform)
+        return prefetch(loader, device) if name == "baseline+prefetch" else loader
     loader = ImageLoader(root, batch_size=cfg.batch_size, num_workers=cfg.workers, device=device,
                          channels_last=cfg.model is not None, decode=_DECODE[name],
-                         cpu_share=0.0 if name == "gpufeed-gpu-only" else "auto", storage_options=cfg.storage_options)
+                         cpu_share=0.0 if name == "gpufeed-gpu-only" else "auto", storage_options=cfg.storage_options,
+                         transform=transform, batch_transform=recipe.batch_transform if recipe is not None else None)
     if name.startswith("gpufeed-gpu") and loader.decode_backend == "cpu":
         loader.close()
         raise ValueError(f"pipeline gpufeed-gpu: no GPU decoder works here ({loader.decode_reason})")
@@ -167,11 +171,13 @@ def _make_loader(name: str, root: str, cfg: BenchConfig, device: torch.device) -
 
 
 def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, step: Callable | None,
-                 monitor: Monitor, progress: Callable[[str], Any]) -> dict[str, Any]:
+                 monitor: Monitor, progress: Callable[[str], Any], recipe: BenchRecipe | None = None) -> dict[str, Any]:
     if device.type == "cuda":
         torch.zeros(1, device=device)  # the CUDA context is this process's, not the loader's
     gpu_before = monitor.gpu_used()  # the loader takes its GPU memory when it is made
-    loader = _make_loader(name, root, cfg, device)
+    loader = _make_loader(name, root, cfg, device, recipe)
+    # the baseline's batch transform on the device, as its script would call it (gpufeed's runs in the loader)
+    mix = recipe.batch_transform if recipe is not None and name.startswith("baseline") else None
     epochs = []
     for epoch in range(cfg.epochs):
         sampler = getattr(getattr(loader, "iterable", loader), "sampler", None)  # through a Prefetcher
@@ -182,6 +188,8 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
         monitor.start()
         n, t0 = 0, time.perf_counter()
         for images, labels in loader:
+            if mix is not None:
+                images, labels = mix(images.to(device, non_blocking=True), labels.to(device, non_blocking=True))
             if step is not None:
                 step(images, labels)
             else:
@@ -257,9 +265,10 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str, int], Any]) -> dict[str
     if step is not None:
         ceiling = measure_ceiling(step, cfg.batch_size, device, monitor)
         rows.append(ceiling)
+    recipe = load_recipe(cfg.recipe) if cfg.recipe else None
     for name in cfg.pipelines:
         try:
-            rows.append(run_pipeline(name, root, cfg, device, step, monitor, progress))
+            rows.append(run_pipeline(name, root, cfg, device, step, monitor, progress, recipe))
         except Exception as e:  # one pipeline failing must not lose the others' numbers
             if _ranks()[1] > 1:  # but under DDP the other ranks wait in its collectives: stop them all
                 raise
