@@ -86,3 +86,28 @@ def test_the_loader_applies_each_samples_ops_to_that_sample(synth_root):
     assert compared == len(a) == 5
     for loader in (a, b, plain):
         loader.close()
+
+
+def test_one_pass_per_operation_gives_what_torchvision_gives_each_sample():
+    """All the samples that drew an operation go through it together with their own magnitudes: against
+    torchvision's op on each sample alone, the same pixels (geometry, brightness, solarize, posterize, auto
+    contrast, equalize), and at most one level apart for the blends (colour, contrast, sharpness: a sum
+    in another order), and those rarely."""
+    from gpufeed.augment.ops import apply_trivial_batch
+
+    g = torch.Generator().manual_seed(4)
+    images = torch.randint(0, 256, (280, 3, 24, 24), dtype=torch.uint8, generator=g)
+    choices = [trivial_choice(7, 0, i) for i in range(len(images))]
+    batched = apply_trivial_batch(images, choices)
+    per_op = collections.defaultdict(list)
+    for i, (name, m) in enumerate(choices):
+        alone = apply_trivial(images[i : i + 1], name, m)[0]
+        diff = (batched[i].int() - alone.int()).abs()
+        per_op[name].append((int(diff.max()), float(diff.float().mean())))
+    assert set(per_op) == set(TRIVIAL_WIDE) and sum(len(v) for v in per_op.values()) == 280
+    for name, diffs in per_op.items():
+        worst, mean = max(d for d, _ in diffs), np.mean([m for _, m in diffs])
+        if name in ("Color", "Contrast", "Sharpness"):
+            assert worst <= 1 and mean <= 1 / 255, (name, worst, mean)  # levels: within a level, rarely off
+        else:
+            assert worst == 0, (name, worst)

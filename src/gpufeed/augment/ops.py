@@ -3,7 +3,8 @@ RandomErasing, with their random choices drawn per sample as torchvision draws t
 
 Each sample's choices come from its own stream (``params.SampleRandom`` keyed by seed, epoch and index, apart
 from the crop's), so a batch is the same whichever worker or rank made it and on every run. Samples that drew
-the same operation and magnitude go through torchvision's own functional op together, on the device.
+the same operation go through it together, on the device, each with its own magnitude, computed as
+torchvision's functional op computes it (``apply_trivial_batch``).
 
 TrivialAugmentWide works on uint8 images in torchvision's recipes (on PIL images, before ``ToTensor``): the
 normalised batch is taken back to uint8 pixels for it (rounded, as the PIL pipeline holds its crop) and
@@ -100,6 +101,94 @@ def apply_trivial(images: torch.Tensor, name: str, magnitude: float) -> torch.Te
     raise ValueError(f"no TrivialAugmentWide operation {name!r}")
 
 
+try:  # torchvision's own pieces, so a whole group's affine and grey levels are computed as its ops compute them
+    from torchvision.transforms.v2.functional._color import _rgb_to_grayscale_image
+    from torchvision.transforms.v2.functional._geometry import _get_inverse_affine_matrix
+except ImportError:  # another torchvision: every sample through the public ops instead (the same pixels, slower)
+    _get_inverse_affine_matrix = _rgb_to_grayscale_image = None
+
+
+def apply_trivial_batch(images: torch.Tensor, choices: Sequence[tuple[str, float]]) -> torch.Tensor:
+    """(B, 3, S, S) uint8 -> the same with sample i's TrivialAugmentWide choice ``choices[i]`` applied: one pass
+    per operation for all the samples that drew it, whatever their magnitudes (``apply_trivial`` per
+    magnitude where this torchvision's helpers are missing, and for rotations by a multiple of 90 degrees,
+    which torchvision turns into exact transposes)."""
+    out = images.clone()
+    by_op: dict[str, list[int]] = {}
+    for i, (name, _) in enumerate(choices):
+        by_op.setdefault(name, []).append(i)
+    for name, members in by_op.items():
+        if name == "Identity":
+            continue
+        rows = torch.tensor(members, device=images.device)
+        magnitudes = [choices[i][1] for i in members]
+        out[rows] = _one_op(images[rows], name, magnitudes)
+    return out
+
+
+def _one_op(images: torch.Tensor, name: str, magnitudes: list[float]) -> torch.Tensor:
+    n, _, h, w = images.shape
+    if _get_inverse_affine_matrix is None or name in ("Posterize", "AutoContrast", "Equalize") or (
+            name == "Rotate" and any(m % 90 == 0 for m in magnitudes)):
+        out = images.clone()
+        for m in sorted(set(magnitudes)):  # one call per distinct magnitude, through the public op
+            rows = torch.tensor([i for i, x in enumerate(magnitudes) if x == m], device=images.device)
+            out[rows] = apply_trivial(images[rows], name, m)
+        return out
+    f = torch.tensor(magnitudes, dtype=torch.float32, device=images.device).view(n, 1, 1, 1)
+    if name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
+        return _affine(images, [_matrix(name, m, w, h) for m in magnitudes])
+    if name == "Solarize":
+        return torch.where(images >= 255.0 * f, 255 - images, images)
+    ratio = 1.0 + f
+    if name == "Brightness":
+        return images.mul(ratio).clamp_(0, 255).to(torch.uint8)
+    if name in ("Color", "Contrast"):
+        grey = _rgb_to_grayscale_image(images, num_output_channels=1, preserve_dtype=False).floor_()
+        if name == "Contrast":
+            grey = grey.mean(dim=(-3, -2, -1), keepdim=True)
+        return images.mul(ratio).add_(grey * (1.0 - ratio)).clamp_(0, 255).to(torch.uint8)
+    if name == "Sharpness":
+        a, b = 1.0 / 13.0, 5.0 / 13.0
+        kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], device=images.device).expand(3, 1, 3, 3)
+        out = images.to(torch.float32, copy=True)
+        blurred = torch.nn.functional.conv2d(out, kernel, groups=3).round_()
+        inner = out[..., 1:-1, 1:-1]
+        inner.add_(blurred.sub_(inner) * (1.0 - ratio))
+        return out.clamp_(0, 255).to(torch.uint8)
+    raise ValueError(f"no TrivialAugmentWide operation {name!r}")
+
+
+def _matrix(name: str, magnitude: float, w: int, h: int) -> list[float]:
+    """The inverse affine matrix torchvision's ``affine``/``rotate`` build for this operation."""
+    if name in ("ShearX", "ShearY"):
+        shear = math.degrees(math.atan(magnitude))
+        return _get_inverse_affine_matrix([-w * 0.5, -h * 0.5], 0.0, [0.0, 0.0], 1.0,
+                                          [shear, 0.0] if name == "ShearX" else [0.0, shear])
+    if name in ("TranslateX", "TranslateY"):
+        shift = float(int(magnitude))
+        return _get_inverse_affine_matrix([0.0, 0.0], 0.0, [shift, 0.0] if name == "TranslateX" else [0.0, shift],
+                                          1.0, [0.0, 0.0])
+    return _get_inverse_affine_matrix([0.0, 0.0], -(magnitude % 360), [0.0, 0.0], 1.0, [0.0, 0.0])  # Rotate
+
+
+def _affine(images: torch.Tensor, matrices: list[list[float]]) -> torch.Tensor:
+    """Each image through its own inverse affine matrix: torchvision's grid (``_affine_grid``) per sample in
+    one batched product, then one nearest-neighbour ``grid_sample`` with zeros outside."""
+    n, _, h, w = images.shape
+    device = images.device
+    theta = torch.tensor(matrices, dtype=torch.float32, device=device).view(n, 2, 3)
+    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=device)
+    base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=device))
+    base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=device).unsqueeze_(-1))
+    base[..., 2].fill_(1)
+    rescaled = theta.transpose(1, 2).div_(torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=device))
+    grid = base.view(1, h * w, 3).expand(n, -1, -1).bmm(rescaled).view(n, h, w, 2)
+    out = torch.nn.functional.grid_sample(images.float(), grid, mode="nearest", padding_mode="zeros",
+                                          align_corners=False)
+    return out.round_().to(torch.uint8)
+
+
 @dataclass(frozen=True)
 class Erasing:
     """RandomErasing's settings: probability ``p``, area ``scale``, aspect ``ratio``, fill ``value`` (one
@@ -158,14 +247,7 @@ class SampleOps:
     def _trivial(self, images: torch.Tensor, indices: Sequence[int], epoch: int) -> torch.Tensor:
         mean, std = self._constants(images)
         pixels = (images.float() * std + mean).mul_(255).round_().clamp_(0, 255).to(torch.uint8)
-        groups: dict[tuple[str, float], list[int]] = {}
-        for i, index in enumerate(indices):
-            groups.setdefault(trivial_choice(self.seed, epoch, index), []).append(i)
-        for (name, magnitude), members in groups.items():
-            if name == "Identity":
-                continue
-            rows = torch.tensor(members, device=images.device)
-            pixels[rows] = apply_trivial(pixels[rows], name, magnitude)
+        pixels = apply_trivial_batch(pixels, [trivial_choice(self.seed, epoch, index) for index in indices])
         out = (pixels.float().div_(255) - mean) / std
         channels_last = images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
         return out.to(dtype=images.dtype,
