@@ -240,3 +240,15 @@ def test_a_torchvision_pipeline_with_what_gpufeed_does_not_run_is_refused(synth_
 
     with pytest.raises(ValueError, match=message):
         ImageLoader(synth_root, transform=v2.Compose(ops(v2)), device="cpu", num_workers=1)
+
+
+def test_a_transform_and_the_settings_it_replaces_are_not_taken_together(synth_root):
+    from torchvision.transforms import v2
+
+    from gpufeed import ImageLoader
+
+    pipeline = v2.Compose([v2.RandomResizedCrop(64), v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+    with pytest.raises(ValueError, match="transform= sets image_size, mean itself"):
+        ImageLoader(synth_root, transform=pipeline, image_size=32, mean=(0.5, 0.5, 0.5), device="cpu")
+    with pytest.raises(ValueError, match="dtype=torch.bfloat16 but the transform casts to torch.float32"):
+        ImageLoader(synth_root, transform=pipeline, dtype=torch.bfloat16, device="cpu")

@@ -73,7 +73,8 @@ class ImageLoader:
     fsspec) or a Source.
 
     Yields ``(images, labels)``: images (B, 3, S, S) ``dtype`` on ``device``, normalised with
-    ``mean``/``std`` (channels_last when asked); labels (B,) int64 on ``device``. ``train=True``:
+    ``mean``/``std`` (ImageNet's by default; channels_last when asked); labels (B,) int64 on ``device``.
+    ``train=True`` (default; ``image_size`` 224):
     RandomResizedCrop(``image_size``) and horizontal flip, a new order each epoch; ``train=False``: resize
     the shorter side to ``resize_size``, centre-crop (torchvision's ``Resize`` + ``CenterCrop``, decoded by the
     CPU workers), fixed order.
@@ -120,15 +121,15 @@ class ImageLoader:
         source: str | os.PathLike | Sequence[str] | Source,
         *,
         batch_size: int = 256,
-        train: bool = True,
-        image_size: int = 224,
+        train: bool | None = None,
+        image_size: int | None = None,
         resize_size: int | None = None,
         device: str | torch.device = "auto",
         num_workers: int | None = None,
         dtype: torch.dtype = torch.float32,
         channels_last: bool = False,
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
@@ -157,10 +158,20 @@ class ImageLoader:
         self.device = resolve_device(device)
         recipe = None
         if transform is not None:  # the user's torchvision pipeline in place of train/sizes/mean/std
+            given = [k for k, v in (("train", train), ("image_size", image_size), ("resize_size", resize_size),
+                                    ("mean", mean), ("std", std)) if v is not None]
+            if given:
+                raise ValueError(f"transform= sets {', '.join(given)} itself; leave them out (or leave out transform)")
             recipe = read_transform(transform)
+            if recipe.dtype is not None and dtype != torch.float32 and recipe.dtype != dtype:
+                raise ValueError(f"dtype={dtype} but the transform casts to {recipe.dtype}; give one of them")
             mean, std, dtype = recipe.mean, recipe.std, recipe.dtype or dtype
             self.augment = AugmentSpec(**recipe.augment_kwargs())
         else:
+            train = True if train is None else train
+            image_size = 224 if image_size is None else image_size
+            mean = IMAGENET_MEAN if mean is None else mean
+            std = IMAGENET_STD if std is None else std
             self.augment = AugmentSpec(train=train, image_size=image_size,
                                        resize_size=resize_size or round(image_size * 256 / 224))
         self.normalize = Normalize(mean=tuple(mean), std=tuple(std), dtype=dtype, channels_last=channels_last)
