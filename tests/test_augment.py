@@ -248,7 +248,10 @@ def test_a_transform_and_the_settings_it_replaces_are_not_taken_together(synth_r
     from gpufeed import ImageLoader
 
     pipeline = v2.Compose([v2.RandomResizedCrop(64), v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
-    with pytest.raises(ValueError, match="transform= sets image_size, mean itself"):
+    with pytest.raises(ValueError, match=r"leave out image_size=32, mean=\(0.5, 0.5, 0.5\)"):
         ImageLoader(synth_root, transform=pipeline, image_size=32, mean=(0.5, 0.5, 0.5), device="cpu")
     with pytest.raises(ValueError, match="dtype=torch.bfloat16 but the transform casts to torch.float32"):
         ImageLoader(synth_root, transform=pipeline, dtype=torch.bfloat16, device="cpu")
+    bf16 = v2.Compose([v2.RandomResizedCrop(64), v2.ToImage(), v2.ToDtype(torch.bfloat16, scale=True)])
+    with pytest.raises(ValueError, match="dtype=torch.float32 but the transform casts to torch.bfloat16"):
+        ImageLoader(synth_root, transform=bf16, dtype=torch.float32, device="cpu")  # an explicit float32 too

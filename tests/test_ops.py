@@ -76,11 +76,12 @@ def test_the_loader_applies_each_samples_ops_to_that_sample(synth_root):
     a = ImageLoader(synth_root, transform=with_ops, **kw)
     b = ImageLoader(synth_root, transform=with_ops, **kw)
     plain = ImageLoader(synth_root, transform=v2.Compose(head + tail), **kw)
-    ops = SampleOps(trivial=True, erasing=Erasing(p=1.0), mean=[0.5] * 3, std=[0.25] * 3, seed=9)
+    ops = SampleOps(trivial=True, erasing=Erasing(p=1.0), mean=[0.5] * 3, std=[0.25] * 3)
     compared = 0
     for (xa, ya), (xb, yb), (xp, yp) in zip(a, b, plain, strict=True):
         assert torch.equal(xa, xb) and torch.equal(ya, yp) and a.batch_indices == plain.batch_indices
-        assert torch.equal(xa, ops(xp.clone(), plain.batch_indices, 0))
+        given = xp.clone()
+        assert torch.equal(xa, ops(given, plain.batch_indices, 9, 0)) and torch.equal(given, xp)  # a new batch
         assert not torch.equal(xa, xp)
         compared += 1
     assert compared == len(a) == 5
@@ -111,3 +112,40 @@ def test_one_pass_per_operation_gives_what_torchvision_gives_each_sample():
             assert worst <= 1 and mean <= 1 / 255, (name, worst, mean)  # levels: within a level, rarely off
         else:
             assert worst == 0, (name, worst)
+
+
+def test_per_sample_ops_follow_the_epoch_and_keep_the_layout_and_dtype(synth_root):
+    """In epoch 1, channels_last and bfloat16: each sample's ops are its epoch-1 draws, and the batch keeps
+    its memory format and dtype."""
+    head = [v2.RandomResizedCrop(32)]
+    tail = [v2.ToImage(), v2.ToDtype(torch.bfloat16, scale=True), v2.Normalize([0.5] * 3, [0.25] * 3)]
+    kw = dict(batch_size=8, device="cpu", num_workers=2, seed=4, channels_last=True)
+    a = ImageLoader(synth_root, transform=v2.Compose(head + [v2.TrivialAugmentWide()] + tail
+                                                      + [v2.RandomErasing(p=0.5, value=1.5)]), **kw)
+    plain = ImageLoader(synth_root, transform=v2.Compose(head + tail), **kw)
+    a.set_epoch(1), plain.set_epoch(1)
+    ops = SampleOps(trivial=True, erasing=Erasing(p=0.5, value=(1.5,)), mean=[0.5] * 3, std=[0.25] * 3)
+    compared = 0
+    for (xa, _), (xp, _) in zip(a, plain, strict=True):
+        assert xa.dtype == torch.bfloat16 and xa.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(xa, ops(xp, plain.batch_indices, 4, 1))
+        assert not torch.equal(xa, ops(xp, plain.batch_indices, 4, 0))  # other draws in another epoch
+        compared += 1
+    assert compared == 5
+    a.close(), plain.close()
+
+
+def test_each_erased_box_is_exactly_where_its_draw_puts_it():
+    erasing = Erasing(p=0.7, value=(2.0, 3.0, 4.0))
+    ops = SampleOps(trivial=False, erasing=erasing, mean=[0.0] * 3, std=[1.0] * 3)
+    out = ops(torch.zeros(40, 3, 20, 20), list(range(100, 140)), 6, 2)
+    erased = 0
+    for i in range(40):
+        want = torch.zeros(3, 20, 20)
+        box = erasing.box(20, 6, 2, 100 + i)
+        if box is not None:
+            top, left, h, w = box
+            want[:, top : top + h, left : left + w] = torch.tensor([2.0, 3.0, 4.0]).view(3, 1, 1)
+            erased += 1
+        assert torch.equal(out[i], want), i
+    assert 15 <= erased <= 40

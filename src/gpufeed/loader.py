@@ -126,7 +126,7 @@ class ImageLoader:
         resize_size: int | None = None,
         device: str | torch.device = "auto",
         num_workers: int | None = None,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
         channels_last: bool = False,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
@@ -158,12 +158,12 @@ class ImageLoader:
         self.device = resolve_device(device)
         recipe = None
         if transform is not None:  # the user's torchvision pipeline in place of train/sizes/mean/std
-            given = [k for k, v in (("train", train), ("image_size", image_size), ("resize_size", resize_size),
-                                    ("mean", mean), ("std", std)) if v is not None]
+            given = [f"{k}={v!r}" for k, v in (("train", train), ("image_size", image_size),
+                                                ("resize_size", resize_size), ("mean", mean), ("std", std)) if v is not None]
             if given:
-                raise ValueError(f"transform= sets {', '.join(given)} itself; leave them out (or leave out transform)")
+                raise ValueError(f"transform= sets these itself; leave out {', '.join(given)} (or leave out transform)")
             recipe = read_transform(transform)
-            if recipe.dtype is not None and dtype != torch.float32 and recipe.dtype != dtype:
+            if recipe.dtype is not None and dtype is not None and recipe.dtype != dtype:
                 raise ValueError(f"dtype={dtype} but the transform casts to {recipe.dtype}; give one of them")
             mean, std, dtype = recipe.mean, recipe.std, recipe.dtype or dtype
             self.augment = AugmentSpec(**recipe.augment_kwargs())
@@ -174,11 +174,12 @@ class ImageLoader:
             std = IMAGENET_STD if std is None else std
             self.augment = AugmentSpec(train=train, image_size=image_size,
                                        resize_size=resize_size or round(image_size * 256 / 224))
+        dtype = torch.float32 if dtype is None else dtype
         self.normalize = Normalize(mean=tuple(mean), std=tuple(std), dtype=dtype, channels_last=channels_last)
         train, image_size = self.augment.train, self.augment.image_size  # as the transform gave them, if any
         # the recipe's per-sample ops on each delivered batch (TrivialAugmentWide, RandomErasing)
         self.sample_ops = SampleOps(trivial=bool(recipe and recipe.trivial), erasing=recipe and recipe.erasing,
-                                    mean=mean, std=std, seed=seed)
+                                    mean=mean, std=std)
         self.source = create_source(source, storage_options=storage_options)
         check_source_importable(self.source)
         rank, world_size = resolve_rank(rank, world_size)
@@ -256,7 +257,7 @@ class ImageLoader:
                 self.batch_indices = out.indices
                 images = out.images
                 if self.sample_ops:  # on the device, on the consumer's stream
-                    images = self.sample_ops(images, out.indices, self.sampler.epoch)
+                    images = self.sample_ops(images, out.indices, self.sampler.seed, self.sampler.epoch)
                 if self.batch_transform is None:
                     yield images, out.labels
                 else:  # on the device, on the consumer's stream, as the user would call it

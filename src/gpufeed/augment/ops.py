@@ -4,7 +4,8 @@ RandomErasing, with their random choices drawn per sample as torchvision draws t
 Each sample's choices come from its own stream (``params.SampleRandom`` keyed by seed, epoch and index, apart
 from the crop's), so a batch is the same whichever worker or rank made it and on every run. Samples that drew
 the same operation go through it together, on the device, each with its own magnitude, computed as
-torchvision's functional op computes it (``apply_trivial_batch``).
+torchvision's functional op computes it (``apply_trivial_batch``: the same pixels, or within one level for
+the blends).
 
 TrivialAugmentWide works on uint8 images in torchvision's recipes (on PIL images, before ``ToTensor``): the
 normalised batch is taken back to uint8 pixels for it (rounded, as the PIL pipeline holds its crop) and
@@ -108,6 +109,15 @@ except ImportError:  # another torchvision: every sample through the public ops 
     _get_inverse_affine_matrix = _rgb_to_grayscale_image = None
 
 
+def _on(device: torch.device, values, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``values`` as a tensor on ``device``: through page-locked memory without waiting on CUDA, since a copy
+    from ordinary memory would first wait for all the work queued on the stream (the training's)."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def apply_trivial_batch(images: torch.Tensor, choices: Sequence[tuple[str, float]]) -> torch.Tensor:
     """(B, 3, S, S) uint8 -> the same with sample i's TrivialAugmentWide choice ``choices[i]`` applied: one pass
     per operation for all the samples that drew it, whatever their magnitudes (``apply_trivial`` per
@@ -120,7 +130,7 @@ def apply_trivial_batch(images: torch.Tensor, choices: Sequence[tuple[str, float
     for name, members in by_op.items():
         if name == "Identity":
             continue
-        rows = torch.tensor(members, device=images.device)
+        rows = _on(images.device, members, torch.int64)
         magnitudes = [choices[i][1] for i in members]
         out[rows] = _one_op(images[rows], name, magnitudes)
     return out
@@ -128,14 +138,24 @@ def apply_trivial_batch(images: torch.Tensor, choices: Sequence[tuple[str, float
 
 def _one_op(images: torch.Tensor, name: str, magnitudes: list[float]) -> torch.Tensor:
     n, _, h, w = images.shape
+    if name == "Rotate" and _get_inverse_affine_matrix is not None:
+        # torchvision turns rotations by a multiple of 90 degrees into exact transposes: those samples alone
+        square = [i for i, m in enumerate(magnitudes) if m % 90 == 0]
+        if square and len(square) < n:
+            rest = [i for i in range(n) if i not in set(square)]
+            out = images.clone()
+            for part in (square, rest):
+                rows = _on(images.device, part, torch.int64)
+                out[rows] = _one_op(images[rows], name, [magnitudes[i] for i in part])
+            return out
     if _get_inverse_affine_matrix is None or name in ("Posterize", "AutoContrast", "Equalize") or (
-            name == "Rotate" and any(m % 90 == 0 for m in magnitudes)):
+            name == "Rotate" and all(m % 90 == 0 for m in magnitudes)):
         out = images.clone()
         for m in sorted(set(magnitudes)):  # one call per distinct magnitude, through the public op
-            rows = torch.tensor([i for i, x in enumerate(magnitudes) if x == m], device=images.device)
+            rows = _on(images.device, [i for i, x in enumerate(magnitudes) if x == m], torch.int64)
             out[rows] = apply_trivial(images[rows], name, m)
         return out
-    f = torch.tensor(magnitudes, dtype=torch.float32, device=images.device).view(n, 1, 1, 1)
+    f = _on(images.device, magnitudes).view(n, 1, 1, 1)
     if name in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
         return _affine(images, [_matrix(name, m, w, h) for m in magnitudes])
     if name == "Solarize":
@@ -150,7 +170,7 @@ def _one_op(images: torch.Tensor, name: str, magnitudes: list[float]) -> torch.T
         return images.mul(ratio).add_(grey * (1.0 - ratio)).clamp_(0, 255).to(torch.uint8)
     if name == "Sharpness":
         a, b = 1.0 / 13.0, 5.0 / 13.0
-        kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], device=images.device).expand(3, 1, 3, 3)
+        kernel = _on(images.device, [[a, a, a], [a, b, a], [a, a, a]]).expand(3, 1, 3, 3)
         out = images.to(torch.float32, copy=True)
         blurred = torch.nn.functional.conv2d(out, kernel, groups=3).round_()
         inner = out[..., 1:-1, 1:-1]
@@ -177,12 +197,12 @@ def _affine(images: torch.Tensor, matrices: list[list[float]]) -> torch.Tensor:
     one batched product, then one nearest-neighbour ``grid_sample`` with zeros outside."""
     n, _, h, w = images.shape
     device = images.device
-    theta = torch.tensor(matrices, dtype=torch.float32, device=device).view(n, 2, 3)
+    theta = _on(device, matrices).view(n, 2, 3)
     base = torch.empty(1, h, w, 3, dtype=torch.float32, device=device)
     base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=device))
     base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=device).unsqueeze_(-1))
     base[..., 2].fill_(1)
-    rescaled = theta.transpose(1, 2).div_(torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=device))
+    rescaled = theta.transpose(1, 2).div_(_on(device, [0.5 * w, 0.5 * h]))
     grid = base.view(1, h * w, 3).expand(n, -1, -1).bmm(rescaled).view(n, h, w, 2)
     out = torch.nn.functional.grid_sample(images.float(), grid, mode="nearest", padding_mode="zeros",
                                           align_corners=False)
@@ -219,46 +239,50 @@ class Erasing:
 
 class SampleOps:
     """The per-sample ops of a recipe, applied to a delivered batch: ``trivial`` (TrivialAugmentWide before
-    normalising) and ``erasing`` (after). ``mean``/``std``: the batch's normalisation."""
+    normalising) and ``erasing`` (after). ``mean``/``std``: the batch's normalisation. Returns a new tensor;
+    the batch given is left as it is."""
 
-    def __init__(self, *, trivial: bool, erasing: Erasing | None, mean: Sequence[float], std: Sequence[float],
-                 seed: int) -> None:
-        self.trivial, self.erasing, self.seed = trivial, erasing, seed
+    def __init__(self, *, trivial: bool, erasing: Erasing | None, mean: Sequence[float], std: Sequence[float]) -> None:
+        self.trivial, self.erasing = trivial, erasing
         self._mean, self._std = tuple(mean), tuple(std)
+        self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
 
     def __bool__(self) -> bool:
         return self.trivial or self.erasing is not None
 
-    def __call__(self, images: torch.Tensor, indices: Sequence[int], epoch: int) -> torch.Tensor:
-        """(B, 3, S, S) normalised images (any float dtype and memory format) -> the same with each sample's
-        ops applied; ``indices[i]``: sample i's source index."""
+    def __call__(self, images: torch.Tensor, indices: Sequence[int], seed: int, epoch: int) -> torch.Tensor:
+        """(B, 3, S, S) normalised images (any float dtype and memory format) -> a new batch with each
+        sample's ops applied; ``indices[i]``: sample i's source index, in the loader's ``seed`` and ``epoch``."""
         out = images
         if self.trivial:
-            out = self._trivial(out, indices, epoch)
+            out = self._trivial(out, indices, seed, epoch)
         if self.erasing is not None:
-            out = self._erase(out, indices, epoch)
+            out = self._erase(out, indices, seed, epoch)
         return out
 
-    def _constants(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean = torch.tensor(self._mean, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
-        std = torch.tensor(self._std, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
-        return mean, std
+    def _device_constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        if device not in self._constants:  # once per device, not a copy per batch
+            value = None if self.erasing is None else _on(device, self.erasing.value).view(1, -1, 1, 1)
+            self._constants[device] = (_on(device, self._mean).view(1, 3, 1, 1),
+                                       _on(device, self._std).view(1, 3, 1, 1), value)
+        return self._constants[device]
 
-    def _trivial(self, images: torch.Tensor, indices: Sequence[int], epoch: int) -> torch.Tensor:
-        mean, std = self._constants(images)
+    def _trivial(self, images: torch.Tensor, indices: Sequence[int], seed: int, epoch: int) -> torch.Tensor:
+        mean, std, _ = self._device_constants(images.device)
         pixels = (images.float() * std + mean).mul_(255).round_().clamp_(0, 255).to(torch.uint8)
-        pixels = apply_trivial_batch(pixels, [trivial_choice(self.seed, epoch, index) for index in indices])
+        pixels = apply_trivial_batch(pixels, [trivial_choice(seed, epoch, index) for index in indices])
         out = (pixels.float().div_(255) - mean) / std
         channels_last = images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
         return out.to(dtype=images.dtype,
                       memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
-    def _erase(self, images: torch.Tensor, indices: Sequence[int], epoch: int) -> torch.Tensor:
+    def _erase(self, images: torch.Tensor, indices: Sequence[int], seed: int, epoch: int) -> torch.Tensor:
+        """One masked pass: each sample's box (top, left, height, width; an empty one where it drew none)."""
         size = images.shape[-1]
-        value = torch.tensor(self.erasing.value, dtype=images.dtype, device=images.device).view(-1, 1, 1)
-        for i, index in enumerate(indices):
-            box = self.erasing.box(size, self.seed, epoch, index)
-            if box is not None:
-                top, left, h, w = box
-                images[i, :, top : top + h, left : left + w] = value
-        return images
+        boxes = [self.erasing.box(size, seed, epoch, index) or (0, 0, 0, 0) for index in indices]
+        b = _on(images.device, boxes, torch.int64).view(-1, 4, 1, 1)
+        at = torch.arange(size, device=images.device)
+        rows = (at.view(1, size, 1) >= b[:, 0]) & (at.view(1, size, 1) < b[:, 0] + b[:, 2])
+        cols = (at.view(1, 1, size) >= b[:, 1]) & (at.view(1, 1, size) < b[:, 1] + b[:, 3])
+        _, _, value = self._device_constants(images.device)
+        return torch.where((rows & cols).unsqueeze(1), value.to(images.dtype), images)

@@ -27,8 +27,10 @@ import torch
 from .ops import NUM_BINS, Erasing
 
 SUPPORTED = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "TrivialAugmentWide", "ToImage",
-             "PILToTensor", "ToTensor", "ToDtype", "ConvertImageDtype", "Normalize", "RandomErasing")
-_TENSOR_OPS = {"ToImage", "PILToTensor", "ToTensor", "ToDtype", "ConvertImageDtype"}
+             "PILToTensor", "ToPureTensor", "ToTensor", "ToDtype", "ConvertImageDtype", "Normalize", "RandomErasing")
+_TENSOR_OPS = {"ToImage", "PILToTensor", "ToPureTensor", "ToTensor", "ToDtype", "ConvertImageDtype"}
+# uint8 tensors as a PIL image is: anywhere before the cast to float, as torchvision's own recipes place them
+_UINT8_OPS = {"ToImage", "PILToTensor", "ToPureTensor"}
 
 
 @dataclass(frozen=True)
@@ -107,10 +109,15 @@ def _stage(name: str) -> int:
 
 
 def _check_order(names: list[str]) -> None:
-    for a, b in zip(names, names[1:]):
+    ordered = [n for n in names if n not in _UINT8_OPS]  # these stand anywhere before the float cast
+    for a, b in zip(ordered, ordered[1:]):
         if _stage(b) < _stage(a):
             raise ValueError(f"transform: {b} must come before {a} (the order is crop and flip, TrivialAugmentWide, "
                              "to tensor, Normalize, RandomErasing)")
+    floats = [i for i, n in enumerate(names) if n in ("ToTensor", "ToDtype", "ConvertImageDtype")]
+    late = [n for i, n in enumerate(names) if n in _UINT8_OPS and floats and i > floats[0] and n != "ToPureTensor"]
+    if late:
+        raise ValueError(f"transform: {late[0]} after the cast to float would make uint8 images again")
     for name in set(names):
         if names.count(name) > 1 and name not in _TENSOR_OPS:
             raise ValueError(f"transform: {name} appears {names.count(name)} times; gpufeed runs each op once")
@@ -186,6 +193,12 @@ def _dtype(tensor_ops: Sequence[Any]) -> torch.dtype | None:
     for op in tensor_ops:
         name = type(op).__name__
         scaled = scaled or name == "ToTensor"
+        if name == "ToDtype" and scaled and not op.scale:  # already floats in [0, 1]: a plain cast
+            d = op.dtype if not isinstance(op.dtype, dict) else op.dtype.get(torch.Tensor, next(iter(op.dtype.values())))
+            if d is None or not d.is_floating_point:
+                raise ValueError(f"transform: ToDtype to {d}: gpufeed delivers float images")
+            dtype = d
+            continue
         if name in ("ToDtype", "ConvertImageDtype"):
             d = op.dtype
             if isinstance(d, dict):
