@@ -158,11 +158,15 @@ class ImageLoader:
         self.device = resolve_device(device)
         recipe = None
         if transform is not None:  # the user's torchvision pipeline in place of train/sizes/mean/std
-            given = [f"{k}={v!r}" for k, v in (("train", train), ("image_size", image_size),
-                                                ("resize_size", resize_size), ("mean", mean), ("std", std)) if v is not None]
-            if given:
-                raise ValueError(f"transform= sets these itself; leave out {', '.join(given)} (or leave out transform)")
             recipe = read_transform(transform)
+            own = {"train": recipe.train, "image_size": recipe.image_size, "mean": recipe.mean, "std": recipe.std}
+            given = {"train": train, "image_size": image_size, "mean": mean, "std": std}
+            clash = [f"{k}={v!r} (the transform's: {own[k]!r})" for k, v in given.items()
+                     if v is not None and (tuple(v) if k in ("mean", "std") else v) != own[k]]
+            if resize_size is not None:
+                clash.append(f"resize_size={resize_size!r} (the transform's Resize sets it)")
+            if clash:
+                raise ValueError(f"transform= sets these itself; leave out {', '.join(clash)}")
             if recipe.dtype is not None and dtype is not None and recipe.dtype != dtype:
                 raise ValueError(f"dtype={dtype} but the transform casts to {recipe.dtype}; give one of them")
             mean, std, dtype = recipe.mean, recipe.std, recipe.dtype or dtype
