@@ -57,7 +57,7 @@ class Normalize:
         # Arithmetic in float32, then one cast: bf16/fp16 round once, not at every step.
         scale, shift = self._constants(x.device)
         if x.device.type == "cpu":
-            out = self._on_cpu(np.ascontiguousarray(x.numpy()), scale.numpy(), shift.numpy())
+            out = self._on_cpu(np.ascontiguousarray(x.numpy()))
         elif self.channels_last:
             # NHWC bytes are the channels_last layout already: convert in place, no transpose.
             out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
@@ -68,26 +68,19 @@ class Normalize:
             out.copy_(x.permute(0, 3, 1, 2)).mul_(scale.view(1, 3, 1, 1)).add_(shift.view(1, 3, 1, 1))
         return out if self.dtype == torch.float32 else out.to(self.dtype)  # .to keeps the memory format
 
-    def _on_cpu(self, a: np.ndarray, scale: np.ndarray, shift: np.ndarray) -> torch.Tensor:
-        """(B, H, W, 3) uint8 -> float32 (B, 3, H, W) in the asked layout, with NumPy, each image in one
-        multiply-and-cast pass written straight into the new batch, the images split over threads (as many
-        as ``torch.get_num_threads()``; NumPy releases the GIL): a CPU device's batches are normalised on
-        every core the process may use, not in one thread while the workers wait
+    def _on_cpu(self, a: np.ndarray) -> torch.Tensor:
+        """(B, H, W, 3) uint8 -> float32 (B, 3, H, W) in the asked layout, with NumPy, each image written
+        straight into the new batch as the workers write theirs (``WorkerNormalize``), the images split over
+        threads (as many as ``torch.get_num_threads()``; NumPy releases the GIL): a CPU device's batches are
+        normalised on every core the process may use, not in one thread while the workers wait
         (BENCHMARKS.md#cpu-only-machines)."""
         b, h, w, _ = a.shape
-        if self.channels_last:  # NHWC, scale and shift tiled along each row of W pixels x 3 channels
-            out = _batches.take(a.shape)
-            scale, shift = np.tile(scale, w), np.tile(shift, w)
-            src, dst = a.reshape(b, h, w * 3), out.reshape(b, h, w * 3)
-        else:  # NCHW, each image read through its transposed view
-            out = _batches.take((b, 3, h, w))
-            scale, shift = scale.reshape(3, 1, 1), shift.reshape(3, 1, 1)
-            src, dst = a.transpose(0, 3, 1, 2), out
+        out = _batches.take(a.shape if self.channels_last else (b, 3, h, w))
+        each = self.for_workers()
 
         def images(lo: int, hi: int) -> None:
             for i in range(lo, hi):
-                np.multiply(src[i], scale, out=dst[i])
-                dst[i] += shift
+                each.into(a[i], out[i])
 
         _in_parallel(images, b)
         tensor = torch.from_numpy(out)
