@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
 
 # The extensions torchvision's ImageFolder accepts (torchvision.datasets.folder.IMG_EXTENSIONS).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -76,3 +79,27 @@ class FileSource:
 
     def read(self, index: int) -> bytes:
         return read_file(self.paths[index])
+
+
+class Groups:
+    """Consecutive groups of samples by size (a source's shards or row groups): where sample i is."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = np.asarray(sizes, np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)])
+        self._first = self.starts.tolist()
+
+    @property
+    def total(self) -> int:
+        return int(self.starts[-1])
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(group, position within it) of sample ``index``; IndexError outside the groups."""
+        if not 0 <= index < self.total:
+            raise IndexError(f"sample {index} out of range for {self.total} samples")
+        g = bisect.bisect_right(self._first, index) - 1  # a list: no numpy call per sample
+        return g, index - self._first[g]
+
+    def of(self, order: Sequence[int]) -> np.ndarray:
+        """The group of each entry of ``order``."""
+        return np.searchsorted(self.starts, np.asarray(order, np.int64), side="right") - 1

@@ -9,7 +9,6 @@ row groups at a time (``sampling``). Remote files are fetched whole into the ``S
 
 from __future__ import annotations
 
-import bisect
 import collections
 import os
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .base import Groups
 from .retry import RetryPolicy, with_retries
 from .spool import Readahead, Spool
 from .urls import is_url
@@ -59,9 +59,7 @@ class ParquetSource:
         sizes = [(f, r, n) for f, per in enumerate(rows) for r, n in enumerate(per) if n > 0]
         self._file = np.array([f for f, _, _ in sizes], np.int64)
         self._group = np.array([r for _, r, _ in sizes], np.int64)
-        self._sizes = np.array([n for _, _, n in sizes], np.int64)
-        self._starts = np.concatenate([[0], np.cumsum(self._sizes)])
-        self._first = self._starts.tolist()
+        self._groups = Groups([n for _, _, n in sizes])
         # the first row of each kept row group within its file, for naming samples
         self._row0 = np.array([sum(rows[f][:r]) for f, r, _ in sizes], np.int64)
         self._cache: collections.OrderedDict[int, tuple[Any, np.ndarray]] = collections.OrderedDict()
@@ -74,19 +72,13 @@ class ParquetSource:
 
     @property
     def groups(self) -> tuple[int, ...]:
-        return tuple(self._sizes.tolist())
+        return tuple(self._groups.sizes.tolist())
 
     def __len__(self) -> int:
-        return int(self._starts[-1])
-
-    def _locate(self, index: int) -> tuple[int, int]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"sample {index} out of range for {len(self)} samples")
-        g = bisect.bisect_right(self._first, index) - 1  # a list: no numpy call per sample
-        return g, index - self._first[g]
+        return self._groups.total
 
     def path(self, index: int) -> str:
-        g, k = self._locate(index)
+        g, k = self._groups.locate(index)
         return f"{self.files[self._file[g]]}[row {int(self._row0[g]) + k}]"
 
     def _load(self, g: int) -> tuple[Any, np.ndarray]:
@@ -121,14 +113,14 @@ class ParquetSource:
         return held
 
     def read(self, index: int) -> bytes:
-        g, k = self._locate(index)
+        g, k = self._groups.locate(index)
         data = self._load(g)[0][k].as_py()
         if data is None:
             raise OSError(f"{self.path(index)}: the image column {self.image_column!r} is null")
         return data
 
     def label(self, index: int) -> int:
-        g, k = self._locate(index)
+        g, k = self._groups.locate(index)
         label = self._load(g)[1][k]
         if label is None or label != label:  # null (None, or NaN after a nullable column's conversion)
             raise ValueError(f"{self.path(index)}: the label column {self.label_column!r} is null")
@@ -137,8 +129,7 @@ class ParquetSource:
     def readahead(self, order: Sequence[int]) -> Readahead | None:
         if self.spool is None:
             return None  # local files are read in place
-        groups = np.searchsorted(self._starts, np.asarray(order, np.int64), side="right") - 1
-        return self.spool.readahead(self.files, self._file[groups], self.ahead)
+        return self.spool.readahead(self.files, self._file[self._groups.of(order)], self.ahead)
 
 
 def parquet_files(path: str | os.PathLike | Sequence[str], storage_options: dict[str, Any] | None = None) -> list[str]:

@@ -12,7 +12,6 @@ cut short fails the samples past the cut, naming the URL and the sample's positi
 
 from __future__ import annotations
 
-import bisect
 import collections
 import hashlib
 import json
@@ -23,9 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
 
-from .base import IMG_EXTENSIONS
+from .base import IMG_EXTENSIONS, Groups
 from .retry import RetryPolicy
 from .spool import Readahead, Spool
 from .urls import expand_braces, filesystem, join, scheme
@@ -174,9 +172,8 @@ class RemoteTarSource:
             raise ValueError(f"{len(urls)} shard URLs but {len(counts)} sample counts")
         self.urls, self.spool, self.ahead, self.window = list(urls), spool, ahead, window
         self.index_cache = default_index_cache() if index_cache == DEFAULT else index_cache
-        self.counts = np.asarray(counts, np.int64)
-        self._starts = np.concatenate([[0], np.cumsum(self.counts)])
-        self._first = self._starts.tolist()
+        self._groups = Groups(counts)
+        self.counts = self._groups.sizes
         self._open: collections.OrderedDict[int, tuple[int, Members]] = collections.OrderedDict()
 
     def __getstate__(self) -> dict:
@@ -189,16 +186,10 @@ class RemoteTarSource:
         return tuple(self.counts.tolist())
 
     def __len__(self) -> int:
-        return int(self._starts[-1])
-
-    def _locate(self, index: int) -> tuple[int, int]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"sample {index} out of range for {len(self)} samples")
-        s = bisect.bisect_right(self._first, index) - 1  # a list: no numpy call per sample
-        return s, index - self._first[s]
+        return self._groups.total
 
     def path(self, index: int) -> str:
-        s, k = self._locate(index)
+        s, k = self._groups.locate(index)
         held = self._open.get(s)
         if held is not None and k < len(held[1].names):
             return f"{self.urls[s]}:{held[1].names[k]}"
@@ -227,7 +218,7 @@ class RemoteTarSource:
         return held
 
     def read(self, index: int) -> bytes:
-        s, k = self._locate(index)
+        s, k = self._groups.locate(index)
         fd, members = self._shard(s)
         if k >= len(members.names):
             raise OSError(f"{self.urls[s]}: sample {k} missing: the shard ends after {len(members.names)} "
@@ -239,7 +230,7 @@ class RemoteTarSource:
         return data
 
     def label(self, index: int) -> int:
-        s, k = self._locate(index)
+        s, k = self._groups.locate(index)
         members = self._shard(s)[1]
         label = members.labels[k] if k < len(members.labels) else -1
         if label < 0:
@@ -249,8 +240,7 @@ class RemoteTarSource:
         return label
 
     def readahead(self, order: Sequence[int]) -> Readahead:
-        of_sample = np.searchsorted(self._starts, np.asarray(order, np.int64), side="right") - 1
-        return self.spool.readahead(self.urls, of_sample, self.ahead)
+        return self.spool.readahead(self.urls, self._groups.of(order), self.ahead)
 
     def __del__(self) -> None:
         for fd, _ in self._open.values():
