@@ -21,13 +21,11 @@ folder URL listed once), and neither (every shard fetched and indexed first).
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import socket
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -36,21 +34,7 @@ from gpufeed import ImageLoader
 from gpufeed.sources import folder_source, remote_tar_source
 from gpufeed.sources.fetch import http_get
 from gpufeed.sources.urls import filesystem
-
-
-def pack(src, ids: range, per_shard: int) -> list[bytes]:
-    """Samples ``ids`` of ``src`` as WebDataset tar shards of ``per_shard`` samples."""
-    shards = []
-    for s in range(ids.start, ids.stop, per_shard):
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tf:
-            for i in range(s, min(s + per_shard, ids.stop)):
-                for name, data in ((f"{i:07d}.jpg", src.read(i)), (f"{i:07d}.cls", str(src.label(i)).encode())):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tf.addfile(info, io.BytesIO(data))
-        shards.append(buf.getvalue())
-    return shards
+from gpufeed.synth import tar_shards
 
 
 class MotoProcess:
@@ -153,7 +137,7 @@ def main() -> None:
     saved = os.environ.get("GPUFEED_CACHE_DIR")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["GPUFEED_CACHE_DIR"] = os.path.join(tmp, "cache")  # the index cache starts empty
-        shards = pack(src, range(len(src)), args.per_shard)
+        shards = tar_shards(src, args.per_shard)
         local = Path(tmp, "shards")
         local.mkdir()
         for s, data in enumerate(shards):
@@ -163,7 +147,7 @@ def main() -> None:
             rates = side_by_side(str(local), moto, args)
             costs = fetch_cost(moto, len(shards), tmp)
             per = -(-len(src) // args.startup_shards)
-            small = pack(src, range(min(len(src), per * args.startup_shards)), per)
+            small = tar_shards(src, per, min(len(src), per * args.startup_shards))
             moto.upload("startup", "s", small)
             url = f"s3://startup/s/shard-{{000000..{len(small) - 1:06d}}}.tar"
             counts = [per] * (len(small) - 1) + [min(len(src), per * len(small)) - per * (len(small) - 1)]

@@ -6,27 +6,10 @@ from __future__ import annotations
 import collections
 import functools
 import http.server
-import io
-import tarfile
 import threading
 from pathlib import Path
 
 import pytest
-
-
-def webdataset_shards(src, per_shard: int) -> list[bytes]:
-    """``src``'s samples as WebDataset tar shards (``<id>.jpg`` + ``<id>.cls``), ``per_shard`` each."""
-    shards = []
-    for s in range(0, len(src), per_shard):
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tf:
-            for i in range(s, min(s + per_shard, len(src))):
-                for name, data in ((f"{i:06d}.jpg", src.read(i)), (f"{i:06d}.cls", str(src.label(i)).encode())):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tf.addfile(info, io.BytesIO(data))
-        shards.append(buf.getvalue())
-    return shards
 
 
 class S3Server:

@@ -16,7 +16,9 @@ from gpufeed import ImageLoader
 from gpufeed.sources import RetryPolicy, create_source, folder_source, remote_tar_source, tar_source
 from gpufeed.sources.urls import expand_braces
 
-from .servers import HttpServer, S3Server, webdataset_shards
+from gpufeed.synth import tar_shards
+
+from .servers import HttpServer, S3Server
 
 FAST = RetryPolicy(attempts=2, backoff=0.05, max_wait=0.1)
 KW = dict(batch_size=4, image_size=16, device="cpu", seed=3)
@@ -36,7 +38,7 @@ def _server_with_shards(src) -> S3Server:
     """8 WebDataset shards of 5 samples at s3://data/train/ (sample i in shard i // 5)."""
     server = S3Server()
     server.bucket("data")
-    for s, data in enumerate(webdataset_shards(src, 5)):
+    for s, data in enumerate(tar_shards(src, 5)):
         server.put("data", f"train/shard-{s:03d}.tar", data)
     return server
 
@@ -61,7 +63,7 @@ def http(tmp_path, src):
     """The shards as files served over HTTP: {url}/shard-000.tar ... shard-007.tar."""
     root = tmp_path / "www"
     root.mkdir()
-    for s, data in enumerate(webdataset_shards(src, 5)):
+    for s, data in enumerate(tar_shards(src, 5)):
         (root / f"shard-{s:03d}.tar").write_bytes(data)
     server = HttpServer(root)
     server.root = root
@@ -104,7 +106,7 @@ def test_s3_shards_give_the_folder_samples(s3, src, url, direct):
 def test_loader_from_s3_equals_loader_from_local_shards(s3, src, tmp_path):
     local = tmp_path / "shards"
     local.mkdir()
-    for s, data in enumerate(webdataset_shards(src, 5)):
+    for s, data in enumerate(tar_shards(src, 5)):
         (local / f"shard-{s:03d}.tar").write_bytes(data)
     kw = dict(KW, train=False, num_workers=2)
     with ImageLoader("s3://data/train/", storage_options=s3.storage_options, **kw) as a, ImageLoader(local, **kw) as b:

@@ -131,3 +131,23 @@ def create_synthetic_dataset(
                 f.result()
     marker.write_text(json.dumps(spec))
     return root
+
+
+def tar_shards(source, per_shard: int, n: int | None = None) -> list[bytes]:
+    """The first ``n`` (default all) samples of ``source`` (a ``sources.Source``) as WebDataset tar shards
+    of ``per_shard`` samples each: ``<id>.jpg`` with ``<id>.cls`` holding the label, sample i in shard
+    i // per_shard."""
+    import tarfile
+
+    n = len(source) if n is None else n
+    shards = []
+    for start in range(0, n, per_shard):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for i in range(start, min(start + per_shard, n)):
+                for name, data in ((f"{i:06d}.jpg", source.read(i)), (f"{i:06d}.cls", str(source.label(i)).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+        shards.append(buf.getvalue())
+    return shards
