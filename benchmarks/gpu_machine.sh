@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks and times, in one call: logs and JSON under $OUT, a short table last.
 #   bash benchmarks/gpu_machine.sh                      the GPU tests, decode backends, the sweep, gpufeed bench
-#   STEPS="tests bench" bash benchmarks/gpu_machine.sh  a subset, in this order: tests ddp decode sweep bench cpu memory ab
+#   STEPS="tests bench" bash benchmarks/gpu_machine.sh  a subset, in this order: tests ddp decode sweep bench cpu
+#       memory formats recipe compile paced ab
 #   BASELINE=DIR STEPS=ab bash benchmarks/gpu_machine.sh
 #       gpufeed bench of another checkout (DIR/src, e.g. `git archive REV | tar -x -C DIR`) and of this one,
 #       alternating, ROUNDS times for loader only, ResNet-50 and ResNet-18: a change measured in one run.
@@ -10,6 +11,10 @@
 #   STEPS=cpu: gpufeed with device="cpu" against the usual DataLoader, loader only, all cores.
 #   STEPS=memory: GPU memory per epoch, loader only, GPU and CPU decode (benchmarks/gpu_memory.py), and the
 #       nvJPEG decoder's own memory per call (--probe).
+#   STEPS=formats: loader only from an ImageFolder tree, tar shards and Parquet of the same images (benchmarks/formats.py).
+#   STEPS=recipe: each of RECIPES (trivialaugment-mix) both ways, loader only and with ResNet-50.
+#   STEPS=compile: each of MODELS through torch.compile, its own rate and gpufeed's share of it.
+#   STEPS=paced: what the loader's GPU work costs a training beside it (benchmarks/paced.py, PACED_ARGS).
 # Narrowing variables: TESTS (pytest paths), EPOCHS, LOADER_EPOCHS (loader-only bench), LOADER_PIPES,
 # MODEL_PIPES, MODELS, SWEEP_ARGS, ROUNDS, DDP_WORKERS, DDP_PIPES, DDP_N (images, 20000), MEMORY_EPOCHS,
 # MEMORY_DECODES; ONE_GPU="taskset -c 0-15" (say) runs
@@ -17,6 +22,7 @@
 # Packages that machine lacks (simplejpeg, nvImageCodec, nvJPEG) are installed from .whl/ when it is there.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpufeed-out}; mkdir -p "$OUT"
+J=/tmp/gpufeed-json; mkdir -p $J  # every --json; packed into $OUT/json.tgz at the end (few files come back)
 SITE=""
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -43,7 +49,7 @@ if step ddp; then
     for w in ${DDP_WORKERS:-$(( $(nproc) / G ))}; do
       timeout ${DDP_TIMEOUT:-150} python3 -m torch.distributed.run --nproc_per_node=$G -m gpufeed bench --data /tmp/synth-ddp \
         --device cuda --workers $w --batch-size 256 --epochs ${EPOCHS:-4} --model $m \
-        --pipelines ${DDP_PIPES:-gpufeed-gpu} --json "$OUT/ddp-$m-w$w.json" >> "$OUT/ddp.txt" 2>&1
+        --pipelines ${DDP_PIPES:-gpufeed-gpu} --json "$J/ddp-$m-w$w.json" >> "$OUT/ddp.txt" 2>&1
     done
   done
 fi
@@ -52,16 +58,16 @@ step sweep && timeout 300 python3 benchmarks/sweep.py $DATA ${SWEEP_ARGS:-} > "$
 W=$(${ONE_GPU:-} nproc)
 B="${ONE_GPU:-} python3 -m gpufeed bench --data $DATA --device cuda --workers $W --batch-size 256"
 if step bench; then
-  $B --epochs ${LOADER_EPOCHS:-${EPOCHS:-3}} --model none --json "$OUT/loader.json" \
+  $B --epochs ${LOADER_EPOCHS:-${EPOCHS:-3}} --model none --json "$J/loader.json" \
     --pipelines ${LOADER_PIPES:-baseline,gpufeed-cpu,gpufeed-gpu,gpufeed-gpu-only} > "$OUT/bench.txt" 2>&1
   for m in ${MODELS:-resnet50 resnet18}; do
     $B --epochs ${EPOCHS:-3} --model $m --pipelines ${MODEL_PIPES:-baseline,gpufeed-cpu,gpufeed-gpu} \
-      --json "$OUT/$m.json" >> "$OUT/bench.txt" 2>&1
+      --json "$J/$m.json" >> "$OUT/bench.txt" 2>&1
   done
 fi
 if step cpu; then
   ${ONE_GPU:-} python3 -m gpufeed bench --data $DATA --device cpu --workers $W --batch-size 256 --epochs 3 \
-    --pipelines baseline,gpufeed --json "$OUT/cpu.json" > "$OUT/cpu.txt" 2>&1
+    --pipelines baseline,gpufeed --json "$J/cpu.json" > "$OUT/cpu.txt" 2>&1
   ${ONE_GPU:-} python3 benchmarks/cpu_device.py $DATA --workers $W >> "$OUT/cpu.txt" 2>&1
 fi
 if step memory; then
@@ -69,6 +75,26 @@ if step memory; then
     a="--epochs ${MEMORY_EPOCHS:-20} --decode $d"; [ $d = probe ] && a=--probe
     timeout 200 ${ONE_GPU:-} python3 benchmarks/gpu_memory.py $DATA $a >> "$OUT/memory.txt" 2>&1
   done
+fi
+if step formats; then
+  timeout 400 ${ONE_GPU:-} python3 benchmarks/formats.py $DATA --workers $W > "$OUT/formats.txt" 2>&1
+fi
+if step recipe; then
+  for r in ${RECIPES:-trivialaugment-mix}; do
+    for m in none resnet50; do
+      timeout 300 $B --epochs ${EPOCHS:-3} --model $m --recipe $r --pipelines ${RECIPE_PIPES:-baseline,gpufeed-gpu} \
+        --json "$J/recipe-$r-$m.json" >> "$OUT/recipe.txt" 2>&1
+    done
+  done
+fi
+if step compile; then
+  for m in ${MODELS:-resnet50 resnet18}; do
+    timeout 400 $B --epochs ${EPOCHS:-3} --model $m --compile --pipelines ${COMPILE_PIPES:-gpufeed-gpu} \
+      --json "$J/compile-$m.json" >> "$OUT/compile.txt" 2>&1
+  done
+fi
+if step paced; then
+  timeout 400 ${ONE_GPU:-} python3 benchmarks/paced.py $DATA --workers $W ${PACED_ARGS:-} > "$OUT/paced.txt" 2>&1
 fi
 if step ab; then
   [ -d "${BASELINE:-}/src" ] || { echo "ab: BASELINE=DIR with DIR/src is needed"; exit 2; }
@@ -100,7 +126,7 @@ fi
 step sweep && grep -E "^\||CPU cores" "$OUT/sweep.txt"
 step decode && grep -E "^\||files in memory|overlap" "$OUT/decode.txt"
 step bench && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/bench.txt" | cut -c1-230
-step bench && python3 - "$OUT"/loader.json "$OUT"/resnet*.json <<'PY'
+step bench && python3 - "$J"/loader.json "$J"/resnet*.json <<'PY'
 import json, sys
 for f in sys.argv[1:]:  # GPU memory added since before the loader was made, peak of each epoch (NVML), MB
     for r in json.load(open(f))["rows"]:
@@ -114,4 +140,9 @@ step cpu && grep -E "^\||^gpufeed bench|CPUs, torch|FAILED|Error" "$OUT/cpu.txt"
 step memory && grep -E "^\||nvJPEG|decode=|growth|Error" "$OUT/memory.txt"
 step ab && grep -E "^\| (model|none|resnet|---)" "$OUT/ab.txt"
 step ddp && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/ddp.txt" | cut -c1-230
+step formats && grep -E "^\||Error" "$OUT/formats.txt" | cut -c1-200
+step recipe && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/recipe.txt" | cut -c1-230
+step compile && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/compile.txt" | cut -c1-230
+step paced && grep -E "^\||alone:|^  |Error" "$OUT/paced.txt" | cut -c1-200
+tar -czf "$OUT/json.tgz" -C $J . 2>/dev/null
 exit 0

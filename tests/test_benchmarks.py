@@ -15,7 +15,11 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 def _run(script, args, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / script), *args])
-    runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
+    try:
+        runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
+    except SystemExit as e:  # a script's sys.exit(main()): only a failure is one
+        if e.code not in (0, None):
+            raise
     return capsys.readouterr().out
 
 
@@ -109,3 +113,21 @@ def test_remote_shards(synth_root, capsys, monkeypatch):
     assert [r.split("|")[1].strip() for r in rows[4:]] == [
         "declared (samples_per_shard)", "from the index cache of an earlier run",
         "folder URL: one listing, then the index cache", "neither: every shard fetched and indexed first"]
+
+
+def test_formats_reads_the_same_images_three_ways(synth_root, capsys, monkeypatch):
+    pytest.importorskip("pyarrow")
+    out = _run("formats.py", [str(synth_root), "--per-shard", "16", "--rows-per-group", "8", "--rounds", "1",
+                              "--epochs", "2", "--device", "cpu", "--batch-size", "8", "--workers", "1"],
+               capsys, monkeypatch)
+    rows = _rows(out)
+    assert [r.split("|")[1].strip() for r in rows] == ["ImageFolder", "tar shards", "Parquet"]
+    for r in rows:
+        assert float(r.split("|")[3].replace(",", "")) > 0
+
+
+def test_paced_says_it_needs_a_gpu(synth_root, capsys, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("measures on the GPU machine (benchmarks/gpu_machine.sh STEPS=paced)")
+    out = _run("paced.py", [str(synth_root)], capsys, monkeypatch)
+    assert "needs a CUDA GPU" in out

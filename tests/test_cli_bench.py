@@ -61,6 +61,11 @@ def test_bench_rejects_model_on_cpu(capsys):
     assert "--model needs a CUDA device" in capsys.readouterr().err
 
 
+def test_bench_rejects_compile_without_a_model(capsys):
+    assert main(["bench", "--device", "cpu", "--model", "none", "--compile", "--n", "10"]) == 2
+    assert "--compile needs --model" in capsys.readouterr().err
+
+
 def test_bench_row_names_the_gpu_decoder_share_and_worker_cpus(monkeypatch):
     """The row label says what ran: the decoder, the CPU share and the CPUs the workers were kept to."""
     import torch

@@ -88,6 +88,7 @@ def _bench(args: argparse.Namespace, cuda: bool, rank: int, local_ranks: int, ra
         data=args.data, n=args.n or (10_000 if cuda else 2_000), batch_size=args.batch_size or (256 if cuda else 64),
         workers=args.workers or default_num_workers(local_ranks), epochs=args.epochs, model=model, device=device,
         pipelines=tuple(pipelines.split(",")), storage_options=storage_options, recipe=args.recipe,
+        compile=args.compile,
     )
     result = run_bench(cfg, _progress)
     failed = [r for r in result["rows"] if r.get("error")]
@@ -150,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--recipe", help="a training recipe timed both ways: standard, trivialaugment (+ RandomErasing "
                    "0.1), trivialaugment-mix (+ MixUp/CutMix), or a .py file defining `transform` and optionally "
                    "`batch_transform`")
+    b.add_argument("--compile", action="store_true", help="train the model through torch.compile (its own rate "
+                   "too), to see what share of a compiled model's rate the loader keeps")
     b.add_argument("--json", help="write all numbers to this JSON file")
     b.add_argument("--chart", help="write a PNG bar chart to this file")
     b.set_defaults(fn=_cmd_bench)

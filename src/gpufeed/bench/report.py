@@ -14,7 +14,7 @@ def format_table(result: dict[str, Any]) -> str:
     m, c = result["machine"], result["config"]
     head = (f"gpufeed bench: {m['cpu_cores']} CPU cores, GPU {m['gpu'] or 'none'}, torch {m['torch']}; "
             f"batch {c['batch_size']}, {c['workers']} workers, {c['epochs']} epochs, "
-            f"model {c['model'] or 'none (loader only)'}; recipe {c.get('recipe') or 'crop + flip + normalise'}; "
+            f"model {c['model'] or 'none (loader only)'}{' (torch.compile)' if c.get('compile') else ''}; recipe {c.get('recipe') or 'crop + flip + normalise'}; "
             f"NVML: {result['nvml']}\n"
             f"data: {result['dataset']}\n")
     cols = ["pipeline", "epoch 1 s", "steady s", "images/s", "vs baseline", "of ceiling", "GPU busy", "CPU cores busy",

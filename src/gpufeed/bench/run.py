@@ -56,6 +56,7 @@ class BenchConfig:
     pipelines: tuple[str, ...] = ("baseline", "gpufeed")
     storage_options: dict[str, Any] | None = None  # fsspec's, for a URL in ``data``
     recipe: str | None = None  # a training recipe both ways (``bench.recipes``); None: crop + flip + normalise
+    compile: bool = False  # the model through torch.compile (its ceiling too)
     cache_dir: str = field(default_factory=lambda: os.path.expanduser("~/.cache/gpufeed"))
 
     def __post_init__(self) -> None:
@@ -69,6 +70,8 @@ class BenchConfig:
             raise ValueError(f"unknown pipeline(s) {unknown}; choose from {PIPELINES}")
         if self.model is not None and self.device == "cpu":
             raise ValueError("--model needs a CUDA device (training on the CPU measures the CPU, not the loader)")
+        if self.compile and self.model is None:
+            raise ValueError("--compile needs --model (it compiles the model that trains)")
 
 
 def _ranks() -> tuple[int, int]:
@@ -104,13 +107,17 @@ def dataset_root(cfg: BenchConfig) -> str:
     return str(root)
 
 
-def make_train_step(name: str, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """One SGD step of torchvision model ``name`` under bf16 autocast, channels_last."""
+def make_train_step(name: str, device: torch.device,
+                    compile: bool = False) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """One SGD step of torchvision model ``name`` under bf16 autocast, channels_last; ``compile``: the model
+    through ``torch.compile`` (static shapes: the epoch's last, smaller batch is compiled once more)."""
     import torchvision
 
     model = torchvision.models.get_model(name, num_classes=1000).to(device).to(memory_format=torch.channels_last)
     if _ranks()[1] > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+    if compile:
+        model = torch.compile(model, dynamic=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -259,7 +266,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str, int], Any]) -> dict[str
         device = torch.device("cuda", torch.cuda.current_device())
     root = dataset_root(cfg)
     monitor = Monitor(device.index if device.type == "cuda" else None)
-    step = make_train_step(cfg.model, device) if cfg.model else None
+    step = make_train_step(cfg.model, device, cfg.compile) if cfg.model else None
     rows = []
     ceiling = None
     if step is not None:

@@ -1,0 +1,92 @@
+"""Loader-only images/s from the same images stored three ways: an ImageFolder tree, local WebDataset tar
+shards and Parquet files, side by side in one run.
+
+    python3 benchmarks/formats.py DATA [--per-shard 1000] [--rows-per-group 1000] [--rounds 2] [--device cuda]
+
+DATA is packed into tar shards (``<id>.jpg`` + ``<id>.cls``) and Parquet files (an ``image`` bytes column and
+an ``label`` column, row groups of ``--rows-per-group``) in a temporary folder; then ``gpufeed bench``'s loader-only
+loop (the ``gpufeed`` pipeline: decode where ImageLoader's "auto" puts it) runs on each format in turn, ROUNDS
+times, and the table gives each format's images/s per round and its median against the folder's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from gpufeed.bench.run import BenchConfig, machine_description, run_bench
+from gpufeed.placement import default_num_workers
+from gpufeed.sources import folder_source
+from gpufeed.synth import tar_shards
+
+
+def write_formats(data: str, out: Path, per_shard: int, rows_per_group: int) -> dict[str, str]:
+    """{format: path} of DATA's samples as tar shards and Parquet files under ``out``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = folder_source(data)
+    (out / "tar").mkdir()
+    for k, shard in enumerate(tar_shards(src, per_shard)):
+        (out / "tar" / f"shard-{k:06d}.tar").write_bytes(shard)
+    (out / "parquet").mkdir()
+    per_file = rows_per_group * 4
+    for f, start in enumerate(range(0, len(src), per_file)):
+        ids = range(start, min(len(src), start + per_file))
+        table = pa.table({"image": pa.array([src.read(i) for i in ids], pa.binary()),
+                          "label": pa.array([src.label(i) for i in ids], pa.int64())})
+        pq.write_table(table, out / "parquet" / f"train-{f:05d}.parquet", row_group_size=rows_per_group)
+    return {"ImageFolder": data, "tar shards": str(out / "tar"), "Parquet": str(out / "parquet")}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("data")
+    p.add_argument("--per-shard", type=int, default=1000)
+    p.add_argument("--rows-per-group", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", type=int, default=0, help="0: the loader's default")
+    args = p.parse_args()
+    print(f"machine: {machine_description()}\ncommand: {' '.join(sys.argv)}")
+    rates: dict[str, list[float]] = {}
+    labels: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_formats(args.data, Path(tmp), args.per_shard, args.rows_per_group)
+        for _ in range(args.rounds):
+            for name, path in paths.items():
+                cfg = BenchConfig(data=path, batch_size=args.batch_size, epochs=args.epochs, device=args.device,
+                                  workers=args.workers or default_num_workers(), pipelines=("gpufeed",))
+                (row,) = run_bench(cfg, lambda *a: _NoBar())["rows"]
+                if row.get("error"):
+                    print(f"{name}: {row['error']}", file=sys.stderr)
+                    return 1
+                rates.setdefault(name, []).append(row["images_per_s"])
+                labels[name] = row["pipeline"]
+    folder = statistics.median(rates["ImageFolder"])
+    print(f"\n| format (loader only, {args.device}) | images/s per round | median | of ImageFolder | pipeline |")
+    print("|---|---|---|---|---|")
+    for name, r in rates.items():
+        med = statistics.median(r)
+        print(f"| {name} | {', '.join(f'{x:,.0f}' for x in r)} | {med:,.0f} | {100 * med / folder:.1f}% "
+              f"| {labels[name]} |")
+    return 0
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
