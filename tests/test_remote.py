@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gpufeed import ImageLoader
+from gpufeed.sampling import ShardedSampler
 from gpufeed.sources import RetryPolicy, create_source, folder_source, remote_tar_source, tar_source
 from gpufeed.sources.urls import expand_braces
 
@@ -116,24 +117,40 @@ def test_loader_from_s3_equals_loader_from_local_shards(s3, src, tmp_path):
         assert ia == ib and ya == yb and torch.equal(xa, xb)
 
 
-def test_exactly_once_across_three_ranks_and_two_workers_from_s3(s3, src):
-    """40 samples over 3 ranks x 2 workers: each sample once per epoch (DistributedSampler's padding of 2
-    aside), with its own label, and a new order the next epoch."""
-    firsts = []
+def test_exactly_once_across_three_ranks_and_two_workers_from_s3_each_rank_fetching_its_own_shards(s3, src):
+    """40 samples in 8 shards over 3 ranks x 2 workers: each sample once per epoch (DistributedSampler's
+    padding of 2 aside), with its own label, and a new order the next epoch. Each rank's loader (its own
+    access key, so the server tells its GETs apart) reads 3 to 5 shards (its run's 3 or 4, and one for a
+    padding sample), not all 8, and fetches only those, each once, and the first ones of its next epoch's
+    own (started at this one's end)."""
+    before = len(s3.gets("test", ".tar"))
+    remote_tar_source("s3://data/train/", storage_options=s3.storage_options)  # counts into the index cache
+    firsts, checked = [], 0
     for epoch in range(2):
         delivered = []
         for rank in range(3):
-            with ImageLoader("s3://data/train/", storage_options=s3.storage_options, num_workers=2, rank=rank,
-                             world_size=3, drop_last=False, **KW) as loader:
+            key = f"rank{rank}-epoch{epoch}"
+            with ImageLoader("s3://data/train/", storage_options=dict(s3.storage_options, key=key), num_workers=2,
+                             rank=rank, world_size=3, drop_last=False, **KW) as loader:
                 loader.set_epoch(epoch)
-                for ids, labels, _ in _epoch(loader):
-                    assert labels == [src.label(i) for i in ids]
-                    delivered += ids
+                ids = []
+                for batch, labels, _ in _epoch(loader):
+                    assert labels == [src.label(i) for i in batch]
+                    ids += batch
                     if rank == 0 and len(firsts) == epoch:
-                        firsts.append(ids)
+                        firsts.append(batch)
+            delivered += ids
+            mine = {i // 5 for i in ids}
+            after = ShardedSampler(40, groups=(5,) * 8, seed=KW["seed"], rank=rank, world_size=3, epoch=epoch + 1)
+            nxt = {i // 5 for i in after.epoch_indices()}
+            assert len(ids) == 14 and 3 <= len(mine) <= 5 and 3 <= len(nxt) <= 5, (mine, nxt)
+            fetched = collections.Counter(int(p[-7:-4]) for p in s3.gets(key, ".tar"))
+            assert mine <= set(fetched) <= mine | nxt and sum(fetched.values()) <= len(mine) + len(nxt), fetched
+            checked += 1
         counts = collections.Counter(delivered)
         assert set(counts) == set(range(40)) and sum(counts.values()) == 42 and max(counts.values()) == 2
-    assert firsts[0] != firsts[1]
+    assert firsts[0] != firsts[1] and checked == 6
+    assert len(s3.gets("test", ".tar")) - before == 8  # this test's default key only indexed each shard once
 
 
 def test_mid_epoch_resume_from_s3_is_exact(s3):
