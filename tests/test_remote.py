@@ -170,6 +170,27 @@ def test_mid_epoch_resume_from_s3_is_exact(s3):
         assert ia == ib and ya == yb and torch.equal(xa, xb)
 
 
+def test_elastic_resume_from_s3_continues_the_order_made_for_three_ranks(s3):
+    """Three ranks deliver a batch each and save; two ranks resume: exactly the samples no rank delivered
+    (the 40 - 12 left split evenly, no padding), then a next epoch dealt to two ranks, each sample once."""
+    kw = dict(KW, storage_options=s3.storage_options, num_workers=1, drop_last=False)
+    delivered = []
+    for rank in range(3):
+        with ImageLoader("s3://data/train/", rank=rank, world_size=3, **kw) as loader:
+            loader.set_epoch(1)
+            delivered += _ids(_epoch(loader, stop=1))
+            state = loader.state_dict()
+    assert state["sampler"]["offset"] == 12 and state["sampler"]["order_world_size"] == 3
+    after = []
+    for rank in range(2):
+        with ImageLoader("s3://data/train/", rank=rank, world_size=2, **kw) as loader:
+            loader.load_state_dict(state)
+            delivered += _ids(_epoch(loader))
+            after += _ids(_epoch(loader))  # epoch 2
+            assert loader.state_dict()["sampler"]["order_world_size"] == 2
+    assert sorted(delivered) == list(range(40)) and sorted(after) == list(range(40))
+
+
 def test_server_restart_mid_epoch_under_skip_loses_nothing_unreported(fresh_s3):
     """The server goes away after the first batch and is back a second later: the fetches wait it out
     (retries with backoff), so the epoch delivers every sample, and reports what it could not."""
