@@ -250,9 +250,12 @@ class ShardedSampler:
             raise ValueError(f"state_dict has num_samples_total={state['num_samples_total']}, "
                              f"this loader has {self.num_samples_total}")
         mine = self._grouping() if self.groups is not None else None
-        if state.get("groups") != mine:
-            raise ValueError(f"state_dict was saved with a grouped order of {state.get('groups')}, this loader's "
-                             f"is {mine} (the same source and window are needed to resume)")
+        saved = state.get("groups")
+        if saved != mine:
+            differ = sorted(k for k in {**(saved or {}), **(mine or {})} if (saved or {}).get(k) != (mine or {}).get(k))
+            raise ValueError(f"state_dict was saved with a grouped order of {saved}, this loader's is {mine} "
+                             f"(they differ in {', '.join(differ)}: the same source, window and units are needed "
+                             "to resume)")
         order_world = state.get("order_world_size", 1) if self.groups is not None else None
         if order_world is not None and (not isinstance(order_world, int) or order_world < 1):
             raise ValueError(f"state_dict order_world_size must be an integer >= 1, got {order_world!r}")

@@ -16,9 +16,10 @@ next entries of the order, which stay in their own batches too. Every batch keep
 with, so every rank yields ``len(loader)`` full batches and the sampler's position is exact and the same
 on every rank. Samples a dead worker left undone are loaded again first.
 
-Remote sources: a source that reads whole shards (``readahead``) is told each epoch's order, and as
-batches go to the workers, how far they have got, so shards are fetched ahead of the workers and deleted
-once the order has passed them.
+Remote sources: a source that reads whole shards (``readahead``) is told this rank's order of each epoch
+(which holds about ``1 / world_size`` of the shards: ``sampling``, "Grouped order"), and as batches go to
+the workers, how far they have got, so shards are fetched ahead of the workers and deleted once the order
+has passed them.
 
 Across epochs: once an epoch's last batches are with the workers, free slots take the next epoch's first
 batches, so it starts without a pipeline bubble. They are kept if the next iteration is that epoch from its
