@@ -241,11 +241,10 @@ class ShardedSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at ``state``, saved on any world size (the dataset size must match). A grouped order
-        continues as the order of the world size it was made for (``order_world_size``; a state that does not
-        record it holds the order made for one rank), so after a resume on
-        another world size the ranks fetch shards they do not own for the rest of that epoch; the next epoch
-        is dealt to the new ranks. A state from before ``offset`` existed (``position`` per rank) needs the
-        same world size."""
+        continues as the order of the world size it was made for (``order_world_size``; a state that does
+        not record it holds the order made for one rank), so after a resume on another world size the ranks
+        fetch shards they do not own for the rest of that epoch; the next epoch is dealt to the new ranks. A
+        state from before ``offset`` existed (``position`` per rank) needs the same world size."""
         if state["num_samples_total"] != self.num_samples_total:
             raise ValueError(f"state_dict has num_samples_total={state['num_samples_total']}, "
                              f"this loader has {self.num_samples_total}")
