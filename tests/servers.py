@@ -1,27 +1,33 @@
 """Real servers for the remote-data tests, started in the test run: moto's S3 server (the S3 REST API over
-HTTP, reached through s3fs) and the standard library's HTTP server (with 503s and a request log)."""
+HTTP, reached through s3fs) and the standard library's HTTP server (with 503s), each with a request log."""
 
 from __future__ import annotations
 
 import collections
 import functools
 import http.server
+import re
 import threading
+import urllib.parse
 from pathlib import Path
 
 import pytest
 
 
 class S3Server:
-    """moto's standalone S3 server on a free port; ``restart`` keeps the buckets (they live in this process)."""
+    """moto's S3 application served on a free port in a thread (any access key is accepted); ``requests``:
+    (method, path, access key) of every request, in order; ``stop``/``start`` keep the buckets (they live in
+    this process) and the log."""
 
     def __init__(self) -> None:
         moto_server = pytest.importorskip("moto.server")
         pytest.importorskip("s3fs")
-        self._cls = moto_server.ThreadedMotoServer
-        self._server = self._cls(ip_address="127.0.0.1", port=0, verbose=False)
-        self._server.start()
-        self.port = self._server.get_host_and_port()[1]
+        self._app = moto_server.DomainDispatcherApplication(moto_server.create_backend_app)
+        self._handler = moto_server.MotoRequestHandler
+        self.requests: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+        self.port = 0
+        self.start()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         # s3fs's own retries off: the loader's retry policy is what the tests exercise
         self.storage_options = {"key": "test", "secret": "test",
@@ -32,6 +38,20 @@ class S3Server:
         self.client = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="test",
                                    aws_secret_access_key="test", region_name="us-east-1")
 
+    def _logged(self, environ, start_response):
+        # the access key: in the Authorization header, or a presigned URL's X-Amz-Credential or AWSAccessKeyId
+        signed = environ.get("HTTP_AUTHORIZATION", "") + " " + urllib.parse.unquote(environ.get("QUERY_STRING", ""))
+        key = re.search(r"(?:Credential|AWSAccessKeyId)=([^/&\s]+)", signed)
+        with self._lock:
+            self.requests.append((environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), key and key.group(1)))
+        return self._app(environ, start_response)
+
+    def gets(self, key: str, suffix: str = "") -> list[str]:
+        """The paths (``/bucket/key``, no query) of the GETs signed with access key ``key`` ending with
+        ``suffix``, in order."""
+        with self._lock:
+            return [p for m, p, k in self.requests if m == "GET" and k == key and p.endswith(suffix)]
+
     def bucket(self, name: str) -> None:
         self.client.create_bucket(Bucket=name)
 
@@ -39,11 +59,17 @@ class S3Server:
         self.client.put_object(Bucket=bucket, Key=key, Body=data)
 
     def stop(self) -> None:
-        self._server.stop()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
 
     def start(self) -> None:
-        self._server = self._cls(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self._server.start()
+        from werkzeug.serving import make_server
+
+        self._server = make_server("127.0.0.1", self.port, self._logged, threaded=True, request_handler=self._handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):

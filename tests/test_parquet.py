@@ -98,3 +98,41 @@ def test_parquet_errors_name_the_file_and_column(synth_root, tmp_path):
     pq.write_table(pa.table({"image": pa.array([b"x"]), "label": pa.array(["cat"])}), bad / "a.parquet")
     with pytest.raises(ValueError, match=r"a\.parquet: label column 'label' must hold integers, not string"):
         parquet_source(bad)
+
+
+def test_remote_parquet_ranks_fetch_only_their_own_files_once(synth_root, tmp_path):
+    """6 files (7 rows each, the last 5; row groups of 3) on S3 over 3 ranks: a file's row groups stay
+    together in the order, so each rank (its own access key) fetches 2 to 4 files, not all 6, each once:
+    its run's, and one for a padding sample; besides those, only its next epoch's first ones (started at
+    this epoch's end). Every sample once across the ranks, its padding of 2 aside."""
+    from gpufeed.sampling import ShardedSampler
+
+    from .servers import S3Server
+
+    src = folder_source(synth_root)
+    folder = _write(src, tmp_path / "pq", files=6, row_group_size=3)
+    server = S3Server()
+    try:
+        server.bucket("tables")
+        for f in sorted(folder.iterdir()):
+            server.put("tables", f"imgs/{f.name}", f.read_bytes())
+        delivered = []
+        for rank in range(3):
+            key = f"rank{rank}"
+            table = parquet_source("s3://tables/imgs/", storage_options=dict(server.storage_options, key=key))
+            assert table.units == (3, 3, 3, 3, 3, 2) and table.groups == (3, 3, 1) * 5 + (3, 2)
+            footers = len(server.gets(key, ".parquet"))  # read when the source was made
+            with ImageLoader(table, rank=rank, world_size=3, drop_last=False, **KW) as loader:
+                ids = [i for _ in loader for i in loader.batch_indices]
+            delivered += ids
+            mine = {i // 7 for i in ids}
+            after = ShardedSampler(40, groups=table.groups, units=table.units, seed=KW["seed"], rank=rank,
+                                   world_size=3, epoch=1)
+            nxt = {i // 7 for i in after.epoch_indices()}
+            fetched = collections.Counter(int(p[-13:-8]) for p in server.gets(key, ".parquet")[footers:])
+            assert len(ids) == 14 and 2 <= len(mine) <= 4 and 2 <= len(nxt) <= 4, (mine, nxt)
+            assert mine <= set(fetched) <= mine | nxt and sum(fetched.values()) <= len(mine) + len(nxt), fetched
+        counts = collections.Counter(delivered)
+        assert set(counts) == set(range(40)) and sum(counts.values()) == 42
+    finally:
+        server.stop()

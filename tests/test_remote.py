@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gpufeed import ImageLoader
+from gpufeed.sampling import ShardedSampler
 from gpufeed.sources import RetryPolicy, create_source, folder_source, remote_tar_source, tar_source
 from gpufeed.sources.urls import expand_braces
 
@@ -116,24 +117,40 @@ def test_loader_from_s3_equals_loader_from_local_shards(s3, src, tmp_path):
         assert ia == ib and ya == yb and torch.equal(xa, xb)
 
 
-def test_exactly_once_across_three_ranks_and_two_workers_from_s3(s3, src):
-    """40 samples over 3 ranks x 2 workers: each sample once per epoch (DistributedSampler's padding of 2
-    aside), with its own label, and a new order the next epoch."""
-    firsts = []
+def test_exactly_once_across_three_ranks_and_two_workers_from_s3_each_rank_fetching_its_own_shards(s3, src):
+    """40 samples in 8 shards over 3 ranks x 2 workers: each sample once per epoch (DistributedSampler's
+    padding of 2 aside), with its own label, and a new order the next epoch. Each rank's loader (its own
+    access key, so the server tells its GETs apart) reads 3 to 5 shards (its run's 3 or 4, and one for a
+    padding sample), not all 8, and fetches only those, each once, and the first ones of its next epoch's
+    own (started at this one's end)."""
+    before = len(s3.gets("test", ".tar"))
+    remote_tar_source("s3://data/train/", storage_options=s3.storage_options)  # counts into the index cache
+    firsts, checked = [], 0
     for epoch in range(2):
         delivered = []
         for rank in range(3):
-            with ImageLoader("s3://data/train/", storage_options=s3.storage_options, num_workers=2, rank=rank,
-                             world_size=3, drop_last=False, **KW) as loader:
+            key = f"rank{rank}-epoch{epoch}"
+            with ImageLoader("s3://data/train/", storage_options=dict(s3.storage_options, key=key), num_workers=2,
+                             rank=rank, world_size=3, drop_last=False, **KW) as loader:
                 loader.set_epoch(epoch)
-                for ids, labels, _ in _epoch(loader):
-                    assert labels == [src.label(i) for i in ids]
-                    delivered += ids
+                ids = []
+                for batch, labels, _ in _epoch(loader):
+                    assert labels == [src.label(i) for i in batch]
+                    ids += batch
                     if rank == 0 and len(firsts) == epoch:
-                        firsts.append(ids)
+                        firsts.append(batch)
+            delivered += ids
+            mine = {i // 5 for i in ids}
+            after = ShardedSampler(40, groups=(5,) * 8, seed=KW["seed"], rank=rank, world_size=3, epoch=epoch + 1)
+            nxt = {i // 5 for i in after.epoch_indices()}
+            assert len(ids) == 14 and 3 <= len(mine) <= 5 and 3 <= len(nxt) <= 5, (mine, nxt)
+            fetched = collections.Counter(int(p[-7:-4]) for p in s3.gets(key, ".tar"))
+            assert mine <= set(fetched) <= mine | nxt and sum(fetched.values()) <= len(mine) + len(nxt), fetched
+            checked += 1
         counts = collections.Counter(delivered)
         assert set(counts) == set(range(40)) and sum(counts.values()) == 42 and max(counts.values()) == 2
-    assert firsts[0] != firsts[1]
+    assert firsts[0] != firsts[1] and checked == 6
+    assert len(s3.gets("test", ".tar")) - before == 8  # this test's default key only indexed each shard once
 
 
 def test_mid_epoch_resume_from_s3_is_exact(s3):
@@ -151,6 +168,27 @@ def test_mid_epoch_resume_from_s3_is_exact(s3):
     assert len(whole) == 10 and len(head) == 3 and len(tail) == 7
     for (ia, ya, xa), (ib, yb, xb) in zip(whole, head + tail, strict=True):
         assert ia == ib and ya == yb and torch.equal(xa, xb)
+
+
+def test_elastic_resume_from_s3_continues_the_order_made_for_three_ranks(s3):
+    """Three ranks deliver a batch each and save; two ranks resume: exactly the samples no rank delivered
+    (the 40 - 12 left split evenly, no padding), then a next epoch dealt to two ranks, each sample once."""
+    kw = dict(KW, storage_options=s3.storage_options, num_workers=1, drop_last=False)
+    delivered = []
+    for rank in range(3):
+        with ImageLoader("s3://data/train/", rank=rank, world_size=3, **kw) as loader:
+            loader.set_epoch(1)
+            delivered += _ids(_epoch(loader, stop=1))
+            state = loader.state_dict()
+    assert state["sampler"]["offset"] == 12 and state["sampler"]["order_world_size"] == 3
+    after = []
+    for rank in range(2):
+        with ImageLoader("s3://data/train/", rank=rank, world_size=2, **kw) as loader:
+            loader.load_state_dict(state)
+            delivered += _ids(_epoch(loader))
+            after += _ids(_epoch(loader))  # epoch 2
+            assert loader.state_dict()["sampler"]["order_world_size"] == 2
+    assert sorted(delivered) == list(range(40)) and sorted(after) == list(range(40))
 
 
 def test_server_restart_mid_epoch_under_skip_loses_nothing_unreported(fresh_s3):

@@ -152,3 +152,165 @@ def test_a_grouped_order_resumes_only_with_the_same_grouping():
     same = ShardedSampler(20, groups=(5,) * 4, window=2, seed=3)
     same.load_state_dict(saved.state_dict())
     assert same.remaining() == saved.remaining()
+
+
+def _group_of(groups):
+    """Sample index -> its group, for consecutive groups of these sizes."""
+    return [g for g, size in enumerate(groups) for _ in range(size)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_grouped_order_deals_each_rank_its_own_groups_exactly_once(world, drop_last):
+    """11 groups of 1-7 samples: over the ranks every sample once per epoch (DistributedSampler's padding or
+    dropped tail aside), equal counts, the same for the same (seed, epoch, world size), and each rank reads
+    about 1/world of the groups: its run's, the two ends it may share, and its padding sample's."""
+    groups = (5, 3, 7, 1, 4, 6, 2, 5, 7, 3, 4)
+    n, group_of = sum(groups), _group_of(groups)
+    for epoch in (0, 1):
+        ranks = [ShardedSampler(n, groups=groups, window=2, seed=4, epoch=epoch, rank=r, world_size=world,
+                                drop_last=drop_last) for r in range(world)]
+        shards = [s.epoch_indices() for s in ranks]
+        assert {len(s) for s in shards} == {len(ranks[0])} and len(ranks[0]) == (n // world if drop_last else -(-n // world))
+        counts = collections.Counter(i for s in shards for i in s)
+        if drop_last:
+            assert max(counts.values()) == 1 and len(counts) == n - n % world
+        else:
+            assert set(counts) == set(range(n)) and sum(counts.values()) == len(ranks[0]) * world
+        # each cut between two runs splits at most one group, read by both; a padding sample adds at most one
+        padding = 0 if drop_last else -n % world
+        assert sum(len({group_of[i] for i in s}) for s in shards) <= len(groups) + (world - 1) + padding
+        again = ShardedSampler(n, groups=groups, window=2, seed=4, epoch=epoch, rank=world - 1, world_size=world,
+                               drop_last=drop_last)
+        assert again.epoch_indices() == shards[-1]
+    assert ShardedSampler(n, groups=groups, seed=4, epoch=0).epoch_indices() != \
+        ShardedSampler(n, groups=groups, seed=4, epoch=1).epoch_indices()
+
+
+def test_grouped_order_run_of_a_rank_holds_few_groups_at_scale():
+    """64 shards of 100 (the last of 37) over 8 ranks: a rank's run of 792 samples spans 8 or 9 shards, and a
+    rank with a padding sample reads one more."""
+    groups = (100,) * 63 + (37,)
+    group_of = _group_of(groups)
+    ranks = [ShardedSampler(sum(groups), groups=groups, seed=1, rank=r, world_size=8) for r in range(8)]
+    read = [{group_of[i] for i in s.epoch_indices()} for s in ranks]
+    assert len(ranks[0]) == 793 and max(len(r) for r in read) <= 9 + 1 and min(len(r) for r in read) >= 8
+    assert set().union(*read) == set(range(64))
+
+
+def test_one_rank_grouped_order_is_the_order_saved_without_a_world_size():
+    """One rank: the groups shuffled, then the samples of each window of that order; the order a state
+    without ``order_world_size`` was saved with, so such a state resumes exactly on any world size."""
+    import torch
+
+    def one_rank(groups, window, seed):  # the one-rank grouped order, stated directly
+        g = torch.Generator()
+        g.manual_seed(seed)
+        starts = [sum(groups[:k]) for k in range(len(groups) + 1)]
+        perm = torch.randperm(len(groups), generator=g).tolist()
+        out = []
+        for w in range(0, len(perm), window):
+            idx = torch.cat([torch.arange(starts[s], starts[s + 1]) for s in perm[w : w + window]])
+            out += idx[torch.randperm(len(idx), generator=g)].tolist()
+        return out
+
+    groups = (5, 3, 7, 1, 4, 6, 2)
+    n = sum(groups)
+    compared = 0
+    for epoch in range(3):
+        s = ShardedSampler(n, groups=groups, window=3, seed=6, epoch=epoch)
+        assert s.epoch_indices() == one_rank(groups, 3, 6 + epoch)
+        compared += 1
+    assert compared == 3
+    saved = ShardedSampler(n, groups=groups, window=3, seed=6, epoch=2, world_size=2)
+    old = saved.state_dict()
+    old["offset"] = 10
+    del old["order_world_size"]
+    rest = []
+    for r in range(3):
+        s = ShardedSampler(n, groups=groups, window=3, rank=r, world_size=3)
+        s.load_state_dict(old)
+        rest.append(s.remaining())
+    tail = one_rank(groups, 3, 8)[10:]
+    assert rest == [tail[r::3] for r in range(3)]  # 18 left: 6 for each of 3 ranks
+
+
+@pytest.mark.parametrize("after", [3, 2, 1, 4])
+def test_grouped_order_resumes_mid_epoch_on_any_world_size(after):
+    """Saved on 3 ranks after 4 samples each; resumed on ``after`` ranks: exactly the samples no old rank
+    delivered (padding aside), the same rest of the order a rank of 3 would have had when ``after`` is 3;
+    saved again mid-way and resumed once more, still the rest of the order made for 3 ranks; the next
+    epoch is dealt to the new ranks."""
+    groups = (6, 2, 5, 7, 3, 4, 6, 1, 5)
+    n = sum(groups)  # 39
+    old = [ShardedSampler(n, groups=groups, window=2, seed=2, epoch=1, rank=r, world_size=3) for r in range(3)]
+    delivered = []
+    for s in old:
+        delivered += s.remaining()[:4]
+        s.advance(4)
+    state = old[0].state_dict()
+    assert state["offset"] == 12 and state["order_world_size"] == 3
+    new = [ShardedSampler(n, groups=groups, window=2, rank=r, world_size=after) for r in range(after)]
+    for s in new:
+        s.load_state_dict(state)
+        assert s.at_epoch_start is False
+    if after == 3:
+        assert [s.remaining() for s in new] == [s.remaining() for s in old]
+    for s in new:  # one sample each, then saved and resumed on 2 ranks
+        delivered += s.remaining()[:1]
+        s.advance(1)
+    again = new[0].state_dict()
+    assert again["offset"] == 12 + after and again["order_world_size"] == 3
+    last = [ShardedSampler(n, groups=groups, window=2, rank=r, world_size=2) for r in range(2)]
+    for s in last:
+        s.load_state_dict(again)
+        delivered += s.remaining()
+    counts = collections.Counter(delivered)
+    assert set(counts) == set(range(n))
+    assert sum(counts.values()) - n == -(n - 12 - after) % 2  # only the last world size's padding repeats
+    full = ShardedSampler(n, groups=groups, window=2, seed=2, epoch=1, world_size=3).full_order()
+    rest = full[12 + after :]
+    rest += rest[: len(rest) % 2]  # DistributedSampler's padding to a multiple of 2
+    assert [s.remaining() for s in last] == [rest[0::2], rest[1::2]]
+    for s in last:
+        s.set_epoch(2)
+        assert s.at_epoch_start and s.state_dict()["order_world_size"] == 2
+    fresh = [ShardedSampler(n, groups=groups, window=2, seed=2, epoch=2, rank=r, world_size=2) for r in range(2)]
+    assert [s.epoch_indices() for s in last] == [s.epoch_indices() for s in fresh]
+
+
+def test_units_keep_a_files_row_groups_together():
+    """5 files of 2-4 row groups: with the files as units, one rank reads each file in one stretch of its
+    order (a window may take the end of one and the start of the next), and 2 ranks read each file once,
+    besides the one a cut splits and a padding sample's."""
+    units = (3, 2, 4, 3, 2)
+    groups = (4, 4, 3, 5, 5, 2, 2, 2, 6, 3, 3, 4, 6, 1)
+    n, file_of = sum(groups), _group_of([sum(groups[sum(units[:f]) : sum(units[: f + 1])]) for f in range(5)])
+    for epoch in range(3):
+        order = ShardedSampler(n, groups=groups, units=units, window=2, seed=8, epoch=epoch).epoch_indices()
+        spans = [(min(p for p, i in enumerate(order) if file_of[i] == f),
+                  max(p for p, i in enumerate(order) if file_of[i] == f)) for f in range(5)]
+        held = [sum(a <= p <= b for a, b in spans) for p in range(n)]  # files between their first and last sample
+        assert sorted(order) == list(range(n)) and max(held) <= 2 and len(held) == n
+        ranks = [ShardedSampler(n, groups=groups, units=units, window=2, seed=8, epoch=epoch, rank=r, world_size=2)
+                 for r in range(2)]
+        assert sum(len({file_of[i] for i in s.epoch_indices()}) for s in ranks) <= 5 + 1 + n % 2
+
+
+def test_unshuffled_grouped_order_gives_each_rank_a_contiguous_run():
+    groups = (4, 4, 4, 3)
+    assert ShardedSampler(15, groups=groups, shuffle=False).epoch_indices() == list(range(15))
+    runs = [ShardedSampler(15, groups=groups, shuffle=False, rank=r, world_size=2).epoch_indices() for r in range(2)]
+    assert runs == [list(range(8)), list(range(8, 15)) + [0]]  # the padding: the full order's first entry
+
+
+def test_grouped_order_settings_are_checked():
+    with pytest.raises(ValueError, match=r"groups must be sizes >= 1, got 0 for group 1"):
+        ShardedSampler(5, groups=(5, 0))
+    with pytest.raises(ValueError, match=r"units must be counts >= 1 .* 3 groups, got \(2, 2\)"):
+        ShardedSampler(9, groups=(3, 3, 3), units=(2, 2))
+    saved = ShardedSampler(9, groups=(3, 3, 3), window=2).state_dict()
+    with pytest.raises(ValueError, match="order_world_size must be an integer >= 1, got 0"):
+        ShardedSampler(9, groups=(3, 3, 3), window=2).load_state_dict(dict(saved, order_world_size=0))
+    with pytest.raises(ValueError, match="grouped order.*differ in units"):  # files kept together: another order
+        ShardedSampler(9, groups=(3, 3, 3), window=2, units=(1, 2)).load_state_dict(saved)

@@ -87,7 +87,8 @@ class ImageLoader:
     ``loader.stats`` how many images each decoder handled.
 
     Epoch order is a function of (seed, epoch); sharding follows ``DistributedSampler`` (rank/world_size
-    from ``torch.distributed`` when initialised). ``drop_last`` drops the ragged tail both across ranks
+    from ``torch.distributed`` when initialised), except that shards read whole are dealt to ranks
+    (``sampling``). ``drop_last`` drops the ragged tail both across ranks
     and in the last batch. ``state_dict()`` records how many samples of the epoch were delivered;
     ``load_state_dict`` resumes with exactly the rest.
 
@@ -189,7 +190,8 @@ class ImageLoader:
         rank, world_size = resolve_rank(rank, world_size)
         groups = getattr(self.source, "groups", None)  # read whole group by group: a grouped order (sampling.py)
         self.sampler = ShardedSampler(len(self.source), shuffle=train, seed=seed, rank=rank, world_size=world_size,
-                                      drop_last=drop_last, groups=groups, window=getattr(self.source, "window", 4))
+                                      drop_last=drop_last, groups=groups, window=getattr(self.source, "window", 4),
+                                      units=getattr(self.source, "units", None))
         self.batch_size, self.drop_last = batch_size, drop_last
         local_ranks = _local_world_size(world_size)
         self.num_workers = num_workers or placement.default_num_workers(local_ranks)

@@ -18,13 +18,28 @@ sharded over the new ranks the same way (elastic resume):
     saved on 3 ranks after 2 samples each: offset 6  ->  [7 2 9 4 0 5 | 1 8 3 6]
     resumed on 2 ranks: rank 0 gets [1 3], rank 1 gets [8 6]
 
-Grouped order. A source read whole shard by shard (remote tar shards, Parquet row groups) gives its
-groups' sizes; the order then shuffles the groups, and the samples within each ``window`` of consecutive
-groups of that order, so the workers need only a few groups at a time. Still a function of (seed, epoch),
-cut into rank shards and resumed exactly as above:
+Grouped order. A source read whole group by group (remote tar shards, Parquet row groups) gives its
+groups' sizes, and each rank should read only its own groups (a remote shard is fetched by every rank
+that reads any of its samples). The groups are shuffled into a line and the line's samples are cut into
+``world_size`` runs of equal length (``n // world_size``, the first ``n % world_size`` runs one longer), run r
+for rank r; within each run, the samples of each ``window`` consecutive groups are shuffled together, so
+the workers need only a few groups at a time. The full order then puts entry k of run r at position
+``k * world_size + r``, so the usual striding hands rank r exactly its run:
 
-    groups [0 1 2] [3 4] [5 6 7] [8 9], window 2, group order (2 0 3 1)
-    full order  [6 1 5 0 2 7 | 9 4 8 3]      (samples of groups 2 and 0 shuffled, then of 3 and 1)
+    groups [0 1 2] [3 4] [5 6 7] [8 9], window 2, 2 ranks, group order (2 0 3 1)
+    line        5 6 7 0 1 | 2 8 9 3 4      cut into runs of 5 (group 0 is split: both ranks read it)
+    runs        [6 0 5 1 7] [9 2 8 4 3]    windows shuffled: {5 6 7, 0 1} | {2, 8 9} {3 4}
+    full order  [6 9 0 2 5 8 1 4 7 3]      rank 0 gets [6 0 5 1 7], rank 1 [9 2 8 4 3]
+
+So a rank reads about ``1 / world_size`` of the groups: those of its run, whose two end groups it may share
+with its neighbours, and (when ``world_size`` does not divide n) the one holding its padding sample,
+another rank's first. ``units`` keeps consecutive groups together on the line (a remote Parquet file's row
+groups: a rank fetches its files once). The order is a function of (seed, epoch, world size); with one rank
+it is the groups shuffled, then the samples within each window of that order. A state records the world
+size its epoch's order was made for: a resume on another continues the rest of that order strided over the
+new ranks, exact, but each rank then reads groups of others for the rest of that epoch; the next epoch is
+dealt to the new ranks. Unshuffled (``shuffle=False``), the line is the groups in index order, not shuffled,
+cut the same way.
 """
 
 from __future__ import annotations
@@ -33,7 +48,7 @@ import hashlib
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -60,18 +75,41 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return rank, world_size
 
 
-def grouped_order(groups: tuple[int, ...], window: int, g: torch.Generator) -> list[int]:
-    """A permutation of ``range(sum(groups))``: groups in random order, samples shuffled within each run of
-    ``window`` consecutive groups of that order."""
-    starts = [0]
-    for size in groups:
-        starts.append(starts[-1] + size)
-    perm = torch.randperm(len(groups), generator=g).tolist()
-    out: list[torch.Tensor] = []
-    for w in range(0, len(perm), window):
-        idx = torch.cat([torch.arange(starts[s], starts[s + 1]) for s in perm[w : w + window]])
-        out.append(idx[torch.randperm(len(idx), generator=g)])
-    return torch.cat(out).tolist()
+def grouped_order(groups: Sequence[int], window: int, world_size: int, g: torch.Generator | None,
+                  units: Sequence[int] | None = None) -> list[int]:
+    """A permutation of ``range(sum(groups))`` whose entries ``r, r + world_size, ...`` lie in a run of
+    about ``1 / world_size`` of the groups (module docstring, "Grouped order").
+
+    ``units``: how many consecutive groups stay together (a file's row groups), default one each; ``g``:
+    the shuffling generator, None for the groups in index order and no shuffle.
+    """
+    sizes = np.asarray(groups, np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    n = int(starts[-1])
+    per_unit = np.ones(len(sizes), np.int64) if units is None else np.asarray(units, np.int64)
+    first_group = np.concatenate([[0], np.cumsum(per_unit)])
+    unit_order = torch.randperm(len(per_unit), generator=g).numpy() if g is not None else np.arange(len(per_unit))
+    line_groups = np.concatenate([np.arange(first_group[u], first_group[u + 1]) for u in unit_order])
+    line_sizes = sizes[line_groups]
+    bounds = np.concatenate([[0], np.cumsum(line_sizes)])  # where each group begins on the line, and its end
+    # the line: the groups' samples one after another, in the units' order
+    line = np.repeat(starts[line_groups] - bounds[:-1], line_sizes) + np.arange(n)
+    q, extra = divmod(n, world_size)
+    ranks = np.arange(world_size + 1)
+    cuts = ranks * q + np.minimum(ranks, extra)  # rank r's run: [cuts[r], cuts[r + 1]); the first `extra` one longer
+    if g is not None:
+        for r in range(world_size):
+            lo, hi = int(cuts[r]), int(cuts[r + 1])
+            # the run's pieces of groups (its end groups may be parts), a window of them at a time
+            edges = [lo] + bounds[np.searchsorted(bounds, lo, "right") : np.searchsorted(bounds, hi)].tolist() + [hi]
+            for w in range(0, len(edges) - 1, window):
+                a, b = edges[w], edges[min(w + window, len(edges) - 1)]
+                line[a:b] = line[a:b][torch.randperm(b - a, generator=g).numpy()]
+    # entry k of rank r's run goes to position k * world_size + r of the full order
+    rank = np.repeat(ranks[:-1], np.diff(cuts))
+    order = np.empty(n, np.int64)
+    order[(np.arange(n) - cuts[rank]) * world_size + rank] = line
+    return order.tolist()
 
 
 @dataclass
@@ -81,7 +119,9 @@ class ShardedSampler:
     ``drop_last`` as in ``DistributedSampler``: True drops the tail so every rank gets the same count
     (``n // world_size`` from an epoch's start); False pads with the first entries of the order so every
     rank gets ``ceil(n / world_size)``. ``start``: entries of the epoch's full order delivered before this
-    rank's shard was cut (a resumed epoch); ``position``: samples of the shard handed out since.
+    rank's shard was cut (a resumed epoch); ``position``: samples of the shard handed out since;
+    ``order_world_size``: the world size a grouped order of the current epoch was made for (a state saved on
+    another; None: this one).
     """
 
     num_samples_total: int
@@ -95,6 +135,8 @@ class ShardedSampler:
     start: int = 0
     groups: tuple[int, ...] | None = None  # sizes of consecutive index groups: a grouped order (module docstring)
     window: int = 4
+    units: tuple[int, ...] | None = None  # groups kept together, e.g. per file (None: one each)
+    order_world_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_samples_total < 1:
@@ -106,6 +148,13 @@ class ShardedSampler:
             )
         if self.groups is not None and sum(self.groups) != self.num_samples_total:
             raise ValueError(f"groups hold {sum(self.groups)} samples, num_samples_total={self.num_samples_total}")
+        if self.groups is not None and min(self.groups) < 1:
+            raise ValueError(f"groups must be sizes >= 1, got {min(self.groups)} for group "
+                             f"{list(self.groups).index(min(self.groups))}")
+        if self.units is not None and (self.groups is None or sum(self.units) != len(self.groups)
+                                       or min(self.units, default=0) < 1):
+            raise ValueError(f"units must be counts >= 1 of consecutive groups adding up to the "
+                             f"{len(self.groups or ())} groups, got {self.units}")
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
 
@@ -119,25 +168,31 @@ class ShardedSampler:
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning (a resumed position is kept if it is the same epoch)."""
         if epoch != self.epoch:
-            self.epoch, self.position, self.start = epoch, 0, 0
+            self.epoch, self.position, self.start, self.order_world_size = epoch, 0, 0, None
 
     @property
     def at_epoch_start(self) -> bool:
-        return self.position == 0 and self.start == 0
+        """Whether the current epoch is the one a fresh sampler of this world size would give, from its start."""
+        return self.position == 0 and self.start == 0 and self.order_world_size in (None, self.world_size)
+
+    def full_order(self, epoch: int | None = None) -> list[int]:
+        """The whole order of ``epoch`` (default: the current one) over all ranks, before padding: a
+        permutation of the sample indices."""
+        e = self.epoch if epoch is None else epoch
+        g = None
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + e)
+        if self.groups is None:
+            n = self.num_samples_total
+            return torch.randperm(n, generator=g).tolist() if g is not None else list(range(n))
+        world = self.order_world_size if e == self.epoch and self.order_world_size else self.world_size
+        return grouped_order(self.groups, self.window, world, g, self.units)
 
     def epoch_indices(self, epoch: int | None = None) -> list[int]:
         """This rank's indices of ``epoch`` (default: the current one, from where it was resumed), in order."""
         e = self.epoch if epoch is None else epoch
-        n = self.num_samples_total
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + e)
-            if self.groups is None:
-                order = torch.randperm(n, generator=g).tolist()
-            else:
-                order = grouped_order(self.groups, self.window, g)
-        else:
-            order = list(range(n))
+        order = self.full_order(e)
         if e == self.epoch:
             order = order[self.start :]
         total = self._shard_length(len(order)) * self.world_size
@@ -168,25 +223,41 @@ class ShardedSampler:
     def state_dict(self) -> dict[str, Any]:
         state = {"epoch": self.epoch, "seed": self.seed, "offset": self.offset,
                  "num_samples_total": self.num_samples_total, "world_size": self.world_size}
-        if self.groups is not None:  # the order depends on them: a resume must see the same
+        if self.groups is not None:  # the order depends on them and on the world size it was made for
             state["groups"] = self._grouping()
+            state["order_world_size"] = self.order_world_size or self.world_size
         return state
 
     def _grouping(self) -> dict[str, Any]:
-        """What a grouped order depends on besides the seed: the groups' sizes (as a digest) and the window."""
-        digest = hashlib.sha1(np.asarray(self.groups, np.int64).tobytes()).hexdigest()[:16]
-        return {"count": len(self.groups), "sizes": digest, "window": self.window}
+        """What a grouped order depends on besides the seed and world size: the groups' sizes (as a digest),
+        the window, and the units (as a digest, when given)."""
+        def digest(values: tuple[int, ...]) -> str:
+            return hashlib.sha1(np.asarray(values, np.int64).tobytes()).hexdigest()[:16]
+
+        grouping = {"count": len(self.groups), "sizes": digest(self.groups), "window": self.window}
+        if self.units is not None:
+            grouping["units"] = digest(self.units)
+        return grouping
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at ``state``, saved on any world size (the dataset size must match). A state from before
-        ``offset`` existed (``position`` per rank) needs the same world size."""
+        """Resume at ``state``, saved on any world size (the dataset size must match). A grouped order
+        continues as the order of the world size it was made for (``order_world_size``; a state that does
+        not record it holds the order made for one rank), so after a resume on another world size the ranks
+        fetch shards they do not own for the rest of that epoch; the next epoch is dealt to the new ranks. A
+        state from before ``offset`` existed (``position`` per rank) needs the same world size."""
         if state["num_samples_total"] != self.num_samples_total:
             raise ValueError(f"state_dict has num_samples_total={state['num_samples_total']}, "
                              f"this loader has {self.num_samples_total}")
         mine = self._grouping() if self.groups is not None else None
-        if state.get("groups") != mine:
-            raise ValueError(f"state_dict was saved with a grouped order of {state.get('groups')}, this loader's "
-                             f"is {mine} (the same source and window are needed to resume)")
+        saved = state.get("groups")
+        if saved != mine:
+            differ = sorted(k for k in {**(saved or {}), **(mine or {})} if (saved or {}).get(k) != (mine or {}).get(k))
+            raise ValueError(f"state_dict was saved with a grouped order of {saved}, this loader's is {mine} "
+                             f"(they differ in {', '.join(differ)}: the same source, window and units are needed "
+                             "to resume)")
+        order_world = state.get("order_world_size", 1) if self.groups is not None else None
+        if order_world is not None and (not isinstance(order_world, int) or order_world < 1):
+            raise ValueError(f"state_dict order_world_size must be an integer >= 1, got {order_world!r}")
         if "offset" in state:
             offset = state["offset"]
             if not 0 <= offset <= self.num_samples_total:
@@ -200,3 +271,4 @@ class ShardedSampler:
                 raise ValueError(f"state_dict position must be in [0, {len(self)}], got {state['position']}")
             start, position = 0, state["position"]
         self.seed, self.epoch, self.start, self.position = state["seed"], state["epoch"], start, position
+        self.order_world_size = None if order_world == self.world_size else order_world

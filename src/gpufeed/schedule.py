@@ -16,9 +16,10 @@ next entries of the order, which stay in their own batches too. Every batch keep
 with, so every rank yields ``len(loader)`` full batches and the sampler's position is exact and the same
 on every rank. Samples a dead worker left undone are loaded again first.
 
-Remote sources: a source that reads whole shards (``readahead``) is told each epoch's order, and as
-batches go to the workers, how far they have got, so shards are fetched ahead of the workers and deleted
-once the order has passed them.
+Remote sources: a source that reads whole shards (``readahead``) is told this rank's order of each epoch
+(which holds about ``1 / world_size`` of the shards: ``sampling``, "Grouped order"), and as batches go to
+the workers, how far they have got, so shards are fetched ahead of the workers and deleted once the order
+has passed them.
 
 Across epochs: once an epoch's last batches are with the workers, free slots take the next epoch's first
 batches, so it starts without a pipeline bubble. They are kept if the next iteration is that epoch from its
@@ -148,12 +149,12 @@ class Scheduler:
         return EpochRun(seed, epoch, order, slots, fetch=self.readahead(order) if self.readahead else None)
 
     def close(self) -> None:
+        if self.pool is not None:  # first: a worker never fetches again a file the readahead just deleted
+            self.pool.close()
+            self.pool = None
         if self.ahead is not None:
             self.ahead.close()
             self.ahead = None
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
 
     def _full(self, n: int) -> bool:
         """Whether ``n`` samples make a batch: ``batch_size`` of them, or any at all without ``drop_last``."""
@@ -173,9 +174,9 @@ class Scheduler:
         if ahead is not None and (ahead.seed, ahead.epoch) == (sampler.seed, sampler.epoch) and sampler.at_epoch_start:
             run, slots = ahead, ahead.slots  # this epoch's first batches are already with the workers
         else:
+            pool.cancel()  # an earlier, abandoned iteration may have batches in flight
             if ahead is not None:
                 ahead.close()
-            pool.cancel()  # an earlier, abandoned iteration may have batches in flight
             slots = Slots(self.num_slots, self.cuda)
             run = self._run(sampler.seed, sampler.epoch, sampler.remaining(), slots)
         nxt: EpochRun | None = None  # the next epoch's run, started early
@@ -212,16 +213,16 @@ class Scheduler:
         finally:
             slots.reclaim(everything=True)  # the next iteration's workers may write these slots at once
             self._last_slots = slots
-            run.close()
             keep = finished and nxt is not None and nxt.inflight and not (self.pool is not None and self.pool.closed)
-            if nxt is not None and not keep:
-                nxt.close()
             if self.pool is not None and self.pool.closed:  # stopped by an error: fresh workers next time
                 self.pool = None
             elif keep:
                 self.ahead = nxt
             elif self.pool is not None:
-                self.pool.cancel()
+                self.pool.cancel()  # before the readaheads close: no worker fetches again what they delete
+            run.close()
+            if nxt is not None and not keep:
+                nxt.close()
 
     def _submit(self, run: EpochRun) -> None:
         """Hand ``run``'s next whole batches to the workers while a slot is free (one kept for the consumer)."""

@@ -38,9 +38,11 @@ class Source(Protocol):
     copy and call ``read`` themselves, so no bytes cross process boundaries.
 
     Sources read whole group by group (remote tar shards, Parquet row groups) may also have ``groups``
-    (the sizes of consecutive index groups: the epoch order then takes ``window`` groups at a time,
-    ``sampling.grouped_order``) and ``readahead(order)`` (main process: given each epoch's order, an
-    object the scheduler tells ``at(submitted, delivered)`` and ``close()``s, or None).
+    (the sizes of consecutive index groups: the epoch order then deals the groups to the ranks and takes
+    ``window`` groups at a time, ``sampling.grouped_order``), ``units`` (how many consecutive groups are
+    fetched together and stay together in the order, e.g. a remote file's row groups; None: one each) and
+    ``readahead(order)`` (main process: given this rank's order of an epoch, an object the scheduler tells
+    ``at(submitted, delivered)`` and ``close()``s, or None).
     """
 
     def __len__(self) -> int: ...

@@ -4,7 +4,9 @@ Hugging Face datasets write) and an integer label column, in local files or behi
 Row counts come from the files' footers, so the source is random access by index; a worker reads the
 row group holding a sample and keeps the last ``window + 1`` row groups it read, so its memory is bounded
 by that many row groups. ``groups`` gives the sampler the row groups' sizes, so the epoch order takes a few
-row groups at a time (``sampling``). Remote files are fetched whole into the ``Spool`` ahead of the order.
+row groups at a time and deals them to the ranks (``sampling``). Remote files are fetched whole into the
+``Spool`` ahead of the order; ``units`` keeps a remote file's row groups together in the order, so each rank
+fetches only its own files, each once (and at most the two it shares with its neighbouring ranks).
 """
 
 from __future__ import annotations
@@ -73,6 +75,14 @@ class ParquetSource:
     @property
     def groups(self) -> tuple[int, ...]:
         return tuple(self._groups.sizes.tolist())
+
+    @property
+    def units(self) -> tuple[int, ...] | None:
+        """Remote files: each file's row groups (their count) stay together in the order, so a rank
+        fetches a file once; None for local files, whose row groups are read in place."""
+        if self.spool is None:
+            return None
+        return tuple(np.bincount(self._file)[np.unique(self._file)].tolist())
 
     def __len__(self) -> int:
         return self._groups.total

@@ -171,10 +171,18 @@ class Spool:
                 self.drop(url)
 
     def _fetch_quietly(self, url: str) -> None:
+        """Fetch ``url`` if an order still wants it (one closed since it was queued does not), and delete
+        the copy if every order that wanted it closed while it was being fetched."""
+        with self._lock:
+            if url not in self._users:
+                return
         try:
             self.local(url)
         except Exception:  # the worker that reads it fetches again and reports the error with the sample
             pass
+        with self._lock:
+            if url not in self._users:
+                self.drop(url)
 
 
 def _fetch_loop(spool_ref: weakref.ref, urls: queue.SimpleQueue) -> None:
