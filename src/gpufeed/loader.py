@@ -181,8 +181,8 @@ class ImageLoader:
         dtype = torch.float32 if dtype is None else dtype
         self.normalize = Normalize(mean=tuple(mean), std=tuple(std), dtype=dtype, channels_last=channels_last)
         train, image_size = self.augment.train, self.augment.image_size  # as the transform gave them, if any
-        # the recipe's per-sample ops on each delivered batch (TrivialAugmentWide, RandomErasing)
-        self.sample_ops = SampleOps(trivial=bool(recipe and recipe.trivial), erasing=recipe and recipe.erasing,
+        # the recipe's per-sample ops on each delivered batch (pixel ops such as ColorJitter, RandomErasing)
+        self.sample_ops = SampleOps(pixel=recipe.pixel if recipe else (), erasing=recipe and recipe.erasing,
                                     mean=mean, std=std)
         self.source = create_source(source, storage_options=storage_options)
         check_source_importable(self.source)
