@@ -110,8 +110,8 @@ class ImageLoader:
     ``v2.RandomChoice`` of them, whose labels come back as (B, num_classes) float. ``transform``: the
     torchvision ``Compose`` the script would give a Dataset, read for its settings in place of ``train``,
     ``image_size``, ``resize_size``, ``mean`` and ``std`` (``augment.recipe``: RandomResizedCrop with its
-    scale and ratio, RandomHorizontalFlip(p), Resize + CenterCrop, to-tensor ops, Normalize; any other op
-    raises, naming it). The settings are kept, grouped and
+    scale and ratio, RandomHorizontalFlip(p), Resize + CenterCrop, to-tensor ops, Normalize, and the per-sample
+    ops in ``recipe.SUPPORTED``; any other op raises, naming it). The settings are kept, grouped and
     validated, in ``loader.augment``,
     ``loader.normalize``, ``loader.decoding`` and ``loader.errors``.
     """
