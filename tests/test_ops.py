@@ -8,8 +8,8 @@ import torch
 from torchvision.transforms import v2
 
 from gpufeed import ImageLoader
-from gpufeed.augment.ops import (AugMixChoice, Erasing, SampleOps, TrivialAugment, apply_operation,
-                                 apply_operations)
+from gpufeed.augment.ops import (AugMix, AugMixChoice, AutoAugment, Erasing, RandAugment, SampleOps, TrivialAugment,
+                                 apply_operation, apply_operations)
 from gpufeed.augment.ops.auto import OPERATIONS, STANDARD, WIDE
 from gpufeed.augment.recipe import read_transform
 
@@ -271,3 +271,17 @@ def test_augmix_gives_torchvisions_pixels_for_torchvisions_draws():
     diff = (ours.int() - torch.stack(theirs).int()).abs()
     assert len(choices) == 48 and len({name for _, s in draws for name, _ in s}) >= 10
     assert float(diff.float().mean()) <= 1 / 255 and float((diff > 1).float().mean()) < 1e-3, int(diff.max())
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: RandAugment(magnitude=12, num_bins=10), r"RandAugment\(magnitude=12\) must be a bin in \[0, 10\)"),
+    (lambda: RandAugment(num_ops=-1), r"num_ops=-1\) needs an integer >= 0"),
+    (lambda: TrivialAugment(interpolation="bicubic"), "TrivialAugmentWide runs with nearest or bilinear.*'bicubic'"),
+    (lambda: AutoAugment(policies=((("Warp", 0.5, 3),),)), r"uses \['Warp'\], which are not AutoAugment operations"),
+    (lambda: AutoAugment(policies=((("Rotate", 0.5, None),),)), r"steps \[\('Rotate', 0.5, None\)\]"),
+    (lambda: AugMix(severity=11), r"AugMix\(severity=11\) needs an integer in \[1, 10\]"),
+    (lambda: AugMix(alpha=0.0), r"AugMix\(alpha=0.0\) needs a number > 0"),
+])
+def test_an_auto_augment_op_gpufeed_cannot_run_is_refused_naming_the_value(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()

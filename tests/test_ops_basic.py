@@ -121,3 +121,17 @@ def test_grayscale_sharpness_and_flip_give_torchvisions_pixels_where_drawn():
             _assert_close(out[i], fn(images[i]) if d else images[i], (op, i), exact=exact or not d)
             compared += 1
     assert compared == 4 * 40
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Jitter(hue=(-0.7, 0.0)), r"hue=\(-0.7, 0.0\) needs -0.5 <= low"),
+    (lambda: Jitter(brightness=(1.2, 0.8)), r"brightness=\(1.2, 0.8\) needs 0.0 <= low <= high"),
+    (lambda: Blur((4, 3)), r"kernel_size=\(4, 3\)\) needs two odd sizes"),
+    (lambda: Blur((3, 3), (0.0, 1.0)), r"sigma=\(0.0, 1.0\)\) needs 0 < low"),
+    (lambda: Grayscale(1.5), r"RandomGrayscale\(p=1.5\)"),
+    (lambda: Sharpen(-1.0), r"sharpness_factor=-1.0\) needs a number >= 0"),
+    (lambda: VerticalFlip(-0.1), r"RandomVerticalFlip\(p=-0.1\)"),
+])
+def test_an_op_with_parameters_torchvision_would_refuse_is_refused(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()

@@ -30,7 +30,6 @@ import torch
 
 from .ops import (AugMix, AutoAugment, Blur, Erasing, Grayscale, Jitter, PixelOp, RandAugment, Sharpen,
                   TrivialAugment, VerticalFlip)
-from .ops.auto import OPERATIONS
 
 _TENSOR_OPS = {"ToImage", "PILToTensor", "ToPureTensor", "ToTensor", "ToDtype", "ConvertImageDtype"}
 # uint8 tensors as a PIL image is: anywhere before the cast to float, as torchvision's own recipes place them
@@ -98,10 +97,15 @@ def read_transform(transform: Any) -> Recipe:
     per_sample = [n for n in names if n in PIXEL_OPS or n == "RandomErasing"]
     if per_sample and not recipe.train:
         raise ValueError(f"transform: {per_sample[0]} is a training op; validation takes Resize + CenterCrop")
-    pixel = tuple(_PIXEL_READERS[n](op, recipe.image_size) for op, n in zip(ops, names, strict=True)
-                  if n in PIXEL_OPS)
+    pixel = []
+    for op, name in zip(ops, names, strict=True):
+        if name in PIXEL_OPS:
+            try:
+                pixel.append(_PIXEL_READERS[name](op, recipe.image_size))
+            except ValueError as e:  # the op's parameters are not ones gpufeed runs: say where they came from
+                raise ValueError(f"transform: {e}") from None
     erasing = _erasing(ops[names.index("RandomErasing")]) if "RandomErasing" in names else None
-    return _replace(recipe, dtype=dtype, pixel=pixel, erasing=erasing)
+    return _replace(recipe, dtype=dtype, pixel=tuple(pixel), erasing=erasing)
 
 
 def _stage(name: str) -> int:
@@ -143,59 +147,23 @@ def _why(a: str, b: str) -> str:
 
 
 def _interpolation(op: Any, name: str) -> str:
-    """The auto-augment op's interpolation ("nearest" or "bilinear"); ValueError for another, or a fill
-    other than 0."""
-    mode = getattr(op, "interpolation", "nearest")
-    value = str(getattr(mode, "value", mode)).lower()
-    if value not in ("nearest", "bilinear"):
-        raise ValueError(f"transform: {name} runs with nearest or bilinear interpolation here, got {mode!r}")
+    """The auto-augment op's interpolation, as a string for the op to check; ValueError for a fill other
+    than 0."""
     fill = getattr(op, "fill", None)
     values = list(fill.values()) if isinstance(fill, dict) else [fill]
     if any(v not in (None, 0, 0.0) and v != [0] and v != [0.0] for v in values):
-        raise ValueError(f"transform: {name} fills with 0 here, got fill={fill}")
-    return value
-
-
-def _bins(op: Any, name: str) -> int:
-    bins = op.num_magnitude_bins
-    if not isinstance(bins, int) or bins < 2:  # torchvision's Posterize magnitudes divide by bins - 1
-        raise ValueError(f"transform: {name}(num_magnitude_bins={bins!r}) needs an integer >= 2")
-    return bins
-
-
-def _trivial(op: Any, size: int) -> TrivialAugment:
-    name = "TrivialAugmentWide"
-    return TrivialAugment(num_bins=_bins(op, name), interpolation=_interpolation(op, name))
-
-
-def _rand_augment(op: Any, size: int) -> RandAugment:
-    bins = _bins(op, "RandAugment")
-    if not isinstance(op.magnitude, int) or not 0 <= op.magnitude < bins:
-        raise ValueError(f"transform: RandAugment(magnitude={op.magnitude!r}) must be a bin in [0, {bins}) "
-                         f"(num_magnitude_bins={bins})")
-    return RandAugment(num_ops=int(op.num_ops), magnitude=op.magnitude, num_bins=bins,
-                       interpolation=_interpolation(op, "RandAugment"))
+        raise ValueError(f"{name} fills with 0 here, got fill={fill}")
+    mode = getattr(op, "interpolation", "nearest")
+    return str(getattr(mode, "value", mode)).lower()
 
 
 def _auto_augment(op: Any, size: int) -> AutoAugment:
     policies = getattr(op, "_policies", getattr(op, "policies", None))  # torchvision's table: v2's name, v1's
-    if not policies:
-        raise ValueError(f"transform: AutoAugment({op.policy}): this torchvision keeps its policy table where "
-                         "gpufeed does not look (AutoAugment._policies or .policies)")
+    if policies is None:
+        raise ValueError(f"AutoAugment({op.policy}): this torchvision keeps its policy table where gpufeed does "
+                         "not look (AutoAugment._policies or .policies)")
     table = tuple(tuple((str(n), float(p), None if i is None else int(i)) for n, p, i in sub) for sub in policies)
-    unknown = sorted({n for sub in table for n, _, _ in sub if n not in OPERATIONS})
-    if unknown:
-        raise ValueError(f"transform: AutoAugment({op.policy}) uses {unknown}, which gpufeed does not run")
     return AutoAugment(policies=table, interpolation=_interpolation(op, "AutoAugment"))
-
-
-def _augmix(op: Any, size: int) -> AugMix:
-    if not isinstance(op.mixture_width, int) or op.mixture_width < 1:
-        raise ValueError(f"transform: AugMix(mixture_width={op.mixture_width!r}) needs an integer >= 1")
-    if not op.alpha > 0:
-        raise ValueError(f"transform: AugMix(alpha={op.alpha!r}) needs a number > 0 (a Dirichlet parameter)")
-    return AugMix(severity=int(op.severity), mixture_width=op.mixture_width, chain_depth=int(op.chain_depth),
-                  alpha=float(op.alpha), all_ops=bool(op.all_ops), interpolation=_interpolation(op, "AugMix"))
 
 
 def _pair(value: Any) -> tuple[float, float] | None:
@@ -205,8 +173,8 @@ def _pair(value: Any) -> tuple[float, float] | None:
 def _blur(op: Any, size: int) -> Blur:
     kx, ky = (int(k) for k in op.kernel_size)
     if max(kx, ky) // 2 >= size:
-        raise ValueError(f"transform: GaussianBlur(kernel_size={tuple(op.kernel_size)}) pads by half the kernel, "
-                         f"which must be under the image size {size}")
+        raise ValueError(f"GaussianBlur(kernel_size={tuple(op.kernel_size)}) pads by half the kernel, which must be "
+                         f"under the image size {size}")
     return Blur(kernel_size=(kx, ky), sigma=_pair(op.sigma))
 
 
@@ -221,10 +189,15 @@ _PIXEL_READERS: dict[str, Callable[[Any, int], PixelOp]] = {
     "RandomGrayscale": lambda op, size: Grayscale(p=float(op.p)),
     "GaussianBlur": _blur,
     "RandomAdjustSharpness": lambda op, size: Sharpen(factor=float(op.sharpness_factor), p=float(op.p)),
-    "TrivialAugmentWide": _trivial,
-    "RandAugment": _rand_augment,
+    "TrivialAugmentWide": lambda op, size: TrivialAugment(num_bins=op.num_magnitude_bins,
+                                                          interpolation=_interpolation(op, "TrivialAugmentWide")),
+    "RandAugment": lambda op, size: RandAugment(num_ops=op.num_ops, magnitude=op.magnitude,
+                                                num_bins=op.num_magnitude_bins,
+                                                interpolation=_interpolation(op, "RandAugment")),
     "AutoAugment": _auto_augment,
-    "AugMix": _augmix,
+    "AugMix": lambda op, size: AugMix(severity=op.severity, mixture_width=op.mixture_width,
+                                      chain_depth=op.chain_depth, alpha=op.alpha, all_ops=bool(op.all_ops),
+                                      interpolation=_interpolation(op, "AugMix")),
 }
 
 

@@ -57,15 +57,15 @@ STANDARD = {  # RandAugment (all but Invert) and AutoAugment (all but Identity)
     "Posterize": (_bits(8, 4), False), "Solarize": (_linspace(1.0, 0.0), False), "AutoContrast": _NONE,
     "Equalize": _NONE, "Invert": _NONE,
 }
-AUGMIX = {  # AugMix (all_ops=False: the first nine)
+_AUGMIX_BASIC = {  # AugMix without all_ops
     "ShearX": (_linspace(0.0, 0.3), True), "ShearY": (_linspace(0.0, 0.3), True),
     "TranslateX": (lambda bins, size: torch.linspace(0.0, size / 3.0, bins), True),
     "TranslateY": (lambda bins, size: torch.linspace(0.0, size / 3.0, bins), True),
     "Rotate": (_linspace(0.0, 30.0), True), "Posterize": (_bits(4, 4), False),
     "Solarize": (_linspace(1.0, 0.0), False), "AutoContrast": _NONE, "Equalize": _NONE,
-    "Brightness": (_linspace(0.0, 0.9), True), "Color": (_linspace(0.0, 0.9), True),
-    "Contrast": (_linspace(0.0, 0.9), True), "Sharpness": (_linspace(0.0, 0.9), True),
 }
+AUGMIX = {**_AUGMIX_BASIC, "Brightness": (_linspace(0.0, 0.9), True), "Color": (_linspace(0.0, 0.9), True),
+          "Contrast": (_linspace(0.0, 0.9), True), "Sharpness": (_linspace(0.0, 0.9), True)}
 _SPACES = {"wide": WIDE, "standard": STANDARD, "augmix": AUGMIX}
 _WIDE_NAMES = tuple(WIDE)
 _RAND_NAMES = tuple(n for n in STANDARD if n != "Invert")
@@ -92,6 +92,22 @@ def _step(rnd: SampleRandom, space: str, name: str, bins: int, size: int, pick: 
     return name, magnitude
 
 
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _check_bins(owner: str, bins: int, interpolation: str) -> None:
+    # torchvision's Posterize magnitudes divide by bins - 1
+    _check(isinstance(bins, int) and bins >= 2, f"{owner}(num_magnitude_bins={bins!r}) needs an integer >= 2")
+    _check_interpolation(owner, interpolation)
+
+
+def _check_interpolation(owner: str, interpolation: str) -> None:
+    _check(interpolation in ("nearest", "bilinear"),
+           f"{owner} runs with nearest or bilinear interpolation here, got {interpolation!r}")
+
+
 class _Steps:
     """Shared by the three: a batch's choices applied step by step."""
 
@@ -113,6 +129,9 @@ class TrivialAugment(_Steps):
     interpolation: str = "nearest"
     salt: ClassVar[int] = 0x7A1B_0001
 
+    def __post_init__(self) -> None:
+        _check_bins("TrivialAugmentWide", self.num_bins, self.interpolation)
+
     def draw(self, rnd: SampleRandom, size: int) -> tuple[Step]:
         name = _WIDE_NAMES[rnd.randint(0, len(_WIDE_NAMES) - 1)]
         return (_step(rnd, "wide", name, self.num_bins, size, lambda: rnd.randint(0, self.num_bins - 1)),)
@@ -129,6 +148,14 @@ class RandAugment(_Steps):
     interpolation: str = "nearest"
     salt: ClassVar[int] = 0x7A1B_0004
 
+    def __post_init__(self) -> None:
+        _check_bins("RandAugment", self.num_bins, self.interpolation)
+        _check(isinstance(self.magnitude, int) and 0 <= self.magnitude < self.num_bins,
+               f"RandAugment(magnitude={self.magnitude!r}) must be a bin in [0, {self.num_bins}) "
+               f"(num_magnitude_bins={self.num_bins})")
+        _check(isinstance(self.num_ops, int) and self.num_ops >= 0,
+               f"RandAugment(num_ops={self.num_ops!r}) needs an integer >= 0")
+
     def draw(self, rnd: SampleRandom, size: int) -> tuple[Step, ...]:
         return tuple(_step(rnd, "standard", _RAND_NAMES[rnd.randint(0, len(_RAND_NAMES) - 1)], self.num_bins, size,
                            lambda: self.magnitude) for _ in range(self.num_ops))
@@ -143,6 +170,15 @@ class AutoAugment(_Steps):
     policies: tuple[tuple[tuple[str, float, int | None], ...], ...]
     interpolation: str = "nearest"
     salt: ClassVar[int] = 0x7A1B_0005
+
+    def __post_init__(self) -> None:
+        _check_interpolation("AutoAugment", self.interpolation)
+        _check(len(self.policies) > 0, "AutoAugment needs at least one sub-policy")
+        unknown = sorted({n for sub in self.policies for n, _, _ in sub if n not in STANDARD or n == "Identity"})
+        _check(not unknown, f"AutoAugment's policy uses {unknown}, which are not AutoAugment operations")
+        bad = [step for sub in self.policies for step in sub
+               if not 0 <= step[1] <= 1 or (STANDARD[step[0]][0] is not None and step[2] not in range(10))]
+        _check(not bad, f"AutoAugment's policy has steps {bad}: a probability in [0, 1] and a bin in [0, 10) needed")
 
     def draw(self, rnd: SampleRandom, size: int) -> tuple[Step, ...]:
         policy = self.policies[rnd.randint(0, len(self.policies) - 1)]
@@ -168,7 +204,7 @@ class AugMix:
     """``AugMix(severity, mixture_width, chain_depth, alpha, all_ops, interpolation)``: the original's
     weight from Beta(alpha, alpha), the chains' from Dirichlet(alpha, ...) times the rest; each chain
     ``chain_depth`` operations long (1 to 3 where it is not positive), each operation uniform over the
-    AugMix space (its first nine without ``all_ops``) at a bin uniform below ``severity``, then the sign.
+    AugMix space (the basic one without ``all_ops``) at a bin uniform below ``severity``, then the sign.
     The mix is cast back to uint8 as torchvision casts it (truncated)."""
 
     severity: int = 3
@@ -179,10 +215,19 @@ class AugMix:
     interpolation: str = "bilinear"
     salt: ClassVar[int] = 0x7A1B_000A
 
+    def __post_init__(self) -> None:
+        _check_interpolation("AugMix", self.interpolation)
+        _check(isinstance(self.severity, int) and 1 <= self.severity <= 10,
+               f"AugMix(severity={self.severity!r}) needs an integer in [1, 10]")
+        _check(isinstance(self.mixture_width, int) and self.mixture_width >= 1,
+               f"AugMix(mixture_width={self.mixture_width!r}) needs an integer >= 1")
+        _check(isinstance(self.chain_depth, int), f"AugMix(chain_depth={self.chain_depth!r}) needs an integer")
+        _check(self.alpha > 0, f"AugMix(alpha={self.alpha!r}) needs a number > 0 (a Dirichlet parameter)")
+
     def draw(self, rnd: SampleRandom, size: int) -> AugMixChoice:
         original, rest = rnd.dirichlet([self.alpha, self.alpha])
         weights = [original] + [w * rest for w in rnd.dirichlet([self.alpha] * self.mixture_width)]
-        names = tuple(AUGMIX)[: None if self.all_ops else 9]
+        names = tuple(AUGMIX if self.all_ops else _AUGMIX_BASIC)
         longest = self.chain_depth if self.chain_depth > 0 else 3
         chains = []
         for _ in range(self.mixture_width):

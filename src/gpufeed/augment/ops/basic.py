@@ -4,6 +4,7 @@ image (the same distributions, in the same order)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple, Sequence
 
@@ -27,6 +28,16 @@ class JitterChoice(NamedTuple):
 _JITTER = (pixels.brightness, pixels.contrast, pixels.saturation, pixels.hue)
 
 
+def _check_p(owner: str, p: float) -> None:
+    if not 0 <= p <= 1:
+        raise ValueError(f"{owner}(p={p!r}) needs a probability in [0, 1]")
+
+
+def _check_range(owner: str, what: str, r: Range | None, low: float, high: float) -> None:
+    if r is not None and not low <= r[0] <= r[1] <= high:
+        raise ValueError(f"{owner}: {what}={r!r} needs {low} <= low <= high <= {high}")
+
+
 @dataclass(frozen=True)
 class Jitter:
     """``ColorJitter(brightness, contrast, saturation, hue)`` with each given as torchvision holds it, a
@@ -37,6 +48,11 @@ class Jitter:
     saturation: Range | None = None
     hue: Range | None = None
     salt: ClassVar[int] = 0x7A1B_0003
+
+    def __post_init__(self) -> None:
+        for what in ("brightness", "contrast", "saturation"):
+            _check_range("ColorJitter", what, getattr(self, what), 0.0, math.inf)
+        _check_range("ColorJitter", "hue", self.hue, -0.5, 0.5)
 
     def draw(self, rnd: SampleRandom, size: int) -> JitterChoice:
         order = list(range(4))  # torch.randperm(4): every order equally likely (Fisher-Yates)
@@ -63,6 +79,9 @@ class Grayscale:
     p: float = 0.1
     salt: ClassVar[int] = 0x7A1B_0006
 
+    def __post_init__(self) -> None:
+        _check_p("RandomGrayscale", self.p)
+
     def draw(self, rnd: SampleRandom, size: int) -> bool:
         return rnd.uniform() < self.p
 
@@ -78,6 +97,12 @@ class Blur:
     kernel_size: tuple[int, int]
     sigma: Range = (0.1, 2.0)
     salt: ClassVar[int] = 0x7A1B_0007
+
+    def __post_init__(self) -> None:
+        if len(self.kernel_size) != 2 or any(k < 1 or k % 2 == 0 for k in self.kernel_size):
+            raise ValueError(f"GaussianBlur(kernel_size={self.kernel_size!r}) needs two odd sizes >= 1")
+        if not 0 < self.sigma[0] <= self.sigma[1]:
+            raise ValueError(f"GaussianBlur(sigma={self.sigma!r}) needs 0 < low <= high")
 
     def draw(self, rnd: SampleRandom, size: int) -> float:
         return rnd.uniform(*self.sigma)
@@ -95,6 +120,11 @@ class Sharpen:
     p: float = 0.5
     salt: ClassVar[int] = 0x7A1B_0008
 
+    def __post_init__(self) -> None:
+        _check_p("RandomAdjustSharpness", self.p)
+        if not self.factor >= 0:
+            raise ValueError(f"RandomAdjustSharpness(sharpness_factor={self.factor!r}) needs a number >= 0")
+
     def draw(self, rnd: SampleRandom, size: int) -> bool:
         return rnd.uniform() < self.p
 
@@ -109,6 +139,9 @@ class VerticalFlip:
 
     p: float = 0.5
     salt: ClassVar[int] = 0x7A1B_0009
+
+    def __post_init__(self) -> None:
+        _check_p("RandomVerticalFlip", self.p)
 
     def draw(self, rnd: SampleRandom, size: int) -> bool:
         return rnd.uniform() < self.p
