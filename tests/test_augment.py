@@ -218,8 +218,26 @@ def test_a_torchvision_training_pipeline_is_read_for_its_parameters(synth_root):
 
 
 @pytest.mark.parametrize("ops, message", [
-    (lambda v2: [v2.RandomResizedCrop(224), v2.ColorJitter(0.4, 0.4, 0.4)], "ColorJitter is not something gpufeed runs"),
-    (lambda v2: [v2.RandomResizedCrop(224), v2.TrivialAugmentWide(num_magnitude_bins=10)], "31 magnitude bins"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.RandomPerspective()],
+     "RandomPerspective is not something gpufeed runs.*supported: .*ColorJitter, .*AugMix"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.TrivialAugmentWide(num_magnitude_bins=1)],
+     r"TrivialAugmentWide\(num_magnitude_bins=1\) needs an integer >= 2"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3,
+                 [0.2] * 3), v2.ColorJitter(0.4)], "ColorJitter must come before ToDtype: gpufeed runs ColorJitter on uint8"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.TrivialAugmentWide(), v2.RandomHorizontalFlip()],
+     "RandomHorizontalFlip must come before TrivialAugmentWide: gpufeed flips on decode"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.ColorJitter(0.4), v2.RandAugment(), v2.RandomHorizontalFlip()],
+     "RandomHorizontalFlip must come before RandAugment"),
+    (lambda v2: [v2.ColorJitter(0.4), v2.RandomResizedCrop(224)],
+     "RandomResizedCrop must come before ColorJitter: gpufeed crops and resizes on decode"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.RandAugment(magnitude=31)], r"magnitude=31\) must be a bin in \[0, 31\)"),
+    (lambda v2: [v2.RandomResizedCrop(8), v2.GaussianBlur(17)], "under the image size 8"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.AutoAugment(interpolation=v2.InterpolationMode.BICUBIC)],
+     "AutoAugment runs with nearest or bilinear"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.AugMix(fill=128)], "AugMix fills with 0 here, got fill=128"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.AugMix(mixture_width=0)], r"mixture_width=0\) needs an integer >= 1"),
+    (lambda v2: [v2.Resize(256), v2.CenterCrop(224), v2.ColorJitter(0.4)], "ColorJitter is a training op"),
+    (lambda v2: [v2.RandomResizedCrop(224), v2.RandomGrayscale(), v2.RandomGrayscale()], "RandomGrayscale appears 2 times"),
     (lambda v2: [v2.RandomResizedCrop(224), v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
                  v2.RandomErasing(value="random")], "value='random'"),
     (lambda v2: [v2.RandomResizedCrop(224), v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.TrivialAugmentWide()],
@@ -258,3 +276,32 @@ def test_a_transform_and_the_settings_it_replaces_are_not_taken_together(synth_r
     bf16 = v2.Compose([v2.RandomResizedCrop(64), v2.ToImage(), v2.ToDtype(torch.bfloat16, scale=True)])
     with pytest.raises(ValueError, match="dtype=torch.float32 but the transform casts to torch.bfloat16"):
         ImageLoader(synth_root, transform=bf16, dtype=torch.float32, device="cpu")  # an explicit float32 too
+
+
+def test_pixel_ops_are_read_in_order_from_either_torchvision_api():
+    """The same pipeline written with torchvision.transforms and torchvision.transforms.v2 reads to the same
+    ops with the same parameters, in the order written; ops that give the same pixels either side of a flip
+    may stand before RandomHorizontalFlip."""
+    from torchvision import transforms as v1
+    from torchvision.transforms import v2
+
+    from gpufeed.augment.ops import AugMix, AutoAugment, Blur, Grayscale, Jitter, RandAugment, Sharpen, VerticalFlip
+    from gpufeed.augment.recipe import read_transform
+
+    def pipeline(api):
+        return api.Compose([api.RandomResizedCrop(64), api.ColorJitter(0.4, (0.5, 1.5), 0.2, 0.1),
+                            api.RandomGrayscale(0.3), api.RandomHorizontalFlip(0.25), api.RandomVerticalFlip(0.1),
+                            api.GaussianBlur((5, 3), (0.2, 1.5)), api.RandomAdjustSharpness(2.0, 0.4),
+                            api.RandAugment(3, 5, 11, interpolation=api.InterpolationMode.BILINEAR), api.AutoAugment(),
+                            api.AugMix(severity=2, chain_depth=1), api.PILToTensor(),
+                            api.ConvertImageDtype(torch.float32)])
+
+    new, old = read_transform(pipeline(v2)), read_transform(pipeline(v1))
+    assert new == old and new.hflip == 0.25
+    jitter = new.pixel[0]
+    assert jitter == Jitter((0.6, 1.4), (0.5, 1.5), jitter.saturation, (-0.1, 0.1))
+    assert abs(jitter.saturation[0] - 0.8) < 1e-12 and abs(jitter.saturation[1] - 1.2) < 1e-12
+    assert new.pixel[1:-2] == (Grayscale(0.3), VerticalFlip(0.1), Blur((5, 3), (0.2, 1.5)), Sharpen(2.0, 0.4),
+                               RandAugment(3, 5, 11, "bilinear"))
+    assert isinstance(new.pixel[-2], AutoAugment) and len(new.pixel[-2].policies) == 25
+    assert new.pixel[-1] == AugMix(severity=2, chain_depth=1)

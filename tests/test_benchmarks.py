@@ -131,3 +131,14 @@ def test_paced_says_it_needs_a_gpu(synth_root, capsys, monkeypatch):
         pytest.skip("measures on the GPU machine (benchmarks/gpu_machine.sh STEPS=paced)")
     out = _run("paced.py", [str(synth_root)], capsys, monkeypatch)
     assert "needs a CUDA GPU" in out
+
+
+def test_sample_ops_times_each_op_both_ways(capsys, monkeypatch):
+    out = _run("sample_ops.py", ["--device", "cpu", "--batch", "4", "--size", "24", "--rounds", "1", "--tv-images", "2"],
+               capsys, monkeypatch)
+    rows = [[c.strip() for c in r.strip("|").split("|")] for r in _rows(out)]
+    assert [r[0] for r in rows] == ["RandomVerticalFlip", "ColorJitter", "RandomGrayscale", "GaussianBlur (10% kernel)",
+                                    "RandomAdjustSharpness", "TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix",
+                                    "all of the above, in order"]
+    assert all(float(r[1].replace(",", "")) > 0 and float(r[3]) > 0 for r in rows)
+    assert "batch 4 x 3 x 24 x 24" in out

@@ -111,8 +111,8 @@ class ImageLoader:
     ``v2.RandomChoice`` of them, whose labels come back as (B, num_classes) float. ``transform``: the
     torchvision ``Compose`` the script would give a Dataset, read for its settings in place of ``train``,
     ``image_size``, ``resize_size``, ``mean`` and ``std`` (``augment.recipe``: RandomResizedCrop with its
-    scale and ratio, RandomHorizontalFlip(p), Resize + CenterCrop, to-tensor ops, Normalize; any other op
-    raises, naming it). The settings are kept, grouped and
+    scale and ratio, RandomHorizontalFlip(p), Resize + CenterCrop, to-tensor ops, Normalize, and the per-sample
+    ops in ``recipe.SUPPORTED``; any other op raises, naming it). The settings are kept, grouped and
     validated, in ``loader.augment``,
     ``loader.normalize``, ``loader.decoding`` and ``loader.errors``.
     """
@@ -182,8 +182,8 @@ class ImageLoader:
         dtype = torch.float32 if dtype is None else dtype
         self.normalize = Normalize(mean=tuple(mean), std=tuple(std), dtype=dtype, channels_last=channels_last)
         train, image_size = self.augment.train, self.augment.image_size  # as the transform gave them, if any
-        # the recipe's per-sample ops on each delivered batch (TrivialAugmentWide, RandomErasing)
-        self.sample_ops = SampleOps(trivial=bool(recipe and recipe.trivial), erasing=recipe and recipe.erasing,
+        # the recipe's per-sample ops on each delivered batch (pixel ops such as ColorJitter, RandomErasing)
+        self.sample_ops = SampleOps(pixel=recipe.pixel if recipe else (), erasing=recipe and recipe.erasing,
                                     mean=mean, std=std)
         self.source = create_source(source, storage_options=storage_options)
         check_source_importable(self.source)

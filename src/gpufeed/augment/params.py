@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 _MASK = (1 << 64) - 1
 
@@ -38,6 +38,30 @@ class SampleRandom:
     def randint(self, low: int, high: int) -> int:
         """An integer in [low, high] inclusive."""
         return low + min(int(self.uniform() * (high - low + 1)), high - low)
+
+    def normal(self) -> float:
+        """A standard normal draw (Box-Muller, from two uniforms)."""
+        radius = math.sqrt(-2.0 * math.log(1.0 - self.uniform()))
+        return radius * math.cos(2.0 * math.pi * self.uniform())
+
+    def gamma(self, shape: float) -> float:
+        """A Gamma(``shape``, 1) draw, ``shape`` > 0: Marsaglia and Tsang's method (shapes below 1 through
+        Gamma(shape + 1) times U ** (1 / shape))."""
+        if shape < 1.0:
+            return self.gamma(shape + 1.0) * (1.0 - self.uniform()) ** (1.0 / shape)
+        d = shape - 1.0 / 3.0
+        c = 1.0 / math.sqrt(9.0 * d)
+        while True:
+            x = self.normal()
+            v = (1.0 + c * x) ** 3
+            if v > 0 and math.log(1.0 - self.uniform()) < 0.5 * x * x + d - d * v + d * math.log(v):
+                return d * v
+
+    def dirichlet(self, alphas: Sequence[float]) -> list[float]:
+        """A Dirichlet(``alphas``) draw: Gamma draws normalised to sum to 1."""
+        draws = [self.gamma(a) for a in alphas]
+        total = sum(draws)
+        return [g / total for g in draws]
 
 
 @dataclass(frozen=True)

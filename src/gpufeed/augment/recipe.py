@@ -6,11 +6,15 @@ sample by the workers, decode and resize where the loader decodes, flip and norm
 Each op is read for its parameters; an op gpufeed does not run raises, naming it and what is supported,
 rather than being skipped: a recipe that silently lost an op would train a different model.
 
-    training:    RandomResizedCrop(size, scale, ratio) [RandomHorizontalFlip(p)] [TrivialAugmentWide()]
+    training:    RandomResizedCrop(size, scale, ratio) [RandomHorizontalFlip(p)] [pixel ops]
                  [to tensor] [Normalize] [RandomErasing(p, scale, ratio, value)]
     validation:  Resize(int) CenterCrop(size) [to tensor] [Normalize]
 
-TrivialAugmentWide and RandomErasing run per sample on the device (``augment.ops``).
+The pixel ops (``PIXEL_OPS``: RandomVerticalFlip, ColorJitter, RandomGrayscale, GaussianBlur,
+RandomAdjustSharpness, TrivialAugmentWide, RandAugment, AutoAugment, AugMix) and RandomErasing run per sample on the
+device (``augment.ops``); the pixel ops in the order given, on uint8 pixels before the cast to float, as
+torchvision runs them on PIL images. Those that give the same pixels either side of a horizontal flip
+(``FLIP_COMMUTING``) may also stand between RandomResizedCrop and RandomHorizontalFlip.
 
 "to tensor" is any of ``ToImage``, ``PILToTensor``, ``ToTensor``, ``ToDtype(float, scale=True)``,
 ``ConvertImageDtype(float)``: the loader always delivers floats scaled to [0, 1] before ``Normalize``.
@@ -20,23 +24,28 @@ Without ``Normalize`` the images stay in [0, 1] (mean 0, std 1).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
-from .ops import NUM_BINS, Erasing
+from .ops import (AugMix, AutoAugment, Blur, Erasing, Grayscale, Jitter, PixelOp, RandAugment, Sharpen,
+                  TrivialAugment, VerticalFlip)
 
-SUPPORTED = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "TrivialAugmentWide", "ToImage",
-             "PILToTensor", "ToPureTensor", "ToTensor", "ToDtype", "ConvertImageDtype", "Normalize", "RandomErasing")
 _TENSOR_OPS = {"ToImage", "PILToTensor", "ToPureTensor", "ToTensor", "ToDtype", "ConvertImageDtype"}
 # uint8 tensors as a PIL image is: anywhere before the cast to float, as torchvision's own recipes place them
 _UINT8_OPS = {"ToImage", "PILToTensor", "ToPureTensor"}
+# pixel ops that give the same pixels either side of a horizontal flip (pointwise, or a symmetric kernel)
+FLIP_COMMUTING = ("RandomVerticalFlip", "ColorJitter", "RandomGrayscale", "GaussianBlur", "RandomAdjustSharpness")
+PIXEL_OPS = FLIP_COMMUTING + ("TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix")
+SUPPORTED = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", *PIXEL_OPS, "ToImage",
+             "PILToTensor", "ToPureTensor", "ToTensor", "ToDtype", "ConvertImageDtype", "Normalize", "RandomErasing")
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """The settings a torchvision pipeline amounts to: the ``AugmentSpec`` fields, ``mean``/``std`` and, when
-    the pipeline casts to one, the output ``dtype`` (None: the loader's ``dtype``)."""
+    """The settings a torchvision pipeline amounts to: the ``AugmentSpec`` fields, ``mean``/``std``, when
+    the pipeline casts to one, the output ``dtype`` (None: the loader's ``dtype``), and the per-sample ops:
+    ``pixel`` in the pipeline's order, ``erasing``."""
 
     train: bool
     image_size: int
@@ -47,7 +56,7 @@ class Recipe:
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
     dtype: torch.dtype | None = None
-    trivial: bool = False
+    pixel: tuple[PixelOp, ...] = ()
     erasing: Erasing | None = None
 
     def augment_kwargs(self) -> dict[str, Any]:
@@ -57,7 +66,7 @@ class Recipe:
 
 def read_transform(transform: Any) -> Recipe:
     """``transform`` (a ``Compose``, or one op) as a ``Recipe``; ValueError naming an op gpufeed does not run
-    or one whose parameters it cannot honour."""
+    or one whose parameters or place it cannot honour."""
     ops = list(getattr(transform, "transforms", [transform]))
     names = [type(op).__name__ for op in ops]
     for op, name in zip(ops, names, strict=True):
@@ -65,7 +74,7 @@ def read_transform(transform: Any) -> Recipe:
             raise ValueError(f"transform: {name} is not something gpufeed runs (it would be dropped, and the model "
                              f"trained on other data); supported: {', '.join(SUPPORTED)}")
     _check_order(names)
-    geometry = [n for n in names if n not in _TENSOR_OPS and n not in _PER_SAMPLE and n != "Normalize"]
+    geometry = [n for n in names if _stage(n) == 0]
     if geometry[:1] == ["RandomResizedCrop"] and geometry[1:] in ([], ["RandomHorizontalFlip"]):
         recipe = _training(ops[names.index("RandomResizedCrop")],
                            ops[names.index("RandomHorizontalFlip")] if "RandomHorizontalFlip" in names else None)
@@ -85,35 +94,36 @@ def read_transform(transform: Any) -> Recipe:
             raise ValueError(f"transform: Normalize needs 3 values each (RGB), got mean={list(norm.mean)} "
                              f"std={list(norm.std)}")
         recipe = _replace(recipe, mean=tuple(float(m) for m in norm.mean), std=tuple(float(s) for s in norm.std))
-    if "TrivialAugmentWide" in names:
-        if not recipe.train:
-            raise ValueError("transform: TrivialAugmentWide is a training op; validation takes Resize + CenterCrop")
-        _check_trivial(ops[names.index("TrivialAugmentWide")])
-        recipe = _replace(recipe, trivial=True)
-    if "RandomErasing" in names:
-        if not recipe.train:
-            raise ValueError("transform: RandomErasing is a training op; validation takes Resize + CenterCrop")
-        recipe = _replace(recipe, erasing=_erasing(ops[names.index("RandomErasing")]))
-    return _replace(recipe, dtype=dtype)
-
-
-# where each kind of op may stand: geometry, then TrivialAugmentWide, then to-tensor ops, then Normalize,
-# then RandomErasing (torchvision's reference recipes' order)
-_PER_SAMPLE = {"TrivialAugmentWide", "RandomErasing"}
+    per_sample = [n for n in names if n in PIXEL_OPS or n == "RandomErasing"]
+    if per_sample and not recipe.train:
+        raise ValueError(f"transform: {per_sample[0]} is a training op; validation takes Resize + CenterCrop")
+    pixel = []
+    for op, name in zip(ops, names, strict=True):
+        if name in PIXEL_OPS:
+            try:
+                pixel.append(_PIXEL_READERS[name](op, recipe.image_size))
+            except ValueError as e:  # the op's parameters are not ones gpufeed runs: say where they came from
+                raise ValueError(f"transform: {e}") from None
+    erasing = _erasing(ops[names.index("RandomErasing")]) if "RandomErasing" in names else None
+    return _replace(recipe, dtype=dtype, pixel=tuple(pixel), erasing=erasing)
 
 
 def _stage(name: str) -> int:
+    """Where each kind of op stands: geometry, the pixel ops, to-tensor ops, Normalize, RandomErasing
+    (torchvision's reference recipes' order)."""
     if name in _TENSOR_OPS:
         return 2
-    return {"TrivialAugmentWide": 1, "Normalize": 3, "RandomErasing": 4}.get(name, 0)
+    if name in PIXEL_OPS:
+        return 1
+    return {"Normalize": 3, "RandomErasing": 4}.get(name, 0)
 
 
 def _check_order(names: list[str]) -> None:
     ordered = [n for n in names if n not in _UINT8_OPS]  # these stand anywhere before the float cast
-    for a, b in zip(ordered, ordered[1:]):
-        if _stage(b) < _stage(a):
-            raise ValueError(f"transform: {b} must come before {a} (the order is crop and flip, TrivialAugmentWide, "
-                             "to tensor, Normalize, RandomErasing)")
+    for j, b in enumerate(ordered):
+        for a in ordered[:j]:
+            if _stage(b) < _stage(a) and not (b == "RandomHorizontalFlip" and a in FLIP_COMMUTING):
+                raise ValueError(f"transform: {b} must come before {a}: {_why(a, b)}")
     floats = [i for i, n in enumerate(names) if n in ("ToTensor", "ToDtype", "ConvertImageDtype")]
     late = [n for i, n in enumerate(names) if n in _UINT8_OPS and floats and i > floats[0] and n != "ToPureTensor"]
     if late:
@@ -123,15 +133,72 @@ def _check_order(names: list[str]) -> None:
             raise ValueError(f"transform: {name} appears {names.count(name)} times; gpufeed runs each op once")
 
 
-def _check_trivial(op: Any) -> None:
-    mode = getattr(op, "interpolation", None)
-    if op.num_magnitude_bins != NUM_BINS or str(getattr(mode, "value", mode)).lower() != "nearest":
-        raise ValueError(f"transform: TrivialAugmentWide runs with its defaults here ({NUM_BINS} magnitude bins, "
-                         f"nearest interpolation), got {op.num_magnitude_bins} bins, {mode}")
+def _why(a: str, b: str) -> str:
+    """Why ``b`` cannot follow ``a``."""
+    if a in PIXEL_OPS and b == "RandomHorizontalFlip":
+        return (f"gpufeed flips on decode, before the pixel ops, and {a} does not give the same pixels either side "
+                f"of a flip (only {', '.join(FLIP_COMMUTING)} may stand before RandomHorizontalFlip)")
+    if a in PIXEL_OPS:
+        return f"gpufeed crops and resizes on decode, before per-sample pixel ops such as {a}"
+    if b in PIXEL_OPS:
+        return (f"gpufeed runs {b} on uint8 pixels before the cast to float, as torchvision runs it on PIL images, "
+                "not on the float or normalised batch")
+    return "the order is crop and flip, the pixel ops, to tensor, Normalize, RandomErasing"
+
+
+def _interpolation(op: Any, name: str) -> str:
+    """The auto-augment op's interpolation, as a string for the op to check; ValueError for a fill other
+    than 0."""
     fill = getattr(op, "fill", None)
     values = list(fill.values()) if isinstance(fill, dict) else [fill]
     if any(v not in (None, 0, 0.0) and v != [0] and v != [0.0] for v in values):
-        raise ValueError(f"transform: TrivialAugmentWide fills with 0 here, got fill={fill}")
+        raise ValueError(f"{name} fills with 0 here, got fill={fill}")
+    mode = getattr(op, "interpolation", "nearest")
+    return str(getattr(mode, "value", mode)).lower()
+
+
+def _auto_augment(op: Any, size: int) -> AutoAugment:
+    policies = getattr(op, "_policies", getattr(op, "policies", None))  # torchvision's table: v2's name, v1's
+    if policies is None:
+        raise ValueError(f"AutoAugment({op.policy}): this torchvision keeps its policy table where gpufeed does "
+                         "not look (AutoAugment._policies or .policies)")
+    table = tuple(tuple((str(n), float(p), None if i is None else int(i)) for n, p, i in sub) for sub in policies)
+    return AutoAugment(policies=table, interpolation=_interpolation(op, "AutoAugment"))
+
+
+def _pair(value: Any) -> tuple[float, float] | None:
+    return None if value is None else (float(value[0]), float(value[1]))
+
+
+def _blur(op: Any, size: int) -> Blur:
+    kx, ky = (int(k) for k in op.kernel_size)
+    if max(kx, ky) // 2 >= size:
+        raise ValueError(f"GaussianBlur(kernel_size={tuple(op.kernel_size)}) pads by half the kernel, which must be "
+                         f"under the image size {size}")
+    return Blur(kernel_size=(kx, ky), sigma=_pair(op.sigma))
+
+
+def _jitter(op: Any, size: int) -> Jitter:
+    return Jitter(*(_pair(getattr(op, k)) for k in ("brightness", "contrast", "saturation", "hue")))
+
+
+# each pixel op read from torchvision's transform (and the image size, for what depends on it)
+_PIXEL_READERS: dict[str, Callable[[Any, int], PixelOp]] = {
+    "RandomVerticalFlip": lambda op, size: VerticalFlip(p=float(op.p)),
+    "ColorJitter": _jitter,
+    "RandomGrayscale": lambda op, size: Grayscale(p=float(op.p)),
+    "GaussianBlur": _blur,
+    "RandomAdjustSharpness": lambda op, size: Sharpen(factor=float(op.sharpness_factor), p=float(op.p)),
+    "TrivialAugmentWide": lambda op, size: TrivialAugment(num_bins=op.num_magnitude_bins,
+                                                          interpolation=_interpolation(op, "TrivialAugmentWide")),
+    "RandAugment": lambda op, size: RandAugment(num_ops=op.num_ops, magnitude=op.magnitude,
+                                                num_bins=op.num_magnitude_bins,
+                                                interpolation=_interpolation(op, "RandAugment")),
+    "AutoAugment": _auto_augment,
+    "AugMix": lambda op, size: AugMix(severity=op.severity, mixture_width=op.mixture_width,
+                                      chain_depth=op.chain_depth, alpha=op.alpha, all_ops=bool(op.all_ops),
+                                      interpolation=_interpolation(op, "AugMix")),
+}
 
 
 def _erasing(op: Any) -> Erasing:

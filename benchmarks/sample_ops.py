@@ -1,0 +1,106 @@
+"""What each per-sample op costs a batch: gpufeed's batched op on the device against torchvision's transform
+on one image at a time on one CPU core (uint8, as a DataLoader worker runs it before ToTensor).
+
+    python3 benchmarks/sample_ops.py [--device cuda] [--batch 256] [--size 224] [--rounds 5] [--tv-images 64]
+
+For each op, and for all of them in one recipe: gpufeed's ms per batch through ``SampleOps`` (a normalised
+float batch in, its draws in Python and the uint8 round trip included; the device synchronised; the median
+of ``--rounds``), its images/s, and torchvision's ms per image on one core (the mean over ``--tv-images``
+images). The last column is how many CPU cores torchvision would need to keep up with gpufeed's rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+from torchvision.transforms import v2
+
+from gpufeed.augment.ops import SampleOps
+from gpufeed.augment.recipe import read_transform
+from gpufeed.bench.run import machine_description
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def recipes(size: int) -> dict[str, list]:
+    """Each op as a torchvision transform, by the name its row takes."""
+    ops = {
+        "RandomVerticalFlip": [v2.RandomVerticalFlip()],
+        "ColorJitter": [v2.ColorJitter(0.4, 0.4, 0.4, 0.1)],
+        "RandomGrayscale": [v2.RandomGrayscale(0.2)],
+        "GaussianBlur (10% kernel)": [v2.GaussianBlur(size // 10 * 2 + 1, (0.1, 2.0))],
+        "RandomAdjustSharpness": [v2.RandomAdjustSharpness(2.0)],
+        "TrivialAugmentWide": [v2.TrivialAugmentWide()],
+        "RandAugment": [v2.RandAugment()],
+        "AutoAugment": [v2.AutoAugment()],
+        "AugMix": [v2.AugMix()],
+    }
+    ops["all of the above, in order"] = [t for ts in ops.values() for t in ts]
+    return ops
+
+
+def gpufeed_ms(transforms: list, images: torch.Tensor, rounds: int) -> float:
+    """Median ms for SampleOps on the normalised batch ``images`` (on its device), over ``rounds`` epochs."""
+    size = images.shape[-1]
+    recipe = read_transform(v2.Compose([v2.RandomResizedCrop(size), *transforms]))
+    ops = SampleOps(pixel=recipe.pixel, mean=MEAN, std=STD)
+    indices = list(range(len(images)))
+    times = []
+    for epoch in range(rounds + 1):  # the first: a warm-up (kernels, the magnitude tables)
+        if images.is_cuda:
+            torch.cuda.synchronize(images.device)
+        start = time.perf_counter()
+        ops(images, indices, 0, epoch)
+        if images.is_cuda:
+            torch.cuda.synchronize(images.device)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times[1:])
+
+
+def torchvision_ms(transforms: list, pixels: torch.Tensor) -> float:
+    """Mean ms per image for torchvision's transforms on (3, S, S) uint8 images, one at a time, one thread."""
+    t = v2.Compose(transforms)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t(pixels[0])
+        start = time.perf_counter()
+        for img in pixels:
+            t(img)
+        return 1e3 * (time.perf_counter() - start) / len(pixels)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--tv-images", type=int, default=64, help="images torchvision's per-image time is taken over")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    g = torch.Generator().manual_seed(0)
+    pixels = torch.randint(0, 256, (args.batch, 3, args.size, args.size), dtype=torch.uint8, generator=g)
+    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
+    images = ((pixels / 255 - mean) / std).to(device)
+    m = machine_description()
+    print(f"{time.strftime('%Y-%m-%d')}, {m['cpu_cores']} CPU cores, GPU {m['gpu']}, torch {m['torch']}, device "
+          f"{device}; python3 benchmarks/sample_ops.py {' '.join(sys.argv[1:] if argv is None else argv)}")
+    print(f"batch {args.batch} x 3 x {args.size} x {args.size}")
+    print("| op | gpufeed ms per batch | gpufeed images/s | torchvision ms per image, 1 core | cores to keep up |\n"
+          "|---|---|---|---|---|")
+    for name, transforms in recipes(args.size).items():
+        ours = gpufeed_ms(transforms, images, args.rounds)
+        theirs = torchvision_ms(transforms, pixels[: args.tv_images])
+        rate = args.batch / ours * 1e3
+        print(f"| {name} | {ours:,.2f} | {rate:,.0f} | {theirs:.3f} | {rate * theirs / 1e3:,.1f} |")
+
+
+if __name__ == "__main__":
+    main()

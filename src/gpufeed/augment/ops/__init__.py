@@ -1,0 +1,89 @@
+"""Per-sample augmentations run on whole batches on the device, after the crop, in the order the recipe gives
+them, with their random choices drawn per sample as torchvision draws them per image.
+
+Each op draws each sample's choices from its own stream (``params.SampleRandom`` keyed by seed, epoch and
+index, and salted by the op, apart from the crop's), so a batch is the same whichever worker or rank made it
+and on every run. The samples that drew the same thing go through it together, on the batch's device, each
+with its own magnitude (``pixels``).
+
+The pixel ops (``basic``: ColorJitter, RandomGrayscale, GaussianBlur, RandomAdjustSharpness,
+RandomVerticalFlip; ``auto``: TrivialAugmentWide, RandAugment, AutoAugment, AugMix) work on uint8 images in
+torchvision's recipes (on PIL images, before ``ToTensor``): the normalised batch is taken back to uint8
+pixels once for all of them (rounded, as the PIL pipeline holds its crop), and normalised again after.
+RandomErasing (``erasing``) follows ``Normalize`` in those recipes and erases the normalised batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol, Sequence
+
+import torch
+
+from ..params import SampleRandom
+from .auto import (AugMix, AugMixChoice, AutoAugment, RandAugment, TrivialAugment, apply_operation,
+                   apply_operations)
+from .basic import Blur, Grayscale, Jitter, JitterChoice, Sharpen, VerticalFlip
+from .erasing import Erasing
+from .pixels import on
+
+__all__ = ["AugMix", "AugMixChoice", "AutoAugment", "Blur", "Erasing", "Grayscale", "Jitter", "JitterChoice", "PixelOp",
+           "RandAugment", "SampleOps", "Sharpen", "TrivialAugment", "VerticalFlip", "apply_operation",
+           "apply_operations"]
+
+
+class PixelOp(Protocol):
+    """One per-sample op: ``draw`` gives one sample's choice from its stream (for S x S images), ``apply``
+    gives a batch with each sample's choice applied (a new tensor; the one given is left as it is)."""
+
+    salt: ClassVar[int]  # apart from every other op's stream (and the crop's)
+
+    def draw(self, rnd: SampleRandom, size: int) -> Any: ...
+
+    def apply(self, images: torch.Tensor, choices: Sequence[Any]) -> torch.Tensor: ...
+
+
+class SampleOps:
+    """The per-sample ops of a recipe, applied to a delivered batch: ``pixel`` (uint8 ops, in order, before
+    normalising) and ``erasing`` (after). ``mean``/``std``: the batch's normalisation. Returns a new tensor;
+    the batch given is left as it is."""
+
+    def __init__(self, *, pixel: Sequence[PixelOp] = (), erasing: Erasing | None = None, mean: Sequence[float],
+                 std: Sequence[float]) -> None:
+        self.pixel, self.erasing = tuple(pixel), erasing
+        self._mean, self._std = tuple(mean), tuple(std)
+        self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.pixel) or self.erasing is not None
+
+    @staticmethod
+    def draws(op: PixelOp | Erasing, indices: Sequence[int], seed: int, epoch: int, size: int) -> list[Any]:
+        """``op``'s choice for each sample of ``indices`` in the loader's ``seed`` and ``epoch``."""
+        return [op.draw(SampleRandom(seed ^ op.salt, epoch, index), size) for index in indices]
+
+    def __call__(self, images: torch.Tensor, indices: Sequence[int], seed: int, epoch: int) -> torch.Tensor:
+        """(B, 3, S, S) normalised images (any float dtype and memory format, any device) -> a new batch with
+        each sample's ops applied; ``indices[i]``: sample i's source index, in the loader's ``seed`` and
+        ``epoch``."""
+        out, size = images, images.shape[-1]
+        if self.pixel:
+            out = self._pixels(out, indices, seed, epoch)
+        if self.erasing is not None:
+            out = self.erasing.apply(out, self.draws(self.erasing, indices, seed, epoch, size))
+        return out
+
+    def _device_constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._constants:  # once per device, not a copy per batch
+            self._constants[device] = (on(device, self._mean).view(1, 3, 1, 1), on(device, self._std).view(1, 3, 1, 1))
+        return self._constants[device]
+
+    def _pixels(self, images: torch.Tensor, indices: Sequence[int], seed: int, epoch: int) -> torch.Tensor:
+        """One uint8 round trip for all the pixel ops, in the recipe's order."""
+        mean, std = self._device_constants(images.device)
+        pixels = (images.float() * std + mean).mul_(255).round_().clamp_(0, 255).to(torch.uint8)
+        for op in self.pixel:
+            pixels = op.apply(pixels, self.draws(op, indices, seed, epoch, images.shape[-1]))
+        out = (pixels.float().div_(255) - mean) / std
+        channels_last = images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
+        return out.to(dtype=images.dtype,
+                      memory_format=torch.channels_last if channels_last else torch.contiguous_format)

@@ -1,0 +1,168 @@
+"""Batched pixel operations on uint8 images with a value per sample: torchvision's functional ops on
+``(n, 3, S, S)`` uint8 tensors (CUDA or CPU), computed as torchvision computes them for one image, with
+``factors[i]`` (a Python float) for sample i. Each returns a new uint8 batch."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Hashable, Sequence
+
+import torch
+from torch.nn.functional import conv2d, grid_sample, pad
+from torchvision.transforms.v2 import functional as F
+
+try:  # torchvision's own pieces, so a whole group's affine and hue are computed as its ops compute them
+    from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_hsv
+    from torchvision.transforms.v2.functional._geometry import _get_inverse_affine_matrix
+except ImportError:  # another torchvision: every sample through the public ops instead (the same pixels, slower)
+    _get_inverse_affine_matrix = _hsv_to_rgb = _rgb_to_hsv = None
+
+BATCHED_GEOMETRY = _get_inverse_affine_matrix is not None
+
+
+def on(device: torch.device, values, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``values`` as a tensor on ``device``: through page-locked memory without waiting on CUDA, since a copy
+    from ordinary memory would first wait for all the work queued on the stream (the training's)."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def each_group(images: torch.Tensor, keys: Sequence[Hashable],
+               fn: Callable[[torch.Tensor, Hashable, list[int]], torch.Tensor], skip: Hashable = None) -> torch.Tensor:
+    """(n, ...) -> the same with ``fn(images[members], key, members)`` in the rows of each distinct key of
+    ``keys`` (one per sample) but ``skip``: one pass per key for all the samples that drew it. ``images``
+    itself when every key is ``skip``."""
+    groups: dict[Hashable, list[int]] = {}
+    for i, key in enumerate(keys):
+        if key != skip:
+            groups.setdefault(key, []).append(i)
+    if list(groups.values()) == [list(range(len(images)))]:  # the whole batch: no gather, no scatter
+        return fn(images, *next(iter(groups.items())))
+    out = images
+    for key, members in groups.items():
+        if out is images:
+            out = images.clone()
+        rows = on(images.device, members, torch.int64)
+        out[rows] = fn(images[rows], key, members)
+    return out
+
+
+def per_sample(images: torch.Tensor, op: Callable[[torch.Tensor, float], torch.Tensor],
+               values: Sequence[float]) -> torch.Tensor:
+    """``op(images[i:i+1], values[i])`` for each sample: the public op where a batched form is missing."""
+    return torch.cat([op(images[i : i + 1], float(v)) for i, v in enumerate(values)])
+
+
+def grey(images: torch.Tensor) -> torch.Tensor:
+    """(n, 3, H, W) uint8 -> (n, 1, H, W) float32: the luma torchvision computes for uint8 images, floored."""
+    r, g, b = images.unbind(dim=-3)
+    return r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114).unsqueeze_(-3).floor_()
+
+
+def grayscale(images: torch.Tensor) -> torch.Tensor:
+    """``rgb_to_grayscale(images, num_output_channels=3)``."""
+    return grey(images).to(torch.uint8).expand_as(images).contiguous()
+
+
+def _blend(images: torch.Tensor, factors: Sequence[float], other: torch.Tensor | None) -> torch.Tensor:
+    """torchvision's ``_blend``: ``image * factor + other * (1 - factor)``, the weights rounded to float32
+    as its scalars are, the product and sum fused as its kernel fuses them."""
+    ratio = on(images.device, factors).view(-1, 1, 1, 1)
+    out = images.mul(ratio)
+    if other is not None:
+        out.addcmul_(other, on(images.device, [1.0 - f for f in factors]).view(-1, 1, 1, 1))
+    return out.clamp_(0, 255).to(torch.uint8)
+
+
+def brightness(images: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
+    """``adjust_brightness`` by ``factors[i]``."""
+    return _blend(images, factors, None)
+
+
+def saturation(images: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
+    """``adjust_saturation`` by ``factors[i]``."""
+    return _blend(images, factors, grey(images))
+
+
+def contrast(images: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
+    """``adjust_contrast`` by ``factors[i]``."""
+    return _blend(images, factors, grey(images).mean(dim=(-3, -2, -1), keepdim=True))
+
+
+def sharpness(images: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
+    """``adjust_sharpness`` by ``factors[i]``: the 3x3 smoothing kernel blended in, the border kept."""
+    if images.shape[-1] <= 2 or images.shape[-2] <= 2:
+        return images
+    a, b = 1.0 / 13.0, 5.0 / 13.0
+    kernel = on(images.device, [[a, a, a], [a, b, a], [a, a, a]]).expand(3, 1, 3, 3)
+    out = images.to(torch.float32, copy=True)
+    blurred = conv2d(out, kernel, groups=3).round_()
+    inner = out[..., 1:-1, 1:-1]
+    inner.addcmul_(blurred.sub_(inner), on(images.device, [1.0 - f for f in factors]).view(-1, 1, 1, 1))
+    return out.clamp_(0, 255).to(torch.uint8)
+
+
+def hue(images: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
+    """``adjust_hue`` by ``factors[i]`` (in [-0.5, 0.5]): through HSV in float32, back with torchvision's
+    scaled cast."""
+    if _rgb_to_hsv is None:
+        return per_sample(images, lambda x, f: F.adjust_hue(x, hue_factor=f), factors)
+    h, s, v = _rgb_to_hsv(images.to(torch.float32).mul_(1.0 / 255)).unbind(dim=-3)
+    h = h.add(on(images.device, factors).view(-1, 1, 1)).remainder_(1.0)
+    return _hsv_to_rgb(torch.stack((h, s, v), dim=-3)).mul_(255 + 1.0 - 1e-3).to(torch.uint8)
+
+
+def gaussian_blur(images: torch.Tensor, kernel_size: tuple[int, int], sigmas: Sequence[float]) -> torch.Tensor:
+    """``gaussian_blur(images[i], kernel_size, [sigmas[i]] * 2)``: reflect padding, torchvision's kernel,
+    applied as two passes of its 1-D factors (the same kernel, far fewer products than the 2-D one)."""
+    n, c, h, w = images.shape
+    kx, ky = kernel_size
+    x = pad(images.to(torch.float32), [kx // 2, kx // 2, ky // 2, ky // 2], mode="reflect")
+    x = x.reshape(1, n * c, *x.shape[-2:])
+    sigmas = on(images.device, sigmas)
+    wx = _gaussian_1d(kx, sigmas).repeat_interleave(c, dim=0).view(n * c, 1, 1, kx)
+    wy = _gaussian_1d(ky, sigmas).repeat_interleave(c, dim=0).view(n * c, 1, ky, 1)
+    out = conv2d(conv2d(x, wx, groups=n * c), wy, groups=n * c)
+    return out.view(n, c, h, w).round_().to(torch.uint8)
+
+
+def _gaussian_1d(size: int, sigmas: torch.Tensor) -> torch.Tensor:
+    """(n, size): torchvision's 1-D Gaussian kernel for each sigma."""
+    lim = (size - 1) / (2.0 * math.sqrt(2.0))
+    x = torch.linspace(-lim, lim, steps=size, device=sigmas.device)
+    return torch.softmax(x.div(sigmas.view(-1, 1)).pow(2).neg(), dim=1)
+
+
+def affine(images: torch.Tensor, matrices: Sequence[Sequence[float]], interpolation: str) -> torch.Tensor:
+    """Each image through its own inverse affine matrix (``_get_inverse_affine_matrix``'s 6 numbers):
+    torchvision's grid (``_affine_grid``) per sample in one batched product, then one ``grid_sample``
+    (``interpolation``: "nearest" or "bilinear") with zeros outside, rounded back to uint8."""
+    n, _, h, w = images.shape
+    device = images.device
+    theta = on(device, matrices).view(n, 2, 3)
+    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=device)
+    base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=device))
+    base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=device).unsqueeze_(-1))
+    base[..., 2].fill_(1)
+    rescaled = theta.transpose(1, 2).div_(on(device, [0.5 * w, 0.5 * h]))
+    grid = base.view(1, h * w, 3).expand(n, -1, -1).bmm(rescaled).view(n, h, w, 2)
+    out = grid_sample(images.float(), grid, mode=interpolation, padding_mode="zeros", align_corners=False)
+    return out.round_().to(torch.uint8)
+
+
+def inverse_matrix(name: str, magnitude: float, w: int, h: int) -> list[float]:
+    """The inverse affine matrix torchvision's ``affine``/``rotate`` build for an auto-augment geometry
+    operation (ShearX/Y, TranslateX/Y, Rotate) of ``magnitude`` on a ``w`` x ``h`` image."""
+    if name in ("ShearX", "ShearY"):
+        shear = math.degrees(math.atan(magnitude))
+        return _get_inverse_affine_matrix([-w * 0.5, -h * 0.5], 0.0, [0.0, 0.0], 1.0,
+                                          [shear, 0.0] if name == "ShearX" else [0.0, shear])
+    if name in ("TranslateX", "TranslateY"):
+        shift = float(int(magnitude))
+        return _get_inverse_affine_matrix([0.0, 0.0], 0.0, [shift, 0.0] if name == "TranslateX" else [0.0, shift],
+                                          1.0, [0.0, 0.0])
+    if name == "Rotate":
+        return _get_inverse_affine_matrix([0.0, 0.0], -(magnitude % 360), [0.0, 0.0], 1.0, [0.0, 0.0])
+    raise ValueError(f"no affine operation {name!r}")

@@ -1,0 +1,57 @@
+"""The per-sample ops on CUDA against the same ops on the CPU (the same draws, the same inputs). Marked gpu."""
+
+import pytest
+import torch
+from torchvision.transforms import v2
+
+from gpufeed import ImageLoader
+from gpufeed.augment.ops import SampleOps
+from gpufeed.augment.recipe import read_transform
+
+pytestmark = pytest.mark.gpu
+
+HEAD = [v2.RandomResizedCrop(64), v2.RandomHorizontalFlip()]
+TAIL = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]
+PIXEL = [v2.RandomVerticalFlip(0.5), v2.ColorJitter(0.4, 0.4, 0.4, 0.2), v2.RandomGrayscale(0.3),
+         v2.GaussianBlur(9, (0.1, 2.0)), v2.RandomAdjustSharpness(2.0, 0.5), v2.TrivialAugmentWide(),
+         v2.TrivialAugmentWide(interpolation=v2.InterpolationMode.BILINEAR), v2.RandAugment(), v2.AutoAugment(),
+         v2.AugMix()]
+IDS = ["vflip", "jitter", "grayscale", "blur", "sharpness", "trivial", "trivial-bilinear", "randaugment", "autoaugment",
+       "augmix"]
+
+
+@pytest.mark.parametrize("t", PIXEL, ids=IDS)
+def test_each_op_gives_the_cpus_pixels_on_cuda(t):
+    """256 samples, each with its own draws: within one level of the CPU's pixels, and those rarely (a sum
+    in another order landing on the other side of a level)."""
+    op = read_transform(v2.Compose(HEAD + [t])).pixel[0]
+    images = torch.randint(0, 256, (256, 3, 64, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    choices = SampleOps.draws(op, range(256), seed=2, epoch=0, size=64)
+    cpu = op.apply(images, choices)
+    cuda = op.apply(images.cuda(), choices)
+    assert cuda.device.type == "cuda" and cuda.dtype == torch.uint8 and cuda.shape == cpu.shape
+    diff = (cuda.cpu().int() - cpu.int()).abs()
+    assert float(diff.float().mean()) <= 1 / 255 and float((diff > 1).float().mean()) < 1e-3, int(diff.max())
+
+
+def test_a_loader_with_every_op_gives_on_cuda_what_the_cpu_gives(tmp_path):
+    """The whole recipe (every pixel op, RandomErasing) through ImageLoader on CUDA, twice with one seed (the
+    same bits), and the per-sample ops on the CPU from the same batch before them (close: the ops' sums in
+    another order)."""
+    from gpufeed.synth import create_synthetic_dataset
+
+    root = create_synthetic_dataset(tmp_path, n=64, num_classes=4, seed=3, workers=2)
+    pipeline = v2.Compose(HEAD + [PIXEL[i] for i in (0, 1, 2, 3, 4, 5, 8)] + TAIL + [v2.RandomErasing(p=0.5)])
+    kw = dict(batch_size=16, device="cuda", num_workers=2, seed=5)
+    a, b = ImageLoader(root, transform=pipeline, **kw), ImageLoader(root, transform=pipeline, **kw)
+    plain = ImageLoader(root, transform=v2.Compose(HEAD + TAIL), **kw)
+    ops = a.sample_ops
+    compared = 0
+    for (xa, _), (xb, _), (xp, _) in zip(a, b, plain, strict=True):
+        assert xa.shape == (16, 3, 64, 64) and xa.is_cuda and torch.equal(xa, xb)
+        on_cpu = ops(xp.cpu(), plain.batch_indices, 5, 0)
+        assert float((xa.cpu() - on_cpu).abs().mean()) < 0.02
+        compared += 1
+    assert compared == 4
+    for loader in (a, b, plain):
+        loader.close()
