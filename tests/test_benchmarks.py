@@ -131,3 +131,14 @@ def test_paced_says_it_needs_a_gpu(synth_root, capsys, monkeypatch):
         pytest.skip("measures on the GPU machine (benchmarks/gpu_machine.sh STEPS=paced)")
     out = _run("paced.py", [str(synth_root)], capsys, monkeypatch)
     assert "needs a CUDA GPU" in out
+
+
+def test_progressive(synth_root, capsys, monkeypatch):
+    out = _run("progressive.py", [str(synth_root), "--sizes", "24,32,40", "--device", "cpu", "--workers", "2",
+                                  "--batch-size", "8", "--warmup", "1"], capsys, monkeypatch)
+    rows = [[c.strip() for c in r.strip("|").split("|")] for r in _rows(out)]
+    assert [(r[0], r[1]) for r in rows] == [("1", "24"), ("2", "32"), ("3", "40")]
+    assert all(float(r[2].replace(",", "")) > 0 and float(r[3]) > 0 for r in rows)
+    pids = re.search(r"worker PIDs before the sizes changed: \[([\d, ]+)\]; after: \[([\d, ]+)\] \((.*)\)", out)
+    assert pids and pids[1] == pids[2] and pids[3] == "the same processes" and len(pids[1].split(",")) == 2
+    assert "made at 40" in out and "benchmarks/progressive.py" in out
