@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import sys
 import tempfile
 import time
@@ -72,7 +71,8 @@ def mixing(num_classes: int):
     if timm is not None:
         return timm.data.Mixup(mixup_alpha=0.1, cutmix_alpha=1.0, switch_prob=0.5, label_smoothing=0.1,
                                num_classes=num_classes)
-    return v2.RandomChoice([v2.MixUp(alpha=0.1, num_classes=num_classes), v2.CutMix(alpha=1.0, num_classes=num_classes)])
+    return v2.RandomChoice([v2.MixUp(alpha=0.1, num_classes=num_classes),
+                            v2.CutMix(alpha=1.0, num_classes=num_classes)])
 
 
 def create_model(name: str, num_classes: int) -> tuple[torch.nn.Module, str]:
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         model = model.to(loader.device, memory_format=torch.channels_last)
         optimizer = create_optimizer(model, args.lr, args.weight_decay)
         criterion = timm.loss.SoftTargetCrossEntropy() if timm is not None else soft_cross_entropy
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / args.steps)))
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
         cast = torch.autocast("cuda", torch.bfloat16) if loader.device.type == "cuda" else contextlib.nullcontext()
         print(f"model: {which}; {len(loader.source)} images, {num_classes} classes, device {loader.device}, "
               f"decode {loader.decode_backend}; python3 examples/timm_recipe.py "

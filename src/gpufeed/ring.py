@@ -78,8 +78,8 @@ class Ring:
 
     def at(self, size: int) -> "Ring":
         """The same block seen at a smaller image size (progressive resizing; no new memory): each slot's
-        (B, size, size, 3) images and float32 output packed at the start of its room for size ``self.size``,
-        so a batch is laid out as a ring made for ``size`` lays it out; on the GPU path each position's images
+        (B, size, size, 3) images and float32 output packed at the start of the slot's room for them, so a
+        batch is laid out as a ring made for ``size`` lays it out; on the GPU path each position's images
         at the start of its pixel room and the room cut to what a ring made for ``size`` gives it (so the
         workers make the same choices). Labels, meta and arena are the same views."""
         if size not in self._sizes:

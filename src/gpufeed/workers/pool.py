@@ -41,8 +41,8 @@ _POLL_S = 0.5
 
 @dataclasses.dataclass
 class _Pending:
-    """A submitted batch: its slot, how many positions it fills, its image size, the chunks not yet done (chunk id ->
-    (first position, indices)), and the failures reported so far."""
+    """A submitted batch: its slot, how many positions it fills, its image size, the chunks not yet done
+    (chunk id -> (first position, indices)), and the failures reported so far."""
 
     slot: int
     n: int
@@ -56,9 +56,10 @@ class WorkerPool:
     """``num_workers`` processes filling a ring of ``num_slots`` batch slots.
 
     ``submit(batch_id, slot, seed, epoch, indices, start, size=...)`` queues samples for positions ``start,
-    start + 1, ...`` of a slot, at the pool's image size or a smaller one; ``collect(batch_id)`` blocks until they are done and returns a ``SlotView`` and the
-    failures (``Failure``: position, path, reason). With ``on_error="raise"`` the first failure raises
-    ``WorkerError`` instead. ``cpus`` (a set of CPU numbers) keeps the workers on those CPUs.
+    start + 1, ...`` of a slot, at the pool's image size or a smaller one; ``collect(batch_id)`` blocks until
+    they are done and returns a ``SlotView`` and the failures (``Failure``: position, path, reason). With
+    ``on_error="raise"`` the first failure raises ``WorkerError`` instead. ``cpus`` (a set of CPU numbers)
+    keeps the workers on those CPUs.
 
     A worker that dies, or holds one sample longer than ``sample_timeout`` seconds, is reported within
     about a second: under "raise" as a ``WorkerError`` naming the worker and the file; under "skip" its
