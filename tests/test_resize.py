@@ -112,10 +112,13 @@ def test_sizes_over_the_allocation_or_not_sizes_are_refused_naming_them(synth_ro
         with pytest.raises(ValueError, match="resize_size must be >= image_size \\(32\\), got 20"):
             loader.set_image_size(32, resize_size=20)
         state = loader.state_dict()
-        state["image_size"] = 96  # a state saved by a loader made larger
+        state["image_size"], state["sampler"]["offset"] = 96, 16  # saved by a loader made larger, mid-epoch
         with pytest.raises(ValueError, match="image_size=96 is over the loader's max_image_size=48"):
             loader.load_state_dict(state)
-        assert loader.augment.image_size == 48  # nothing changed
+        state["image_size"], state["sampler"]["num_samples_total"] = 32, 41  # a state of other data
+        with pytest.raises(ValueError, match="num_samples_total=41"):
+            loader.load_state_dict(state)
+        assert loader.augment.image_size == 48 and loader.state_dict()["sampler"]["offset"] == 0  # nothing changed
 
 
 def test_the_gpu_stage_makes_a_smaller_size_from_the_largest_sizes_memory(tmp_path):

@@ -271,9 +271,14 @@ class ImageLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at ``state`` (``state_dict()`` of this loader or another on the same data), with its image
         size when it has one."""
-        self.sampler.load_state_dict(state["sampler"])
-        if "image_size" in state:
+        previous = self.augment
+        if "image_size" in state:  # first: a size this loader cannot take raises before anything changed
             self.set_image_size(state["image_size"], resize_size=state.get("resize_size"))
+        try:
+            self.sampler.load_state_dict(state["sampler"])
+        except BaseException:
+            self.augment = previous
+            raise
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._skips.epoch = 0
