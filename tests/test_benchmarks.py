@@ -142,3 +142,14 @@ def test_sample_ops_times_each_op_both_ways(capsys, monkeypatch):
                                     "all of the above, in order"]
     assert all(float(r[1].replace(",", "")) > 0 and float(r[3]) > 0 for r in rows)
     assert "batch 4 x 3 x 24 x 24" in out
+
+
+def test_progressive(synth_root, capsys, monkeypatch):
+    out = _run("progressive.py", [str(synth_root), "--sizes", "24,32,40", "--device", "cpu", "--workers", "2",
+                                  "--batch-size", "8", "--warmup", "1"], capsys, monkeypatch)
+    rows = [[c.strip() for c in r.strip("|").split("|")] for r in _rows(out)]
+    assert [(r[0], r[1]) for r in rows] == [("1", "24"), ("2", "32"), ("3", "40")]
+    assert all(float(r[2].replace(",", "")) > 0 and float(r[3]) > 0 for r in rows)
+    pids = re.search(r"worker PIDs before the sizes changed: \[([\d, ]+)\]; after: \[([\d, ]+)\] \((.*)\)", out)
+    assert pids and pids[1] == pids[2] and pids[3] == "the same processes" and len(pids[1].split(",")) == 2
+    assert "made at 40" in out and "benchmarks/progressive.py" in out

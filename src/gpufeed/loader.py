@@ -25,7 +25,7 @@ import torch
 
 from . import placement
 from .augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from .augment.params import AugmentSpec
+from .augment.params import AugmentSpec, default_resize_size
 from .augment.ops import SampleOps
 from .augment.recipe import read_transform
 from .decode.base import DEFAULT_MAX_PIXELS, SkipLog
@@ -37,6 +37,7 @@ from .sources import Source, create_source
 from .transfer import Prefetcher
 from .workers import PipelineSpec, WorkerPool
 from .workers.pool import check_source_importable
+from .workers.records import OutputSize
 
 __all__ = ["ImageLoader", "resolve_device"]
 
@@ -113,8 +114,12 @@ class ImageLoader:
     ``image_size``, ``resize_size``, ``mean`` and ``std`` (``augment.recipe``: RandomResizedCrop with its
     scale and ratio, RandomHorizontalFlip(p), Resize + CenterCrop, to-tensor ops, Normalize, and the per-sample
     ops in ``recipe.SUPPORTED``; any other op raises, naming it). The settings are kept, grouped and
-    validated, in ``loader.augment``,
+    validated, in ``loader.augment`` (at the size in effect),
     ``loader.normalize``, ``loader.decoding`` and ``loader.errors``.
+
+    Progressive resizing: ``loader.set_image_size(160)`` between epochs makes smaller batches from the next
+    iteration on, up to ``image_size`` (``max_image_size``), with the same workers and memory;
+    ``state_dict()`` carries the size in effect.
     """
 
     def __init__(
@@ -178,10 +183,11 @@ class ImageLoader:
             mean = IMAGENET_MEAN if mean is None else mean
             std = IMAGENET_STD if std is None else std
             self.augment = AugmentSpec(train=train, image_size=image_size,
-                                       resize_size=resize_size or round(image_size * 256 / 224))
+                                       resize_size=resize_size or default_resize_size(image_size))
         dtype = torch.float32 if dtype is None else dtype
         self.normalize = Normalize(mean=tuple(mean), std=tuple(std), dtype=dtype, channels_last=channels_last)
         train, image_size = self.augment.train, self.augment.image_size  # as the transform gave them, if any
+        self.max_image_size = image_size  # what the ring and GPU batches hold (``set_image_size``)
         # the recipe's per-sample ops on each delivered batch (pixel ops such as ColorJitter, RandomErasing)
         self.sample_ops = SampleOps(pixel=recipe.pixel if recipe else (), erasing=recipe and recipe.erasing,
                                     mean=mean, std=std)
@@ -245,16 +251,42 @@ class ImageLoader:
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
+    def set_image_size(self, image_size: int, *, resize_size: int | None = None) -> None:
+        """Make ``image_size`` squares from the next iteration on (progressive resizing): the training crop
+        resizes to it; validation resizes the shorter side to ``resize_size`` (default ``round(image_size x
+        256 / 224)``) and centre-crops it. At most ``max_image_size`` (the ``image_size`` the loader was made
+        with), whose shared memory and GPU batches hold any smaller size: nothing is allocated and the same
+        worker processes go on. An iteration under way keeps its size; an epoch broken off goes on at the
+        new one. The batches are those a loader made with this size gives (same seed, same crops)."""
+        if not isinstance(image_size, int) or image_size < 1:
+            raise ValueError(f"image_size must be an integer >= 1, got {image_size!r}")
+        if image_size > self.max_image_size:
+            raise ValueError(f"image_size={image_size} is over the loader's max_image_size={self.max_image_size}, "
+                             "which sized its shared memory and GPU batches: make the loader with the largest size "
+                             "it will be set to")
+        self.augment = self.augment.at_size(image_size, resize_size)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict(), "batch_size": self.batch_size}
+        return {"sampler": self.sampler.state_dict(), "batch_size": self.batch_size,
+                "image_size": self.augment.image_size, "resize_size": self.augment.resize_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sampler.load_state_dict(state["sampler"])
+        """Resume at ``state`` (``state_dict()`` of this loader or another on the same data), with its image
+        size when it has one."""
+        previous = self.augment
+        if "image_size" in state:  # first: a size this loader cannot take raises before anything changed
+            self.set_image_size(state["image_size"], resize_size=state.get("resize_size"))
+        try:
+            self.sampler.load_state_dict(state["sampler"])
+        except BaseException:
+            self.augment = previous
+            raise
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._skips.epoch = 0
         stage = self._gpu_stage if self.device.type == "cuda" else None
-        batches = self._prefetcher.iterate(self._scheduler.batches(self.sampler))
+        size = OutputSize(self.augment.image_size, self.augment.resize_size)
+        batches = self._prefetcher.iterate(self._scheduler.batches(self.sampler, size))
         try:
             for out in batches:
                 if stage is not None:  # the stream this batch is read on: a reused output batch waits for it

@@ -10,6 +10,7 @@ or byte is pickled.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import os
 import sys
@@ -58,25 +59,44 @@ class Ring:
     (slots, B, capacity) uint8 holding each sample's encoded bytes, and rooms
     (slots, B, PIXEL_ROOM x S x S x 3) uint8, each position's pixel room, whose
     first S x S x 3 bytes are its ``images`` entry (None on the CPU path, where
-    ``images`` is contiguous).
+    ``images`` is contiguous). ``at(s)``: these views for images of a smaller size s.
     """
 
     def __init__(self, shm: shared_memory.SharedMemory, num_slots: int, batch_size: int, size: int,
                  capacity: int = 0, output: str | None = None) -> None:
-        self.shm = shm
+        self.shm, self.size = shm, size
         views, offset = {}, 0
         for name, shape, dtype in self.layout(num_slots, batch_size, size, capacity, output):
             views[name] = np.ndarray(shape, dtype, shm.buf, offset)
             offset = _align(offset + int(np.prod(shape)) * np.dtype(dtype).itemsize)
         self.rooms = views.get("rooms")
-        if self.rooms is None:
-            self.images = views["images"]
-        else:  # each position's first S x S x 3 bytes
-            stride = self.rooms.strides[1]
-            self.images = np.ndarray((num_slots, batch_size, size, size, 3), np.uint8, self.rooms,
-                                     strides=(batch_size * stride, stride, size * 3, 3, 1))
+        self.images = views["images"] if self.rooms is None else _packed(self.rooms, (batch_size, size, size, 3), True)
         self.labels = views["labels"]
         self.meta, self.arena, self.output = views.get("meta"), views.get("arena"), views.get("output")
+        # the views at each size (``at``), and the ring at the size it was made for, shared with them
+        self._layout, self._sizes, self._full = output, {size: self}, self
+
+    def at(self, size: int) -> "Ring":
+        """The same block seen at a smaller image size (progressive resizing; no new memory): each slot's
+        (B, size, size, 3) images and float32 output packed at the start of the slot's room for them, so a
+        batch is laid out as a ring made for ``size`` lays it out; on the GPU path each position's images
+        at the start of its pixel room and the room cut to what a ring made for ``size`` gives it (so the
+        workers make the same choices). Labels, meta and arena are the same views."""
+        if size not in self._sizes:
+            full = self._full
+            if not 1 <= size <= full.size:
+                raise ValueError(f"image size {size} is over the {full.size} this ring was made for")
+            ring = copy.copy(full)
+            ring.size, b = size, full.labels.shape[1]
+            if full.rooms is not None:
+                ring.rooms = full.rooms[:, :, : PIXEL_ROOM * size * size * 3]
+                ring.images = _packed(full.rooms, (b, size, size, 3), True)
+            else:
+                ring.images = _packed(full.images, (b, size, size, 3))
+            if full.output is not None:
+                ring.output = _packed(full.output, (b, size, size, 3) if full._layout == "nhwc" else (b, 3, size, size))
+            self._sizes[size] = ring
+        return self._sizes[size]
 
     @staticmethod
     def layout(num_slots: int, batch_size: int, size: int, capacity: int, output: str | None = None) -> list:
@@ -130,6 +150,18 @@ class Ring:
                    for _, shape, dt in cls.layout(num_slots, batch_size, size, capacity, output))
 
 
+def _packed(a: np.ndarray, shape: tuple[int, ...], per_position: bool = False) -> np.ndarray:
+    """A (slots, *shape) C-ordered view of the first elements of each slot of ``a`` (contiguous within a slot);
+    ``per_position``: each of the shape[0] positions' elements at the start of its own row of ``a``
+    (``a`` (slots, positions, room))."""
+    item = a.itemsize
+    inner = [item]
+    for n in reversed(shape[1:]):
+        inner.insert(0, inner[0] * n)
+    step = a.strides[1] if per_position else inner[0]
+    return np.ndarray((a.shape[0],) + shape, a.dtype, a, strides=(a.strides[0], step, *inner[1:]))
+
+
 def _align(n: int, to: int = 4096) -> int:
     return (n + to - 1) // to * to
 
@@ -161,6 +193,11 @@ class SlotView:
     arena: np.ndarray | None = None
     rooms: np.ndarray | None = None
     output: np.ndarray | None = None
+
+    @property
+    def size(self) -> int:
+        """The images' side, S."""
+        return self.images.shape[1]
 
     @property
     def pixels(self) -> np.ndarray:

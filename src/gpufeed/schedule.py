@@ -23,7 +23,11 @@ has passed them.
 
 Across epochs: once an epoch's last batches are with the workers, free slots take the next epoch's first
 batches, so it starts without a pipeline bubble. They are kept if the next iteration is that epoch from its
-start, and cancelled otherwise (another epoch, a loaded state, a ``break``).
+start at the same image size, and cancelled otherwise (another epoch, a loaded state, a ``break``, a new
+size from ``ImageLoader.set_image_size``).
+
+Image size: each iteration makes its batches at the size it is given (``batches(sampler, size)``), at most
+the ring's; the epoch started early takes the same size, and is kept only if the next iteration asks for it.
 """
 
 from __future__ import annotations
@@ -41,13 +45,14 @@ from .placement import ShareControl
 from .ring import Meta, SlotView
 from .sampling import ShardedSampler
 from .workers import WorkerPool
-from .workers.records import RETRY, Failure, WorkerError
+from .workers.records import RETRY, Failure, OutputSize, WorkerError
 
 
 @dataclass
 class HostBatch:
     """One finished batch in a ring slot, as the transfer stage receives it (host side).
 
+    S: the size the batch was made at (``slot.size``).
     labels: (n,) int64 CPU tensor, copied out of the slot. images: (n, S, S, 3) uint8 CPU tensor viewing the
     slot (CPU decode), for a CPU device the slot's normalised float32 output ((n, S, S, 3) or (n, 3, S, S),
     ``ring.Ring``), or None on the GPU path, where ``slot`` holds each sample's bytes or rows and crop
@@ -105,13 +110,14 @@ class Slots:
 
 @dataclass
 class EpochRun:
-    """One epoch's order as it is handed to the workers: ``cursor`` entries so far, ``inflight`` batches
-    submitted and not yet collected."""
+    """One epoch's order as it is handed to the workers, at image ``size``: ``cursor`` entries so far,
+    ``inflight`` batches submitted and not yet collected."""
 
     seed: int
     epoch: int
     order: list[int]
     slots: Slots
+    size: OutputSize | None
     cursor: int = 0
     inflight: collections.deque[Submitted] = field(default_factory=collections.deque)
     fetch: Any = None  # the source's readahead along ``order`` (``sources.spool.Readahead``), if it has one
@@ -145,8 +151,8 @@ class Scheduler:
         self.ahead: EpochRun | None = None  # the next epoch's first batches, submitted at the end of this one
         self._last_slots: Slots | None = None
 
-    def _run(self, seed: int, epoch: int, order: list[int], slots: Slots) -> EpochRun:
-        return EpochRun(seed, epoch, order, slots, fetch=self.readahead(order) if self.readahead else None)
+    def _run(self, seed: int, epoch: int, order: list[int], slots: Slots, size: OutputSize | None) -> EpochRun:
+        return EpochRun(seed, epoch, order, slots, size, fetch=self.readahead(order) if self.readahead else None)
 
     def close(self) -> None:
         if self.pool is not None:  # first: a worker never fetches again a file the readahead just deleted
@@ -160,8 +166,9 @@ class Scheduler:
         """Whether ``n`` samples make a batch: ``batch_size`` of them, or any at all without ``drop_last``."""
         return n == self.batch_size or (n > 0 and not self.drop_last)
 
-    def batches(self, sampler: ShardedSampler) -> Iterator[HostBatch]:
-        """The rest of ``sampler``'s current epoch as ``HostBatch`` es, in order (see the module docstring)."""
+    def batches(self, sampler: ShardedSampler, size: OutputSize | None = None) -> Iterator[HostBatch]:
+        """The rest of ``sampler``'s current epoch as ``HostBatch`` es, in order, made at ``size`` (None: the
+        pool's own; see the module docstring)."""
         if self.pool is None or self.pool.closed:
             self.pool = self._start_pool()
             if self.ahead is not None:
@@ -169,16 +176,17 @@ class Scheduler:
             self.ahead = None
         if self._last_slots is not None:  # the GPU stage released the last batch's slot after that run ended
             self._last_slots.reclaim(everything=True)
-        pool, size = self.pool, self.batch_size
+        pool, per_batch = self.pool, self.batch_size
         ahead, self.ahead = self.ahead, None
-        if ahead is not None and (ahead.seed, ahead.epoch) == (sampler.seed, sampler.epoch) and sampler.at_epoch_start:
+        if ahead is not None and (ahead.seed, ahead.epoch, ahead.size) == (sampler.seed, sampler.epoch, size) and \
+                sampler.at_epoch_start:
             run, slots = ahead, ahead.slots  # this epoch's first batches are already with the workers
         else:
             pool.cancel()  # an earlier, abandoned iteration may have batches in flight
             if ahead is not None:
                 ahead.close()
             slots = Slots(self.num_slots, self.cuda)
-            run = self._run(sampler.seed, sampler.epoch, sampler.remaining(), slots)
+            run = self._run(sampler.seed, sampler.epoch, sampler.remaining(), slots, size)
         nxt: EpochRun | None = None  # the next epoch's run, started early
         finished = False
         try:
@@ -186,13 +194,13 @@ class Scheduler:
                 slots.reclaim()
                 self._submit(run)
                 run.progress()
-                if nxt is None and not self._full(min(size, len(run.order) - run.cursor)):
-                    nxt = self._run(run.seed, run.epoch + 1, sampler.epoch_indices(run.epoch + 1), slots)
+                if nxt is None and not self._full(min(per_batch, len(run.order) - run.cursor)):
+                    nxt = self._run(run.seed, run.epoch + 1, sampler.epoch_indices(run.epoch + 1), slots, size)
                 if nxt is not None:
                     self._submit(nxt)
                     nxt.progress()
                 if not run.inflight:
-                    if self._full(min(size, len(run.order) - run.cursor)):  # entries left, yet no slot was free
+                    if self._full(min(per_batch, len(run.order) - run.cursor)):  # entries left, yet no slot was free
                         raise RuntimeError(f"no free ring slot for the rest of epoch {run.epoch}: every slot is still "
                                            "held by batches handed on and not released")
                     finished = True
@@ -231,7 +239,7 @@ class Scheduler:
             indices = run.order[run.cursor : run.cursor + self.batch_size]
             batch = Submitted(next(slots.ids), slots.free.popleft(), indices, run.cursor)
             self.pool.submit(batch.batch_id, batch.slot, run.seed, run.epoch, indices,
-                             cpu_rows=round(self.share.value * len(indices)))
+                             cpu_rows=round(self.share.value * len(indices)), size=run.size)
             run.inflight.append(batch)
             run.cursor += len(indices)
 
@@ -282,7 +290,7 @@ class Scheduler:
     def _load(self, slot: int, run: EpochRun, indices: list[int], start: int) -> list[Failure]:
         """Load ``indices`` into positions ``start...`` of ``slot`` now; their failures."""
         batch_id = next(run.slots.ids)
-        self.pool.submit(batch_id, slot, run.seed, run.epoch, indices, start=start)
+        self.pool.submit(batch_id, slot, run.seed, run.epoch, indices, start=start, size=run.size)
         return self.pool.collect(batch_id)[1]
 
 

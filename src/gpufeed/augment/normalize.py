@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -117,7 +118,8 @@ class _Recycled:
     mapped fresh by the kernel, one page fault per 4 KB (154 MB at batch 256): that, not the arithmetic,
     bounded a CPU device to about 2,800 images/s (BENCHMARKS.md#cpu-only-machines). A tensor made with
     ``torch.from_numpy`` (and every view of it) keeps its array referenced, so an array only this pool
-    refers to is no longer the user's."""
+    refers to is no longer the user's. Arrays are kept flat and handed out as their head in the asked shape,
+    so a smaller image size (progressive resizing) reuses the larger size's arrays."""
 
     KEEP = 8
 
@@ -126,16 +128,21 @@ class _Recycled:
         self._lock = threading.Lock()  # loaders iterated from several threads share the pool
 
     def take(self, shape: tuple[int, ...]) -> np.ndarray:
+        """A C-contiguous float32 array of ``shape`` that nothing outside the pool refers to."""
+        n = math.prod(shape)
         with self._lock:
-            for k in range(len(self._arrays)):
-                if self._arrays[k].shape == shape and _refs(self._arrays, k) == _REFS_IN_A_LIST:
-                    self._arrays.append(self._arrays.pop(k))  # the caller's reference is taken before the lock goes
-                    return self._arrays[-1]
-            out = np.empty(shape, np.float32)
-            if len(self._arrays) >= self.KEEP:  # batches the user keeps: let the oldest array go with them
-                self._arrays.pop(0)
-            self._arrays.append(out)
-            return out
+            free = [k for k in range(len(self._arrays)) if _refs(self._arrays, k) == _REFS_IN_A_LIST]
+            fits = [k for k in free if self._arrays[k].size >= n]
+            if fits:  # the one used last: its pages are the likeliest to be in the caches
+                self._arrays.append(self._arrays.pop(fits[-1]))
+            else:  # free arrays too small for it are let go, not kept beside the new one
+                for k in reversed(free):
+                    del self._arrays[k]
+                if len(self._arrays) >= self.KEEP:  # batches the user keeps: let the oldest array go with them
+                    self._arrays.pop(0)
+                self._arrays.append(np.empty(n, np.float32))
+            # the caller's reference (the view's base) is taken before the lock goes
+            return self._arrays[-1][:n].reshape(shape)
 
 
 def _refs(arrays: list, k: int) -> int:

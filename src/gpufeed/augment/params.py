@@ -10,7 +10,7 @@ epoch repeats exactly.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, Sequence
 
 _MASK = (1 << 64) - 1
@@ -85,6 +85,11 @@ class ResizeCrop(NamedTuple):
     top: int
 
 
+def default_resize_size(image_size: int) -> int:
+    """Validation's shorter side before the centre crop, as torchvision's ImageNet recipe scales it (256 for 224)."""
+    return round(image_size * 256 / 224)
+
+
 @dataclass(frozen=True)
 class AugmentSpec:
     """How training and validation samples become ``image_size`` squares.
@@ -114,6 +119,13 @@ class AugmentSpec:
             raise ValueError(f"ratio must satisfy 0 < low <= high, got {self.ratio}")
         if not 0 <= self.hflip <= 1:
             raise ValueError(f"hflip must be in [0, 1], got {self.hflip}")
+
+    def at_size(self, image_size: int, resize_size: int | None = None) -> "AugmentSpec":
+        """The same augmentation making ``image_size`` squares (progressive resizing); validation resizes to
+        ``resize_size`` first (default ``default_resize_size(image_size)``)."""
+        if (image_size, resize_size) == (self.image_size, self.resize_size):
+            return self
+        return replace(self, image_size=image_size, resize_size=resize_size or default_resize_size(image_size))
 
     def draw(self, width: int, height: int, *, seed: int, epoch: int, index: int) -> CropBox:
         """The training crop box for sample ``index`` of ``epoch`` in an image of ``width`` x ``height``."""

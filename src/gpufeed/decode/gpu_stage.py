@@ -67,6 +67,9 @@ def _slices(sizes: Sequence[int], budget: int) -> list[range]:
 class GpuDecodeAugment:
     """HostBatch (GPU path) -> ((B, 3, S, S) ``dtype`` normalised on ``device``, (B,) int64 labels).
 
+    S: the size the batch was made at (``batch.slot.size``), at most ``image_size``, the size output batches
+    are allocated for (a smaller one uses the head of one: progressive resizing allocates nothing).
+
     ``decoders``: one or more ``GpuDecoder``; with several, each decodes a part of every batch from its
     own thread on its own CUDA stream. ``buffer_bytes``: each of the two decode buffers (allocated now).
     ``skips``: None, a file no decoder reads raises ``DecodeError``; else it is recorded there and another
@@ -105,7 +108,7 @@ class GpuDecodeAugment:
         the decoder threads; returns at once (on CUDA). ``finish`` completes it: the Prefetcher starts
         batch k+1 before it finishes batch k, so the decoders always have the next batch queued. A batch
         over ``buffer_bytes`` goes through in slices here, synchronously."""
-        s, meta = self.size, batch.slot.meta
+        s, meta = batch.slot.size, batch.slot.meta
         kind = meta[:, Meta.KIND]
         encoded = kind == KIND_BYTES
         # decoded extents: the header's for encoded samples and the rows' for CPU-decoded rows; S x S pre-cropped
@@ -169,23 +172,32 @@ class GpuDecodeAugment:
         ok = self._await_decode(started.decoding)
         started.decoding = None
         if started.out is None:
-            n = len(batch.slot.meta)
-            planned, count = self._planned_outputs
-            if count:
-                self._planned_outputs = (0, 0)
-                for _ in range(count):
-                    self._outputs.keep(self._new_output(planned))
-            started.out = self._outputs.take(n, self._after_consumer)
-            if started.out is None:
-                started.out = self._outputs.keep(self._new_output(n))[:n]
+            started.out = self._output(len(batch.slot.meta), batch.slot.size)
         for j in (int(j) for j, good in zip(part.enc, ok) if not good):
             self._finish_on_cpu(batch, part.r.start + j, part.table[j], part.flat, started.dropped)
-        self._device.kernel(part.flat, torch.from_numpy(part.table), self.size,
+        self._device.kernel(part.flat, torch.from_numpy(part.table), batch.slot.size,
                             started.out[part.r.start : part.r.stop])
 
+    def _output(self, n: int, s: int) -> torch.Tensor:
+        """An (n, 3, s, s) ``dtype`` batch on the device in the asked memory format, laid out as a new one
+        would be: the head of an output batch nothing else refers to, or of a new one. Output batches are
+        made for ``n`` images of the stage's ``image_size``, the largest, so a smaller size reuses them."""
+        planned, count = self._planned_outputs
+        if count:
+            self._planned_outputs = (0, 0)
+            for _ in range(count):
+                self._outputs.keep(self._new_output(planned))
+        numel = n * 3 * s * s
+        flat = self._outputs.take(numel, self._after_consumer)
+        if flat is None:
+            flat = self._outputs.keep(self._new_output(n))
+        if self.channels_last:
+            return flat[:numel].view(n, s, s, 3).permute(0, 3, 1, 2)
+        return flat[:numel].view(n, 3, s, s)
+
     def _new_output(self, n: int) -> torch.Tensor:
-        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        return torch.empty((n, 3, self.size, self.size), dtype=self.dtype, device=self.device, memory_format=fmt)
+        """Room for n images of the largest size, flat."""
+        return torch.empty(n * 3 * self.size * self.size, dtype=self.dtype, device=self.device)
 
     def _after_consumer(self) -> None:
         """Order the current (side) stream after the work queued so far on the consumer's stream: a reused
@@ -201,7 +213,7 @@ class GpuDecodeAugment:
         r.start + j, ``room[j]`` bytes), the kernel's table, and the copies of what the CPU filled (``filled``
         bytes: pre-cropped pixels, decoded rows) queued. ``turn``: take the other buffer than last time (the
         previous batch's kernel may not have run yet)."""
-        s = self.size
+        s = batch.slot.size
         local = np.arange(len(r))
         meta = batch.slot.meta[r.start : r.stop]
         host, enc = local[~encoded], local[encoded]
@@ -233,7 +245,7 @@ class GpuDecodeAugment:
     def _finish_on_cpu(self, batch: "HostBatch", i: int, row: np.ndarray, flat: torch.Tensor,
                        dropped: list[int]) -> None:
         """Sample ``i`` that the GPU refused: decode and crop it here, into its place in ``flat``."""
-        s, slot = self.size, batch.slot
+        s, slot = batch.slot.size, batch.slot
         data = slot.arena[i, : slot.meta[i, Meta.LENGTH]].tobytes()
         path = batch.path(i)
         fw, fh = int(slot.meta[i, Meta.WIDTH]), int(slot.meta[i, Meta.HEIGHT])
@@ -384,8 +396,8 @@ class _Host:
 
 class _Outputs:
     """Output batches handed out again once nothing outside this pool refers to their memory: the pool keeps
-    each whole batch and hands out a view of it (the first n, for a short last batch), so the storage's use
-    count says whether a handed-out view, or any view of that, is still alive. Without reuse the caching
+    each whole batch, flat, and the stage hands out a view of its head (a short last batch, a smaller image
+    size), so the storage's use count says whether a handed-out view, or any view of that, is still alive. Without reuse the caching
     allocator takes a new block whenever the training's work on an old batch has not finished when the next is
     made, and the memory held steps up (BENCHMARKS.md#memory). Batches the user keeps are theirs; the pool keeps
     the newest ``keep``."""
@@ -394,15 +406,15 @@ class _Outputs:
         self.keep_at_most = keep
         self._kept: list[torch.Tensor] = []
 
-    def take(self, n: int, before_reuse: Callable[[], None]) -> torch.Tensor | None:
-        """A view of the first ``n`` of a kept batch nothing else refers to (``before_reuse()`` called
+    def take(self, numel: int, before_reuse: Callable[[], None]) -> torch.Tensor | None:
+        """A kept batch of at least ``numel`` elements that nothing else refers to (``before_reuse()`` called
         first), or None."""
         for k in range(len(self._kept)):
             t = self._kept[k]
-            if len(t) >= n and _only_the_pool(t):
+            if t.numel() >= numel and _only_the_pool(t):
                 self._kept.append(self._kept.pop(k))
                 before_reuse()
-                return t[:n]
+                return t
         return None
 
     def keep(self, t: torch.Tensor) -> torch.Tensor:

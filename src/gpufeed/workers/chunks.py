@@ -10,6 +10,7 @@ decoder should see are finished here (``KIND_PIXELS``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import traceback
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from ..decode.exif import read_orientation, swaps_axes
 from ..placement import Candidate, cheapest_on_cpu, gpu_may_take
 from ..ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, Ring
 from ..sources.base import Source
-from .records import Failure, Progress, Task
+from .records import Failure, OutputSize, Progress, Task
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,15 @@ class ChunkServer:
                          spec.normalize.layout if spec.normalize is not None else None)
         self.ring.map_pages()
         self.decoder = CpuDecoder(max_pixels=spec.max_pixels)
+        self._at: dict[OutputSize, PipelineSpec] = {}
+
+    def at(self, size: OutputSize) -> tuple[PipelineSpec, Ring]:
+        """The spec and ring views for batches made at ``size`` (progressive resizing: the spec's own size
+        or a smaller one)."""
+        if size not in self._at:
+            augment = self.spec.augment.at_size(size.image, size.resize)
+            self._at[size] = dataclasses.replace(self.spec, augment=augment)
+        return self._at[size], self.ring.at(size.image)
 
     def close(self) -> None:
         del self.ring
@@ -152,7 +162,7 @@ class ChunkServer:
 
     def serve(self, task: Task, progress: Progress) -> list[Failure]:
         """Load ``task``'s samples into its slot; the failures. ``progress`` holds the sample in hand."""
-        spec, ring, decoder, slot = self.spec, self.ring, self.decoder, task.slot
+        (spec, ring), decoder, slot = self.at(task.size), self.decoder, task.slot
         failures: list[Failure] = []
         stop = lambda: failures and spec.on_error == "raise"
 

@@ -33,7 +33,7 @@ from ..sources.base import FileSource, Source
 from ..sources.shared import SharedFileSource
 from .chunks import PipelineSpec
 from .process import WorkerArgs, run
-from .records import RETRY, ChunkDone, Failure, Progress, Task, WorkerError
+from .records import RETRY, ChunkDone, Failure, OutputSize, Progress, Task, WorkerError
 
 # How often a waiting main process checks that its workers are alive and within ``sample_timeout``.
 _POLL_S = 0.5
@@ -41,11 +41,12 @@ _POLL_S = 0.5
 
 @dataclasses.dataclass
 class _Pending:
-    """A submitted batch: its slot, how many positions it fills, the chunks not yet done (chunk id ->
-    (first position, indices)), and the failures reported so far."""
+    """A submitted batch: its slot, how many positions it fills, its image size, the chunks not yet done
+    (chunk id -> (first position, indices)), and the failures reported so far."""
 
     slot: int
     n: int
+    size: int
     chunks: dict[int, tuple[int, list[int]]]
     left: set[int]
     failures: list[Failure] = dataclasses.field(default_factory=list)
@@ -54,10 +55,11 @@ class _Pending:
 class WorkerPool:
     """``num_workers`` processes filling a ring of ``num_slots`` batch slots.
 
-    ``submit(batch_id, slot, seed, epoch, indices, start)`` queues samples for positions ``start, start + 1,
-    ...`` of a slot; ``collect(batch_id)`` blocks until they are done and returns a ``SlotView`` and the
-    failures (``Failure``: position, path, reason). With ``on_error="raise"`` the first failure raises
-    ``WorkerError`` instead. ``cpus`` (a set of CPU numbers) keeps the workers on those CPUs.
+    ``submit(batch_id, slot, seed, epoch, indices, start, size=...)`` queues samples for positions ``start,
+    start + 1, ...`` of a slot, at the pool's image size or a smaller one; ``collect(batch_id)`` blocks until
+    they are done and returns a ``SlotView`` and the failures (``Failure``: position, path, reason). With
+    ``on_error="raise"`` the first failure raises ``WorkerError`` instead. ``cpus`` (a set of CPU numbers)
+    keeps the workers on those CPUs.
 
     A worker that dies, or holds one sample longer than ``sample_timeout`` seconds, is reported within
     about a second: under "raise" as a ``WorkerError`` naming the worker and the file; under "skip" its
@@ -129,19 +131,24 @@ class WorkerPool:
         return [p.pid for p in self._procs if p.pid is not None]
 
     def submit(self, batch_id: int, slot: int, seed: int, epoch: int, indices: list[int], start: int = 0,
-               cpu_rows: int = 0) -> None:
-        """Queue samples ``indices`` for slot positions ``start...``. On the GPU path, ``cpu_rows`` of them
-        (the CPU's share) are decoded here rather than left encoded: spread evenly over the chunks, each
-        chunk's worker takes the ones ``placement.cheapest_on_cpu`` picks."""
+               cpu_rows: int = 0, size: OutputSize | None = None) -> None:
+        """Queue samples ``indices`` for slot positions ``start...``, made at ``size`` (None: the size the
+        pool was made for; a smaller one is laid out in the slot as ``Ring.at`` says). On the GPU path,
+        ``cpu_rows`` of them (the CPU's share) are decoded here rather than left encoded: spread evenly over
+        the chunks, each chunk's worker takes the ones ``placement.cheapest_on_cpu`` picks."""
+        augment = self._spec.augment
+        size = size or OutputSize(augment.image_size, augment.resize_size)
+        self._ring.at(size.image)  # over the ring's size: raises here, not in a worker
         chunks = [indices[i : i + self.chunk_size] for i in range(0, len(indices), self.chunk_size)]
         gen = self._generation.value
-        entry = self._pending[batch_id] = _Pending(slot, start + len(indices), {}, set(range(len(chunks))))
+        entry = self._pending[batch_id] = _Pending(slot, start + len(indices), size.image, {},
+                                                   set(range(len(chunks))))
         n = max(1, len(indices))
         for c, chunk in enumerate(chunks):
             a = c * self.chunk_size  # the chunk's first sample among ``indices``
             quota = round(cpu_rows * (a + len(chunk)) / n) - round(cpu_rows * a / n)
             entry.chunks[c] = (start + a, chunk)
-            self._tasks.put(Task(gen, batch_id, c, slot, seed, epoch, start + a, chunk, quota))
+            self._tasks.put(Task(gen, batch_id, c, slot, seed, epoch, start + a, chunk, quota, size))
 
     def collect(self, batch_id: int) -> tuple[SlotView, list[Failure]]:
         """Wait for batch ``batch_id``; its slot's views and failures. ``last_wait``: seconds spent waiting
@@ -157,7 +164,7 @@ class WorkerPool:
             f = failures[0]
             raise WorkerError(f"failed to load {f.path!r}: {f.reason}"
                               + (f"\n\nworker traceback:\n{f.traceback}" if f.traceback else ""))
-        return self._ring.slot(entry.slot).head(entry.n), failures
+        return self._ring.at(entry.size).slot(entry.slot).head(entry.n), failures
 
     @property
     def closed(self) -> bool:

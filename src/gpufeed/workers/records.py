@@ -11,9 +11,17 @@ class WorkerError(RuntimeError):
     """A worker process died or failed; the message names the worker and the file."""
 
 
+class OutputSize(NamedTuple):
+    """The size a batch is made at (progressive resizing: at most the size the ring was made for): ``image``
+    x ``image`` squares; validation resizes the shorter side to ``resize`` first."""
+
+    image: int
+    resize: int
+
+
 class Task(NamedTuple):
-    """One chunk of a batch: load ``indices`` of epoch ``epoch`` into positions ``start...`` of ``slot``.
-    ``cpu_quota``: on the GPU path, how many of them the CPU decodes (the rest stay encoded).
+    """One chunk of a batch: load ``indices`` of epoch ``epoch`` into positions ``start...`` of ``slot``, at
+    ``size``. ``cpu_quota``: on the GPU path, how many of them the CPU decodes (the rest stay encoded).
     A task whose ``generation`` is not the pool's current one belongs to an abandoned epoch: it is
     acknowledged, not decoded."""
 
@@ -26,6 +34,7 @@ class Task(NamedTuple):
     start: int
     indices: list[int]
     cpu_quota: int
+    size: OutputSize
 
 
 @dataclass(frozen=True, order=True)
