@@ -9,9 +9,10 @@ kernels and copies per image, by stage.
    batch no faster than ``--rate`` images/s (each batch read once on the device, as training would read it).
    "of alone" is the training's rate beside the loader over its rate alone; the loader's delivered rate is
    printed too (a loader that cannot keep the pace costs less than one that can).
-3. For each decode mode, with ``--profile`` batches: the loader alone at full speed under torch.profiler;
-   each CUDA kernel and copy's device time, summed by stage (engine decode, crop-resize kernel, copies to the
-   device, other), per image. Where the profiler cannot trace the device it says so.
+3. For each decode mode, with ``--profile`` batches: the loader alone at full speed under torch.profiler, in
+   a child process (where CUPTI cannot trace, the profiler may crash the process: the tables above are printed
+   first); each CUDA kernel and copy's device time, summed by stage (engine decode, crop-resize kernel, copies
+   to the device, other), per image.
 
 The model alone is measured again at the end; the spread of the two is the run's noise.
 """
@@ -150,6 +151,24 @@ def profile(args, decode: str) -> dict[str, tuple[float, int]] | str:
     return {k: (v / n, counts[k]) for k, v in totals.items()}
 
 
+def profile_in_child(args: argparse.Namespace, decode: str) -> dict[str, tuple[float, int]] | str:
+    """``profile`` in a child process: its result, or how the child ended."""
+    import json
+    import subprocess
+
+    cmd = [sys.executable, __file__, args.data, "--profile", str(args.profile), "--batch-size", str(args.batch_size),
+           "--workers", str(args.workers), "--profile-only", decode]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        if line.startswith("  "):
+            print(line)
+    result = [line[len("RESULT "):] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not result:
+        return f"the profiler's process ended with {done.returncode}"
+    found = json.loads(result[0])
+    return found if isinstance(found, str) else {k: tuple(v) for k, v in found.items()}
+
+
 def _endless(loader: ImageLoader):
     while True:
         yield from loader
@@ -165,7 +184,13 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=0, help="0: the loader's default")
     p.add_argument("--profile", type=int, default=30, help="batches profiled per decode mode (0: none)")
+    p.add_argument("--profile-only", metavar="DECODE", help=argparse.SUPPRESS)  # the child of profile_in_child
     args = p.parse_args()
+    if args.profile_only:
+        import json
+
+        print("RESULT " + json.dumps(profile(args, args.profile_only)))
+        return 0
     if not torch.cuda.is_available():
         print("paced.py needs a CUDA GPU: it measures what the loader costs a training GPU")
         return 0
@@ -181,27 +206,28 @@ def main() -> int:
         train, delivered = beside(args, step, images, labels, decode)
         rows.append((decode, train, delivered))
     alone.append(model_rate(step, images, labels, args.seconds))
-    costs = {d: profile(args, d) for d in args.decodes.split(",")} if args.profile else {}
     base = statistics.mean(alone)
     print(f"\n{args.model} alone: {alone[0]:,.0f} and {alone[1]:,.0f} images/s (start, end)")
     print(f"| beside the training (loader paced at {args.rate:,.0f}/s, in a thread) | {args.model} images/s "
-          "| of alone | loader images/s |\n|---|---|---|---|")
+          "| of alone | loader images/s |\n|---|---|---|---|", flush=True)
     for decode, train, delivered in rows:
-        print(f"| gpufeed decode={decode} | {train:,.0f} | {100 * train / base:.1f}% | {delivered:,.0f} |")
-    if costs:
-        stages = sorted({s for c in costs.values() if isinstance(c, dict) for s in c})
-        print("\n| device time per image, loader alone (us) | " + " | ".join(costs) + " |")
-        print("|---|" + "---|" * len(costs))
-        for s in stages + ["total"]:
-            cells = []
-            for c in costs.values():
-                if isinstance(c, str):
-                    cells.append(c)
-                elif s == "total":
-                    cells.append(f"{sum(v for v, _ in c.values()):.1f}")
-                else:
-                    cells.append(f"{c[s][0]:.1f} ({c[s][1]} launches)" if s in c else "-")
-            print(f"| {s} | " + " | ".join(cells) + " |")
+        print(f"| gpufeed decode={decode} | {train:,.0f} | {100 * train / base:.1f}% | {delivered:,.0f} |", flush=True)
+    if not args.profile:
+        return 0
+    costs = {d: profile_in_child(args, d) for d in args.decodes.split(",")}
+    stages = sorted({s for c in costs.values() if isinstance(c, dict) for s in c})
+    print("\n| device time per image, loader alone (us) | " + " | ".join(costs) + " |")
+    print("|---|" + "---|" * len(costs))
+    for s in stages + ["total"]:
+        cells = []
+        for c in costs.values():
+            if isinstance(c, str):
+                cells.append(c)
+            elif s == "total":
+                cells.append(f"{sum(v for v, _ in c.values()):.1f}")
+            else:
+                cells.append(f"{c[s][0]:.1f} ({c[s][1]} launches)" if s in c else "-")
+        print(f"| {s} | " + " | ".join(cells) + " |")
     return 0
 
 

@@ -8,7 +8,7 @@ import math
 from typing import Callable, Hashable, Sequence
 
 import torch
-from torch.nn.functional import conv2d, grid_sample, pad
+from torch.nn.functional import grid_sample, pad
 from torchvision.transforms.v2 import functional as F
 
 try:  # torchvision's own pieces, so a whole group's affine and hue are computed as its ops compute them
@@ -92,14 +92,17 @@ def contrast(images: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
 
 
 def sharpness(images: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
-    """``adjust_sharpness`` by ``factors[i]``: the 3x3 smoothing kernel blended in, the border kept."""
+    """``adjust_sharpness`` by ``factors[i]``: torchvision's 3x3 smoothing kernel (1/13 around, 5/13 in the
+    middle) blended in, the border kept. The kernel is summed as shifted views, not a convolution: cuDNN builds
+    a plan for each new batch shape, and the samples that drew an op are a different count in every batch
+    (milliseconds of host time per call)."""
     if images.shape[-1] <= 2 or images.shape[-2] <= 2:
         return images
-    a, b = 1.0 / 13.0, 5.0 / 13.0
-    kernel = on(images.device, [[a, a, a], [a, b, a], [a, a, a]]).expand(3, 1, 3, 3)
     out = images.to(torch.float32, copy=True)
-    blurred = conv2d(out, kernel, groups=3).round_()
+    rows = out[..., :, :-2] + out[..., :, 1:-1] + out[..., :, 2:]
+    box = rows[..., :-2, :] + rows[..., 1:-1, :] + rows[..., 2:, :]  # the 9 pixels, an exact integer sum
     inner = out[..., 1:-1, 1:-1]
+    blurred = box.add_(inner, alpha=4.0).div_(13.0).round_()  # (sum of 8 + 5 x middle) / 13, rounded
     inner.addcmul_(blurred.sub_(inner), on(images.device, [1.0 - f for f in factors]).view(-1, 1, 1, 1))
     return out.clamp_(0, 255).to(torch.uint8)
 
@@ -116,16 +119,20 @@ def hue(images: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
 
 def gaussian_blur(images: torch.Tensor, kernel_size: tuple[int, int], sigmas: Sequence[float]) -> torch.Tensor:
     """``gaussian_blur(images[i], kernel_size, [sigmas[i]] * 2)``: reflect padding, torchvision's kernel,
-    applied as two passes of its 1-D factors (the same kernel, far fewer products than the 2-D one)."""
+    applied as two passes of its 1-D factors, each a sum of shifted views weighted per sample (no cuDNN
+    convolution: it builds a plan for each new batch shape, see ``sharpness``)."""
     n, c, h, w = images.shape
     kx, ky = kernel_size
     x = pad(images.to(torch.float32), [kx // 2, kx // 2, ky // 2, ky // 2], mode="reflect")
-    x = x.reshape(1, n * c, *x.shape[-2:])
     sigmas = on(images.device, sigmas)
-    wx = _gaussian_1d(kx, sigmas).repeat_interleave(c, dim=0).view(n * c, 1, 1, kx)
-    wy = _gaussian_1d(ky, sigmas).repeat_interleave(c, dim=0).view(n * c, 1, ky, 1)
-    out = conv2d(conv2d(x, wx, groups=n * c), wy, groups=n * c)
-    return out.view(n, c, h, w).round_().to(torch.uint8)
+    wx, wy = _gaussian_1d(kx, sigmas).view(n, 1, 1, 1, kx), _gaussian_1d(ky, sigmas).view(n, 1, 1, 1, ky)
+    across = x[..., 0:w].mul(wx[..., 0])
+    for k in range(1, kx):
+        across.addcmul_(x[..., k : k + w], wx[..., k])
+    out = across[..., 0:h, :].mul(wy[..., 0])
+    for k in range(1, ky):
+        out.addcmul_(across[..., k : k + h, :], wy[..., k])
+    return out.round_().to(torch.uint8)
 
 
 def _gaussian_1d(size: int, sigmas: torch.Tensor) -> torch.Tensor:
