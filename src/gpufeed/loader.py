@@ -3,7 +3,8 @@
     CPU decode:  Source ─► ShardedSampler ─► Scheduler ─► WorkerPool (decode + crop/resize/flip, uint8)
                                                               │ shared-memory ring, (B, S, S, 3) uint8
                                                               ▼
-                                                          Prefetcher ─► Normalize on `device` ─► (images, labels)
+                                                          Prefetcher ─► Normalize on `device`, per-sample ops
+                                                                        ─► (images, labels)
 
     GPU decode:  Source ─► ShardedSampler ─► Scheduler ─► WorkerPool (read bytes, header, crop box; the CPU's
                                                               │       share decoded to rows; odd files finished)
@@ -11,7 +12,9 @@
                                                               ▼
                                                           Prefetcher ─► GpuDecodeAugment on the side stream
                                                                         (decode, one fused crop/resize/flip/
-                                                                         normalise kernel)
+                                                                         normalise kernel), per-sample ops
+
+    The recipe's batch transform (MixUp/CutMix) runs on the consumer's stream, in the consumer's thread.
 """
 
 from __future__ import annotations
@@ -219,17 +222,18 @@ class ImageLoader:
         self.batch_indices: list[int] = []  # the source indices of the batch last yielded
         self._share = placement.ShareControl(cpu_share if gpu_path else 1.0)
         skips = self._skips if on_error == "skip" else None
+        per_sample = _PerSample(self.sample_ops, self.sampler)
         if gpu_path:
             self._gpu_stage = GpuDecodeAugment(
                 gpu_decoders, device=self.device, image_size=image_size, mean=mean, std=std, dtype=dtype,
                 channels_last=channels_last, max_pixels=max_pixels, buffer_bytes=self.gpu_memory.buffer_bytes,
                 skips=skips, output_batches=(batch_size, self.gpu_memory.batches))
             self.decode_backend = self._gpu_stage.name
-            transform, on_issued = _Decoded(self._gpu_stage), None  # the stage releases each slot itself
+            transform, on_issued = _Decoded(self._gpu_stage, per_sample), None  # the stage releases each slot
         else:
             self._gpu_stage = None
             self.decode_backend = "cpu"
-            transform, on_issued = _Normalized(self.normalize), _hand_back  # once its copy is queued
+            transform, on_issued = _Normalized(self.normalize, per_sample), _hand_back  # once its copy is queued
         # one slot more on the GPU path: the GPU stage holds a batch until the next one is started
         num_slots = max(4, prefetch_depth + 2) + gpu_path
         # the pool factory refers to settings, not to the loader: nothing the loader owns may refer back to it,
@@ -294,8 +298,6 @@ class ImageLoader:
                 self.sampler.advance(out.consumed)
                 self.batch_indices = out.indices
                 images = out.images
-                if self.sample_ops:  # on the device, on the consumer's stream
-                    images = self.sample_ops(images, out.indices, self.sampler.seed, self.sampler.epoch)
                 if self.batch_transform is None:
                     yield images, out.labels
                 else:  # on the device, on the consumer's stream, as the user would call it
@@ -364,25 +366,39 @@ class _Delivered(NamedTuple):
     consumed: int
 
 
+class _PerSample:
+    """The recipe's per-sample ops (TrivialAugmentWide, ColorJitter, RandomErasing, ...) on a finished batch,
+    drawn for the sampler's seed and epoch. On CUDA this runs in the Prefetcher's thread on its side stream, so
+    the ops' kernels overlap the training and their Python stays off the training thread; the epoch cannot
+    change under it (``set_epoch`` follows the end of an iteration, which stops that thread)."""
+
+    def __init__(self, ops: SampleOps, sampler: ShardedSampler) -> None:
+        self.ops, self.sampler = ops, sampler
+
+    def __call__(self, images: torch.Tensor, indices: list[int]) -> torch.Tensor:
+        return self.ops(images, indices, self.sampler.seed, self.sampler.epoch) if self.ops else images
+
+
 class _Normalized:
     """CPU path, the Prefetcher's transform: the (B, S, S, 3) uint8 batch normalised on the device (CUDA), or
-    the batch the workers normalised, copied out of the ring (a CPU device)."""
+    the batch the workers normalised, copied out of the ring (a CPU device); then the per-sample ops."""
 
-    def __init__(self, normalize: Normalize) -> None:
-        self.normalize = normalize
+    def __init__(self, normalize: Normalize, per_sample: _PerSample) -> None:
+        self.normalize, self.per_sample = normalize, per_sample
 
     def __call__(self, batch: HostBatch) -> _Delivered:
         images = batch.images
         # a CPU device's workers normalised the batch already; for CUDA it is uint8 until the device
         out = self.normalize.finished(images) if images.dtype == torch.float32 else self.normalize.images(images)
-        return _Delivered(out, batch.labels, batch.indices, batch.consumed)
+        return _Delivered(self.per_sample(out, batch.indices), batch.labels, batch.indices, batch.consumed)
 
 
 class _Decoded:
-    """GPU path, the Prefetcher's staged transform: the GPU stage's start/finish, keeping the batch's count."""
+    """GPU path, the Prefetcher's staged transform: the GPU stage's start/finish, then the per-sample ops,
+    keeping the batch's count."""
 
-    def __init__(self, stage: GpuDecodeAugment) -> None:
-        self.stage = stage
+    def __init__(self, stage: GpuDecodeAugment, per_sample: _PerSample) -> None:
+        self.stage, self.per_sample = stage, per_sample
 
     def start(self, batch: HostBatch) -> tuple[HostBatch, Any]:
         return batch, self.stage.start(batch)
@@ -390,4 +406,4 @@ class _Decoded:
     def finish(self, started: tuple[HostBatch, Any]) -> _Delivered:
         batch, inner = started
         images, labels = self.stage.finish(inner)  # may put stand-ins in batch.indices
-        return _Delivered(images, labels, batch.indices, batch.consumed)
+        return _Delivered(self.per_sample(images, batch.indices), labels, batch.indices, batch.consumed)
