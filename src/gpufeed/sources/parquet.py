@@ -189,7 +189,8 @@ class ParquetSource:
                         if len(got) != expected:
                             raise ValueError(f"{len(got)} rows, {expected} in the footer the loader read")
                     except Exception as e:  # its samples fail, each naming the file and row group
-                        errors[r] = f"{url}: cannot read row group {r} ({type(e).__name__}: {e})"
+                        why = " ".join(str(e).split())  # pyarrow's messages run over lines
+                        errors[r] = f"{url}: cannot read row group {r} ({type(e).__name__}: {why})"
                         got = np.zeros((expected, 4), np.int64)
                         got[:, 1] = UNREADABLE
                     else:
