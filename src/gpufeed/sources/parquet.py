@@ -127,11 +127,13 @@ class ParquetSource:
         self._row0 = np.array([sum(rows[f][:r]) for f, r, _ in sizes], np.int64)
         # items: a remote file's row groups together (it is fetched whole), a local file's one each
         whole = [is_url(f) for f in self.files]
-        self._item = np.cumsum([g == 0 or not whole[f] or f != self._file[g - 1]
-                                for g, f in enumerate(self._file.tolist())]) - 1
-        self._first = np.searchsorted(self._item, np.arange(self._item[-1] + 2))  # item i: groups [first[i], first[i + 1])
-        self._names = [f"{self.files[f]}.images" if whole[f] else f"{self.files[f]}#{self._group[g]}.images"
-                       for g, f in ((g, int(self._file[g])) for g in self._first[:-1].tolist())]
+        starts_item = [g == 0 or not whole[f] or f != self._file[g - 1] for g, f in enumerate(self._file.tolist())]
+        self._item = np.cumsum(starts_item) - 1  # the item of each row group
+        self._first = np.append(np.flatnonzero(starts_item), len(sizes))  # item i: row groups [first[i], first[i + 1])
+        self._names = []
+        for g in self._first[:-1].tolist():
+            f = int(self._file[g])
+            self._names.append(f"{self.files[f]}.images" if whole[f] else f"{self.files[f]}#{self._group[g]}.images")
         # where each row group's rows begin in its item
         starts = self._groups.starts
         self._in_item = (starts[:-1] - starts[self._first[self._item]]).tolist()
