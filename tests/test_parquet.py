@@ -4,6 +4,7 @@ plain bytes or Hugging Face's {bytes, path} struct, and errors that name the fil
 from __future__ import annotations
 
 import collections
+import os
 
 import pytest
 import torch
@@ -57,13 +58,91 @@ def test_loader_over_parquet_equals_loader_over_the_folder(synth_root, tmp_path)
     assert sorted(seen) == list(range(40))
 
 
-def test_parquet_memory_is_bounded_by_row_groups(synth_root, tmp_path):
-    """A worker keeps window + 1 row groups, however many it has read."""
+def _images(spool) -> list[str]:
+    """The extracted row groups in a spool folder now."""
+    return [n for n in os.listdir(spool.root) if n.endswith(".images")]
+
+
+def test_parquet_row_groups_are_extracted_once_and_deleted_behind_the_order(synth_root, tmp_path):
+    """20 row groups of 2 rows, 4 workers, batches of 4 split across them: each row group is read from
+    the Parquet file once (by whichever process came first), not once per worker, and deleted once the
+    order has passed it. Made twice: only row groups the next epoch starts with (its first batches are
+    started at this epoch's end, after this epoch's copy was deleted)."""
+    from gpufeed.sampling import ShardedSampler
+
     src = folder_source(synth_root)
-    table = parquet_source(_write(src, tmp_path / "pq", row_group_size=3), window=2)
+    folder = _write(src, tmp_path / "pq", row_group_size=2)
+    table = parquet_source(folder, readahead=1, window=1)
+    assert table.units is None and table.groups == (2,) * 20
+    peak, checked = 0, 0
+    with ImageLoader(table, **dict(KW, num_workers=4)) as loader:
+        for _, labels in loader:
+            assert labels.tolist() == [src.label(i) for i in loader.batch_indices]
+            checked += len(labels)
+            peak = max(peak, len(_images(table.spool)))
+        made = table.spool.made()
+    assert checked == 40 and _images(table.spool) == []  # closed: every extracted row group deleted
+
+    def item(i):  # the extracted row group of sample i: file i // 20, row group (i % 20) // 2
+        return f"{folder / f'train-{i // 20:05d}.parquet'}#{i % 20 // 2}.images"
+
+    assert set(made) == {item(i) for i in range(40)} and len(made) == 20
+    # the next epoch's first batches (at most the ring's 4 slots of 4) and the one row group made ahead
+    nxt = ShardedSampler(40, groups=table.groups, window=1, seed=KW["seed"], epoch=1).epoch_indices()[:18]
+    twice = {name for name, count in made.items() if count > 1}
+    assert max(made.values()) <= 2 and twice <= {item(i) for i in nxt}, (made, nxt)
+    # on disk at once: the row groups of the ring's 16 samples in flight (at most 9) and the ones made ahead
+    assert peak <= 12, peak
+
+
+def test_parquet_bad_rows_are_named_and_labels_stay_with_their_images(synth_root, tmp_path):
+    """Row 3 holds bytes that are no image, row 8 a null image, row 12 a null label: skipped, each named
+    by file and row, the other samples delivered with their own labels; or the first raises, named."""
+    src = folder_source(synth_root)
+    ids = range(20)
+    images = [b"not a jpeg" if i == 3 else None if i == 8 else src.read(i) for i in ids]
+    labels = [None if i == 12 else src.label(i) for i in ids]
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    pq.write_table(pa.table({"image": pa.array(images, pa.binary()), "label": pa.array(labels, pa.int64())}),
+                   folder / "t.parquet", row_group_size=5)
+    with ImageLoader(folder, on_error="skip", train=False, **KW) as loader:
+        delivered = 0
+        for _, got in loader:
+            assert got.tolist() == [src.label(i) for i in loader.batch_indices]
+            assert not {3, 8, 12} & set(loader.batch_indices)
+            delivered += len(got)
+        skipped = dict(loader.stats["skipped"])
+    assert delivered == 20 and sorted(skipped) == [f"{folder / 't.parquet'}[row {r}]" for r in (12, 3, 8)]
+    assert "null" in skipped[f"{folder / 't.parquet'}[row 8]"]
+    assert "label column 'label' is null" in skipped[f"{folder / 't.parquet'}[row 12]"]
+    with ImageLoader(folder, train=False, **KW) as loader:
+        with pytest.raises(Exception, match=r"t\.parquet\[row 3\]"):
+            for _ in loader:
+                pass
+
+
+def test_parquet_unreadable_row_group_fails_only_its_samples(synth_root, tmp_path):
+    """A row group whose page header is damaged fails each of its samples, naming the file and row
+    group; the file's other row groups read as before."""
+    src = folder_source(synth_root)
+    folder = _write(src, tmp_path / "pq", files=2, row_group_size=7)  # rows 0-19 in row groups of 7, 7, 6
+    path = folder / "train-00000.parquet"
+    chunk = pq.ParquetFile(path).metadata.row_group(1).column(0)
+    at = chunk.dictionary_page_offset or chunk.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[at : at + 16] = b"\xff" * 16
+    path.write_bytes(bytes(data))
+    table = parquet_source(folder)
+    good = 0
     for i in range(40):
-        table.read(i)
-    assert len(table._cache) == 3
+        if 7 <= i < 14:
+            with pytest.raises(OSError, match=r"train-00000\.parquet: cannot read row group 1 \("):
+                table.read(i)
+        else:
+            assert table.read(i) == src.read(i) and table.label(i) == src.label(i)
+            good += 1
+    assert good == 33
 
 
 def test_parquet_on_s3_with_named_columns(synth_root, tmp_path):
@@ -84,6 +163,9 @@ def test_parquet_on_s3_with_named_columns(synth_root, tmp_path):
         with ImageLoader(table, **KW) as loader:
             counts = collections.Counter(i for _ in loader for i in loader.batch_indices)
         assert set(counts) == set(range(40)) and max(counts.values()) == 1
+        # each file fetched whole and extracted into one item; all of it deleted once the loader closed
+        assert set(table.spool.made()) == {f"s3://tables/imgs/train-{f:05d}.parquet.images" for f in (0, 1)}
+        assert os.listdir(table.spool.root) == ["made.log"]
     finally:
         server.stop()
 

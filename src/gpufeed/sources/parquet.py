@@ -1,18 +1,31 @@
 """Parquet image tables: an image-bytes column (plain bytes, or the ``{"bytes": ..., "path": ...}`` struct
 Hugging Face datasets write) and an integer label column, in local files or behind URLs.
 
-Row counts come from the files' footers, so the source is random access by index; a worker reads the
-row group holding a sample and keeps the last ``window + 1`` row groups it read, so its memory is bounded
-by that many row groups. ``groups`` gives the sampler the row groups' sizes, so the epoch order takes a few
-row groups at a time and deals them to the ranks (``sampling``). Remote files are fetched whole into the
-``Spool`` ahead of the order; ``units`` keeps a remote file's row groups together in the order, so each rank
-fetches only its own files, each once (and at most the two it shares with its neighbouring ranks).
+Row counts come from the files' footers, so the source is random access by index. A row group is read
+and decompressed once per machine, not once per worker: the first process that needs it (the loader's
+readahead threads, ahead of the epoch's order, or a worker that gets there first) extracts its image
+bytes, labels and each row's offset into one local file of the ``Spool`` (an item), under the item's
+lock; every worker then reads a sample with one ``pread`` at its offset, as tar members are read. An
+item is deleted once the order has passed it, so about ``window + readahead`` of them are on disk at a
+time, and a worker holds only the offsets and labels of the few it has open.
+
+A local file's items are its row groups. A remote file is fetched whole and all its row groups go into
+one item (the downloaded copy is deleted once they are out); ``units`` keeps a remote file's row groups
+together in the order (``sampling``), so each rank fetches only its own files, each once (and at most the
+two it shares with its neighbouring ranks).
+
+An item's layout: the image bytes | rows (n, 4) int64: offset, size (``NULL_IMAGE``, or ``UNREADABLE``:
+its row group could not be read), label, whether the label is set | JSON {row group: error} |
+``_TRAILER`` (n, the JSON's length, ``_MAGIC``).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
+import json
 import os
+import struct
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -20,15 +33,19 @@ import numpy as np
 
 from .base import Groups
 from .retry import RetryPolicy, with_retries
-from .spool import Readahead, Spool
+from .spool import Make, Readahead, Spool
 from .urls import is_url
 
-_OPEN_FILES = 8  # per worker: Parquet files held open
+_OPEN_ITEMS = 8  # per worker: items held open (one the main process deleted stays readable while open)
+_MAGIC = b"GFPQROWS"
+_TRAILER = struct.Struct("<qq8s")
+NULL_IMAGE, UNREADABLE = -1, -2  # a row's size when it has no image bytes
 
 
 def _pyarrow():
     try:
         import pyarrow
+        import pyarrow.compute
         import pyarrow.parquet
     except ImportError:
         raise ImportError("reading Parquet needs pyarrow: pip install 'gpufeed[parquet]'") from None
@@ -36,40 +53,96 @@ def _pyarrow():
 
 
 def _image_values(col, name: str, where: str):
-    """The bytes of an image column: itself when binary, its "bytes" field when a struct."""
+    """The bytes of an image column (an Array): itself when binary, its "bytes" field when a struct (null
+    where the struct is)."""
     pa = _pyarrow()
     t = col.type
     if pa.types.is_struct(t):
         if t.get_field_index("bytes") < 0:
             raise ValueError(f"{where}: image column {name!r} is a struct without a 'bytes' field ({t})")
-        return col.field("bytes")
+        col = pa.compute.struct_field(col, "bytes")
+        if not (pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+            raise ValueError(f"{where}: image column {name!r} has a 'bytes' field of {col.type}, not bytes")
+        return col
     if not (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
         raise ValueError(f"{where}: image column {name!r} must hold bytes or a {{bytes, path}} struct, not {t}")
     return col
 
 
+def _rows(table, image_column: str, label_column: str, where: str) -> tuple[np.ndarray, memoryview]:
+    """A row group's rows ((n, 4) int64, offsets from its first image's start) and its image bytes, one
+    after another."""
+    pa = _pyarrow()
+    images = _image_values(table.column(image_column).combine_chunks(), image_column, where)
+    labels = table.column(label_column).combine_chunks()
+    n = len(images)
+    wide = pa.types.is_large_binary(images.type)
+    _, offsets, data = images.buffers()
+    # the values' ends, in the buffers of a possibly sliced array
+    ends = np.frombuffer(offsets, np.int64 if wide else np.int32)[images.offset : images.offset + n + 1]
+    ends = ends.astype(np.int64)
+    rows = np.empty((n, 4), np.int64)
+    rows[:, 0] = ends[:-1] - ends[0]
+    rows[:, 1] = np.where(images.is_null().to_numpy(zero_copy_only=False), NULL_IMAGE, np.diff(ends))
+    rows[:, 2] = pa.compute.fill_null(labels, 0).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    rows[:, 3] = labels.is_valid().to_numpy(zero_copy_only=False)
+    start, stop = int(ends[0]), int(ends[-1])
+    return rows, memoryview(data)[start:stop] if stop > start else memoryview(b"")
+
+
+def _read_item(fd: int, name: str) -> tuple[list[list[int]], dict[int, str]]:
+    """The rows (lists: they index faster one at a time) and row-group errors of the item open at ``fd``."""
+    size = os.fstat(fd).st_size
+    if size < _TRAILER.size:
+        raise OSError(f"{name}: an extracted row group of {size} bytes is incomplete")
+    n, note, magic = _TRAILER.unpack(os.pread(fd, _TRAILER.size, size - _TRAILER.size))
+    start = size - _TRAILER.size - note - n * 32
+    if magic != _MAGIC or start < 0:
+        raise OSError(f"{name}: not an extracted row group (its trailer reads {magic!r})")
+    tail = os.pread(fd, n * 32 + note, start)
+    rows = np.frombuffer(tail, np.int64, n * 4).reshape(n, 4).tolist()
+    return rows, {int(r): e for r, e in json.loads(tail[n * 32 :]).items()}
+
+
 class ParquetSource:
     """Samples in Parquet ``files`` (local paths or URLs; row group r of file f holds ``rows[f][r]``
-    samples), images in ``image_column``, labels in ``label_column`` (picklable)."""
+    samples), images in ``image_column``, labels in ``label_column`` (picklable). ``spool``: the folder
+    of extracted row groups (default: a temporary one); ``ahead``: items made ahead of the order;
+    ``window``: row groups whose samples the epoch order shuffles together."""
 
     def __init__(self, files: Sequence[str], rows: Sequence[Sequence[int]], *, image_column: str = "image",
                  label_column: str = "label", spool: Spool | None = None, ahead: int = 8, window: int = 4) -> None:
         if len(files) != len(rows):
             raise ValueError(f"{len(files)} files but row counts for {len(rows)}")
+        if sum(map(sum, rows)) == 0:
+            raise ValueError(f"no rows in the Parquet files {list(files)[:3]}")
         self.files, self.image_column, self.label_column = list(files), image_column, label_column
-        self.spool, self.ahead, self.window = spool, ahead, window
+        self.spool = spool if spool is not None else Spool(None, None, RetryPolicy())
+        self.ahead, self.window = ahead, window
         sizes = [(f, r, n) for f, per in enumerate(rows) for r, n in enumerate(per) if n > 0]
         self._file = np.array([f for f, _, _ in sizes], np.int64)
         self._group = np.array([r for _, r, _ in sizes], np.int64)
         self._groups = Groups([n for _, _, n in sizes])
         # the first row of each kept row group within its file, for naming samples
         self._row0 = np.array([sum(rows[f][:r]) for f, r, _ in sizes], np.int64)
-        self._cache: collections.OrderedDict[int, tuple[Any, np.ndarray]] = collections.OrderedDict()
-        self._handles: dict[int, Any] = {}
+        # items: a remote file's row groups together (it is fetched whole), a local file's one each
+        whole = [is_url(f) for f in self.files]
+        starts_item = [g == 0 or not whole[f] or f != self._file[g - 1] for g, f in enumerate(self._file.tolist())]
+        self._item = np.cumsum(starts_item) - 1  # the item of each row group
+        self._first = np.append(np.flatnonzero(starts_item), len(sizes))  # item i: row groups [first[i], first[i + 1])
+        self._names = []
+        for g in self._first[:-1].tolist():
+            f = int(self._file[g])
+            self._names.append(f"{self.files[f]}.images" if whole[f] else f"{self.files[f]}#{self._group[g]}.images")
+        # where each row group's rows begin in its item
+        starts = self._groups.starts
+        self._in_item = (starts[:-1] - starts[self._first[self._item]]).tolist()
+        self._open: collections.OrderedDict[int, tuple[int, list[list[int]], dict[int, str]]] = \
+            collections.OrderedDict()
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_cache"], state["_handles"] = collections.OrderedDict(), {}
+        state["_open"] = collections.OrderedDict()
         return state
 
     @property
@@ -79,10 +152,9 @@ class ParquetSource:
     @property
     def units(self) -> tuple[int, ...] | None:
         """Remote files: each file's row groups (their count) stay together in the order, so a rank
-        fetches a file once; None for local files, whose row groups are read in place."""
-        if self.spool is None:
-            return None
-        return tuple(np.bincount(self._file)[np.unique(self._file)].tolist())
+        fetches a file once; None when every file is local, whose row groups are extracted one by one."""
+        per_item = np.diff(self._first)
+        return tuple(per_item.tolist()) if per_item.max(initial=1) > 1 else None
 
     def __len__(self) -> int:
         return self._groups.total
@@ -91,55 +163,103 @@ class ParquetSource:
         g, k = self._groups.locate(index)
         return f"{self.files[self._file[g]]}[row {int(self._row0[g]) + k}]"
 
-    def _load(self, g: int) -> tuple[Any, np.ndarray]:
-        held = self._cache.get(g)
-        if held is not None:
-            self._cache.move_to_end(g)
-            return held
-        pq = _pyarrow().parquet
-        f = int(self._file[g])
-        handle = self._handles.get(f)
-        if handle is None:
-            url = self.files[f]
-            if self.spool is None:
-                handle = pq.ParquetFile(url)
-            else:  # the descriptor keeps the local copy readable even once the main process deletes it
-                fd, _ = self.spool.open(url)
-                handle = pq.ParquetFile(os.fdopen(fd, "rb"))
-            self._handles[f] = handle
-            if len(self._handles) > _OPEN_FILES:
-                self._handles.pop(next(iter(self._handles))).close()
+    def _make(self, item: int) -> Make:
+        return functools.partial(self._extract, item)
+
+    def _extract(self, item: int, part: str) -> None:
+        """Write ``item`` (its row groups' image bytes and rows, module docstring) to ``part``; OSError
+        naming the file when it cannot be fetched or opened. A row group that cannot be read is recorded
+        in the item, and fails its samples when they are read."""
+        pa = _pyarrow()
+        groups = range(int(self._first[item]), int(self._first[item + 1]))
+        url = self.files[int(self._file[groups[0]])]
+        local = part + ".download" if is_url(url) else url
         try:
-            table = handle.read_row_group(int(self._group[g]), columns=[self.image_column, self.label_column])
-        except Exception as e:  # pyarrow's errors for corrupt or cut-short files: name the file and row group
-            raise OSError(f"{self.files[f]}: cannot read row group {int(self._group[g])} "
-                          f"({type(e).__name__}: {e})") from None
-        where = self.files[f]
-        images = _image_values(table.column(self.image_column).combine_chunks(), self.image_column, where)
-        labels = table.column(self.label_column).to_numpy(zero_copy_only=False)
-        self._cache[g] = held = (images, labels)
-        if len(self._cache) > self.window + 1:
-            self._cache.popitem(last=False)
+            if local != url:
+                self.spool.fetch(url, local)
+            try:
+                pf = pa.parquet.ParquetFile(local)
+            except Exception as e:  # pyarrow's errors for a missing, corrupt or cut-short file
+                raise OSError(f"{url}: cannot open the Parquet file ({type(e).__name__}: {e})") from None
+            rows, errors = [], {}
+            with pf, open(part, "wb") as out:
+                for g in groups:
+                    r, expected = int(self._group[g]), int(self._groups.sizes[g])
+                    try:
+                        table = pf.read_row_group(r, columns=[self.image_column, self.label_column])
+                        got, data = _rows(table, self.image_column, self.label_column, url)
+                        if len(got) != expected:
+                            raise ValueError(f"{len(got)} rows, {expected} in the footer the loader read")
+                    except Exception as e:  # its samples fail, each naming the file and row group
+                        why = " ".join(str(e).split())  # pyarrow's messages run over lines
+                        errors[r] = f"{url}: cannot read row group {r} ({type(e).__name__}: {why})"
+                        got = np.zeros((expected, 4), np.int64)
+                        got[:, 1] = UNREADABLE
+                    else:
+                        got[:, 0] += out.tell()
+                        out.write(data)
+                    rows.append(got)
+                note = json.dumps(errors).encode()
+                every = np.concatenate(rows)
+                out.write(every.tobytes())
+                out.write(note)
+                out.write(_TRAILER.pack(len(every), len(note), _MAGIC))
+        finally:
+            if local != url and os.path.exists(local):
+                os.unlink(local)
+
+    def _held(self, g: int) -> tuple[int, list[list[int]], dict[int, str]]:
+        """Row group ``g``'s item, open: its descriptor, rows and row-group errors."""
+        item = int(self._item[g])
+        held = self._open.get(item)
+        if held is not None:
+            self._open.move_to_end(item)
+            return held
+        fd, _ = self.spool.open(self._names[item], self._make(item))
+        try:
+            rows, errors = _read_item(fd, self._names[item])
+        except OSError:
+            os.close(fd)
+            raise
+        self._open[item] = held = (fd, rows, errors)
+        if len(self._open) > _OPEN_ITEMS:
+            os.close(self._open.popitem(last=False)[1][0])
         return held
 
-    def read(self, index: int) -> bytes:
+    def _row(self, index: int) -> tuple[int, list[int]]:
+        """The descriptor of sample ``index``'s item and its row: offset, size, label, label set."""
         g, k = self._groups.locate(index)
-        data = self._load(g)[0][k].as_py()
-        if data is None:
+        fd, rows, errors = self._held(g)
+        row = rows[self._in_item[g] + k]
+        if row[1] == UNREADABLE:
+            raise OSError(errors[int(self._group[g])])
+        return fd, row
+
+    def read(self, index: int) -> bytes:
+        fd, (offset, size, _, _) = self._row(index)
+        if size == NULL_IMAGE:
             raise OSError(f"{self.path(index)}: the image column {self.image_column!r} is null")
+        data = os.pread(fd, size, offset)
+        if len(data) != size:
+            raise OSError(f"{self.path(index)}: read {len(data)} of {size} bytes of its extracted row group")
         return data
 
     def label(self, index: int) -> int:
-        g, k = self._groups.locate(index)
-        label = self._load(g)[1][k]
-        if label is None or label != label:  # null (None, or NaN after a nullable column's conversion)
+        _, (_, _, label, is_set) = self._row(index)
+        if not is_set:
             raise ValueError(f"{self.path(index)}: the label column {self.label_column!r} is null")
-        return int(label)
+        return label
 
-    def readahead(self, order: Sequence[int]) -> Readahead | None:
-        if self.spool is None:
-            return None  # local files are read in place
-        return self.spool.readahead(self.files, self._file[self._groups.of(order)], self.ahead)
+    def readahead(self, order: Sequence[int]) -> Readahead:
+        """Main process: extract the row groups along ``order`` ahead of the workers (``Spool.readahead``)."""
+        return self.spool.readahead(self._names, self._item[self._groups.of(order)], self.ahead, self._make)
+
+    def __del__(self) -> None:
+        for fd, _, _ in getattr(self, "_open", {}).values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def parquet_files(path: str | os.PathLike | Sequence[str], storage_options: dict[str, Any] | None = None) -> list[str]:
@@ -166,22 +286,22 @@ def parquet_source(path: str | os.PathLike | Sequence[str], *, image_column: str
                    window: int = 4, direct_get: bool = True) -> ParquetSource:
     """A Parquet file, a folder of them, a URL of either, or a list. Reads each file's footer (its row
     groups' sizes and schema, checked here); ``image_column``/``label_column`` name the columns.
-    Remote files are fetched whole into ``spool_dir`` (default: a temporary folder), ``readahead`` files
-    ahead of the workers; ``window``: row groups whose samples the epoch order shuffles together;
-    ``direct_get`` as for ``remote_tar_source``."""
+    Row groups are extracted into ``spool_dir`` (default: a temporary folder), remote files fetched whole
+    into it, ``readahead`` items (a local file's row groups, remote files) ahead of the workers;
+    ``window``: row groups whose samples the epoch order shuffles together; ``direct_get`` as for
+    ``remote_tar_source``."""
     pa = _pyarrow()
     files = parquet_files(path, storage_options)
-    remote = [is_url(f) for f in files]
-    spool = Spool(spool_dir, storage_options, retry, direct_get) if any(remote) else None
+    spool = Spool(spool_dir, storage_options, retry, direct_get)
     rows: list[list[int]] = []
-    for f, is_remote in zip(files, remote):
-        def footer(f=f, is_remote=is_remote):
-            if not is_remote:
+    for f in files:
+        def footer(f=f):
+            if not is_url(f):
                 return pa.parquet.ParquetFile(f)
             with spool.filesystem(f).open(f, "rb") as fh:
                 return pa.parquet.ParquetFile(fh)
         try:
-            pf = with_retries(footer, f, retry, "read the Parquet footer") if is_remote else footer()
+            pf = with_retries(footer, f, retry, "read the Parquet footer") if is_url(f) else footer()
         except pa.ArrowInvalid as e:
             raise ValueError(f"{f}: not a Parquet file ({e})") from None
         schema = pf.schema_arrow
@@ -194,7 +314,5 @@ def parquet_source(path: str | os.PathLike | Sequence[str], *, image_column: str
             raise ValueError(f"{f}: label column {label_column!r} must hold integers, not {label_type}")
         _image_values(pa.array([], schema.field(image_column).type), image_column, f)
         rows.append([pf.metadata.row_group(r).num_rows for r in range(pf.metadata.num_row_groups)])
-    if sum(map(sum, rows)) == 0:
-        raise ValueError(f"no rows in the Parquet files of {path!r}")
-    return ParquetSource(files, rows, image_column=image_column, label_column=label_column,
-                         spool=spool if any(remote) else None, ahead=readahead, window=window)
+    return ParquetSource(files, rows, image_column=image_column, label_column=label_column, spool=spool,
+                         ahead=readahead, window=window)

@@ -1,21 +1,24 @@
-"""Whole remote files copied into a local folder: each fetched once (one streamed GET), read by every
-worker process from the local copy, ahead of need, and deleted once the epoch's order has passed it.
+"""Local files made once per machine and read by every worker process: whole copies of remote files
+(each fetched once, one streamed GET), or what a source makes from its files (Parquet row groups'
+image bytes, ``parquet``), made ahead of need and deleted once the epoch's order has passed them.
 
-    main process:  Readahead(order) ─► thread pool: fetch the next ``ahead`` shards of the order
+    main process:  Readahead(order) ─► thread pool: make the next ``ahead`` items of the order
                                        delete those the order has passed
-    workers:       Spool.local(url) ─► the local copy (waits on the shard's lock while it is being
-                                       fetched; fetches it itself if nobody has)
+    workers:       Spool.local(name) ─► the local file (waits on the item's lock while it is being
+                                        made; makes it itself if nobody has)
 
-One process fetches a file at a time: a per-file ``flock`` guards the download, which lands under a
-temporary name and is renamed when complete, so a reader never sees a partial copy. A fetch that failed
-after its retries leaves a marker for ``FAILED_TTL`` seconds, so the other samples of that file fail at
-once (each reported) rather than each waiting out the retries again.
+One process makes an item at a time: a per-item ``flock`` guards the making, whose file lands under a
+temporary name and is renamed when complete, so a reader never sees a partial one. An item whose making
+failed (after its retries) leaves a marker for ``FAILED_TTL`` seconds, so the other samples of that item
+fail at once (each reported) rather than each waiting out the retries again. Each making is logged in
+the folder (``Spool.made``).
 """
 
 from __future__ import annotations
 
 import collections
 import fcntl
+import functools
 import hashlib
 import os
 import queue
@@ -24,7 +27,7 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -34,6 +37,9 @@ from .urls import filesystem
 
 FETCH_THREADS = 4  # whole files fetched at once, per loader
 FAILED_TTL = 10.0  # seconds a failed fetch is remembered (retries already waited before it was declared)
+MADE_LOG = "made.log"  # in the folder: one line per item made, by any process
+
+Make = Callable[[str], None]  # writes an item's whole content to the path it is given
 
 
 def _key(url: str) -> str:
@@ -41,7 +47,8 @@ def _key(url: str) -> str:
 
 
 class Spool:
-    """A local folder of whole copies of remote files (picklable: workers get the folder's name).
+    """A local folder of whole copies of remote files, or of items a source makes (picklable: workers get
+    the folder's name). An item is named by a string: a URL, fetched whole unless a ``make`` is given.
 
     ``root`` None: a fresh folder under the system's temporary directory, deleted when this object (in the
     process that made it) is garbage-collected or the interpreter exits. ``storage_options`` go to fsspec;
@@ -85,9 +92,14 @@ class Spool:
             fs = self._fs[proto] = filesystem(url, self.storage_options)
         return fs
 
-    def local(self, url: str) -> str:
-        """The path of a complete local copy of ``url``, fetched now if no process has (OSError naming the
-        URL when that fails after the retries)."""
+    def fetch(self, url: str, path: str) -> None:
+        """Write the whole of ``url`` to ``path`` (OSError naming the URL when that fails after the retries)."""
+        fs = self.filesystem(url)
+        with_retries(lambda: self._fetcher.get(fs, url, path), url, self.retry, "fetch the file")
+
+    def local(self, url: str, make: Make | None = None) -> str:
+        """The path of the complete item ``url``, made now if no process has: ``make(path)`` writes it
+        (an OSError naming what failed), by default a fetch of the URL (``fetch``)."""
         path = self.path_of(url)
         if os.path.exists(path):
             return path
@@ -104,30 +116,51 @@ class Spool:
             except FileNotFoundError:
                 pass
             part = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
-            fs = self.filesystem(url)
             try:
-                with_retries(lambda: self._fetcher.get(fs, url, part), url, self.retry, "fetch the file")
+                (make or functools.partial(self.fetch, url))(part)
+                os.replace(part, path)  # complete: get_file raises on a dropped or cut-short transfer
             except OSError as e:
                 with open(failed, "w") as f:
                     f.write(str(e))
+                raise
+            finally:
                 if os.path.exists(part):
                     os.unlink(part)
-                raise
-            os.replace(part, path)  # complete: get_file raises on a dropped or cut-short transfer
+            self._log(url)
             return path
         finally:
             os.close(lock)  # closing the descriptor releases the lock
 
-    def open(self, url: str) -> tuple[int, str]:
-        """A read-only descriptor of the local copy of ``url``, and its path (fetched again if the main
-        process deleted the copy between ``local`` and the open: the order had passed it)."""
+    def _log(self, name: str) -> None:
+        try:  # one short append: whole lines, whichever processes write at once
+            fd = os.open(os.path.join(self.root, MADE_LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, (name.replace("\n", " ") + "\n").encode("utf-8", "surrogateescape"))
+            finally:
+                os.close(fd)
+        except OSError:  # the log is for diagnosis: a full disk fails the next item, not this one
+            pass
+
+    def made(self) -> collections.Counter[str]:
+        """How many times each item was made (fetched or extracted) in this folder, by any process. More
+        than once in an epoch: it was deleted while still wanted."""
+        try:
+            with open(os.path.join(self.root, MADE_LOG), encoding="utf-8", errors="surrogateescape") as f:
+                return collections.Counter(line.rstrip("\n") for line in f)
+        except FileNotFoundError:
+            return collections.Counter()
+
+    def open(self, url: str, make: Make | None = None) -> tuple[int, str]:
+        """A read-only descriptor of the item ``url`` (``local``), and its path (made again if the main
+        process deleted it between ``local`` and the open: the order had passed it)."""
         for _ in range(2):
-            path = self.local(url)
+            path = self.local(url, make)
             try:
                 return os.open(path, os.O_RDONLY), path
             except FileNotFoundError:
                 continue
-        return os.open(self.local(url), os.O_RDONLY), path
+        path = self.local(url, make)
+        return os.open(path, os.O_RDONLY), path
 
     def drop(self, url: str) -> None:
         """Delete the local copy and what readers left beside it (readers holding it open keep reading it). A
@@ -141,18 +174,20 @@ class Spool:
             except FileNotFoundError:
                 pass
 
-    def readahead(self, urls: Sequence[str], of_sample: np.ndarray, ahead: int) -> "Readahead":
-        """Main process: fetch ahead along ``of_sample`` (the file of each entry of an order)."""
+    def readahead(self, urls: Sequence[str], of_sample: np.ndarray, ahead: int,
+                  make: Callable[[int], Make] | None = None) -> "Readahead":
+        """Main process: make ahead along ``of_sample`` (the item of each entry of an order): item f is
+        ``urls[f]``, made by ``make(f)`` (default: fetched)."""
         with self._lock:
             if self._queue is None:
                 self._queue = queue.SimpleQueue()
                 for i in range(FETCH_THREADS):  # daemons: an exit never waits for a fetch's retries
                     threading.Thread(target=_fetch_loop, args=(weakref.ref(self), self._queue), daemon=True,
                                      name=f"gpufeed-fetch-{i}").start()
-        return Readahead(self, urls, of_sample, ahead)
+        return Readahead(self, urls, of_sample, ahead, make)
 
-    def _submit(self, url: str) -> None:
-        self._queue.put(url)
+    def _submit(self, url: str, make: Make | None) -> None:
+        self._queue.put((url, make))
 
     def __del__(self) -> None:
         if getattr(self, "_queue", None) is not None:
@@ -170,14 +205,14 @@ class Spool:
                 del self._users[url]
                 self.drop(url)
 
-    def _fetch_quietly(self, url: str) -> None:
-        """Fetch ``url`` if an order still wants it (one closed since it was queued does not), and delete
-        the copy if every order that wanted it closed while it was being fetched."""
+    def _fetch_quietly(self, url: str, make: Make | None) -> None:
+        """Make ``url`` if an order still wants it (one closed since it was queued does not), and delete
+        it if every order that wanted it closed while it was being made."""
         with self._lock:
             if url not in self._users:
                 return
         try:
-            self.local(url)
+            self.local(url, make)
         except Exception:  # the worker that reads it fetches again and reports the error with the sample
             pass
         with self._lock:
@@ -185,23 +220,24 @@ class Spool:
                 self.drop(url)
 
 
-def _fetch_loop(spool_ref: weakref.ref, urls: queue.SimpleQueue) -> None:
-    """A fetch thread: fetch each URL put in the queue, until None or the spool is gone."""
-    while (url := urls.get()) is not None:
+def _fetch_loop(spool_ref: weakref.ref, items: queue.SimpleQueue) -> None:
+    """A fetch thread: make each (name, make) put in the queue, until None or the spool is gone."""
+    while (item := items.get()) is not None:
         spool = spool_ref()
         if spool is None:
             return
-        spool._fetch_quietly(url)
-        del spool
+        spool._fetch_quietly(*item)
+        del spool, item
 
 
 class Readahead:
-    """One epoch order's fetching: the files of the next ``ahead`` distinct files from the position
-    submitted to the workers are fetched (or being fetched); a file whose last sample in the order lies
-    before the oldest batch still with the workers is deleted, unless another order still wants it."""
+    """One epoch order's making: the next ``ahead`` distinct items from the position submitted to the
+    workers are made (or being made); an item whose last sample in the order lies before the oldest batch
+    still with the workers is deleted, unless another order still wants it."""
 
-    def __init__(self, spool: Spool, urls: Sequence[str], of_sample: np.ndarray, ahead: int) -> None:
-        self.spool, self.urls, self.ahead = spool, urls, max(1, ahead)
+    def __init__(self, spool: Spool, urls: Sequence[str], of_sample: np.ndarray, ahead: int,
+                 make: Callable[[int], Make] | None = None) -> None:
+        self.spool, self.urls, self.ahead, self.make = spool, urls, max(1, ahead), make
         of_sample = np.asarray(of_sample, np.int64)
         # the files in order of first appearance, where each first and last appears
         files, first = np.unique(of_sample, return_index=True)
@@ -221,7 +257,7 @@ class Readahead:
         while self.fetched < min(len(self.files), current + self.ahead):
             f = int(self.files[self.fetched])
             self.spool._want(self.urls[f])
-            self.spool._submit(self.urls[f])
+            self.spool._submit(self.urls[f], self.make(f) if self.make is not None else None)
             self.fetched += 1
         for f in self.files[: self.fetched].tolist():
             if f not in self.passed and self.last[f] < done:
