@@ -292,9 +292,22 @@ _GEOMETRY = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
 def apply_operations(images: torch.Tensor, steps: Sequence[Step], interpolation: str = "nearest") -> torch.Tensor:
     """(B, 3, S, S) uint8 -> the same with sample i's step ``steps[i]`` applied: one pass per operation for all
     the samples that drew it, whatever their magnitudes."""
-    return each_group(images, [name for name, _ in steps],
-                      lambda x, name, members: _batched(x, name, [steps[i][1] for i in members], interpolation),
-                      skip="Identity")
+    h, w = images.shape[-2:]
+
+    def run(x: torch.Tensor, key: str, members: list[int]) -> torch.Tensor:
+        if key == "affine":  # every shear, translation and rotation of the batch through one grid
+            return pixels.affine(x, [pixels.inverse_matrix(*steps[i], w, h) for i in members], interpolation)
+        return _batched(x, key, [steps[i][1] for i in members], interpolation)
+
+    return each_group(images, [_group(name, m) for name, m in steps], run, skip="Identity")
+
+
+def _group(name: str, magnitude: float) -> str:
+    """The pass a step goes through: the geometry operations share one (rotations by a multiple of 90 degrees
+    apart, which torchvision makes exact transposes), each other operation its own."""
+    if name in _GEOMETRY and BATCHED_GEOMETRY and not (name == "Rotate" and magnitude % 90 == 0):
+        return "affine"
+    return name
 
 
 def _batched(images: torch.Tensor, name: str, magnitudes: list[float], interpolation: str) -> torch.Tensor:
@@ -305,9 +318,12 @@ def _batched(images: torch.Tensor, name: str, magnitudes: list[float], interpola
         return torch.where(images >= threshold, images.bitwise_not(), images)
     if name == "Invert":
         return images.bitwise_not()
+    if name == "Posterize":  # torchvision's mask of the top ``bits`` bits, one per sample (all 8 bits: unchanged)
+        masks = [0xFF if int(m) >= 8 else ((1 << int(m)) - 1) << (8 - int(m)) for m in magnitudes]
+        return images.bitwise_and(on(images.device, masks, torch.uint8).view(-1, 1, 1, 1))
     if name in _GEOMETRY and BATCHED_GEOMETRY:
         return _geometry(images, name, magnitudes, interpolation)
-    # Posterize, AutoContrast, Equalize: torchvision's op once per distinct magnitude (a handful at most)
+    # AutoContrast, Equalize: torchvision's op (no magnitude: one pass)
     return each_group(images, magnitudes, lambda x, m, _: apply_operation(x, name, m, interpolation))
 
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Hashable, Sequence
 
@@ -149,14 +150,22 @@ def affine(images: torch.Tensor, matrices: Sequence[Sequence[float]], interpolat
     n, _, h, w = images.shape
     device = images.device
     theta = on(device, matrices).view(n, 2, 3)
-    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=device)
-    base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=device))
-    base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=device).unsqueeze_(-1))
-    base[..., 2].fill_(1)
+    base = _base_grid(h, w, device)
     rescaled = theta.transpose(1, 2).div_(on(device, [0.5 * w, 0.5 * h]))
     grid = base.view(1, h * w, 3).expand(n, -1, -1).bmm(rescaled).view(n, h, w, 2)
     out = grid_sample(images.float(), grid, mode=interpolation, padding_mode="zeros", align_corners=False)
     return out.round_().to(torch.uint8)
+
+
+@functools.lru_cache(maxsize=16)
+def _base_grid(h: int, w: int, device: torch.device) -> torch.Tensor:
+    """(1, h, w, 3) float32: torchvision's affine grid before the matrix (pixel centres, then 1), made once
+    per size and device rather than in six launches per call."""
+    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=device)
+    base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=device))
+    base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=device).unsqueeze_(-1))
+    base[..., 2].fill_(1)
+    return base
 
 
 def inverse_matrix(name: str, magnitude: float, w: int, h: int) -> list[float]:
