@@ -6,8 +6,9 @@ and decompressed once per machine, not once per worker: the first process that n
 readahead threads, ahead of the epoch's order, or a worker that gets there first) extracts its image
 bytes, labels and each row's offset into one local file of the ``Spool`` (an item), under the item's
 lock; every worker then reads a sample with one ``pread`` at its offset, as tar members are read. An
-item is deleted once the order has passed it, so about ``window + readahead`` of them are on disk at a
-time, and a worker holds only the offsets and labels of the few it has open.
+item is deleted once the order has passed it (and the next epoch's, told near this one's end, does not
+want it yet), so the items in flight and ``readahead`` more (twice that near an epoch's end) are on disk
+at a time, and a worker holds only the offsets and labels of the few it has open.
 
 A local file's items are its row groups. A remote file is fetched whole and all its row groups go into
 one item (the downloaded copy is deleted once they are out); ``units`` keeps a remote file's row groups
