@@ -70,12 +70,12 @@ def _image_values(col, name: str, where: str):
     return col
 
 
-def _rows(table, image_column: str, label_column: str, where: str) -> tuple[np.ndarray, memoryview]:
-    """A row group's rows ((n, 4) int64, offsets from its first image's start) and its image bytes, one
-    after another."""
+def _rows(batch, image_column: str, label_column: str, where: str) -> tuple[np.ndarray, memoryview]:
+    """A record batch's rows ((n >= 1, 4) int64, offsets from its first image's start) and its image
+    bytes, one after another (a view of the batch's buffer)."""
     pa = _pyarrow()
-    images = _image_values(table.column(image_column).combine_chunks(), image_column, where)
-    labels = table.column(label_column).combine_chunks()
+    images = _image_values(batch.column(image_column), image_column, where)
+    labels = batch.column(label_column)
     n = len(images)
     wide = pa.types.is_large_binary(images.type)
     _, offsets, data = images.buffers()
@@ -186,20 +186,22 @@ class ParquetSource:
             with pf, open(part, "wb") as out:
                 for g in groups:
                     r, expected = int(self._group[g]), int(self._groups.sizes[g])
-                    try:
+                    try:  # batch by batch: no copy into one array (whose offsets a large row group overflows)
                         table = pf.read_row_group(r, columns=[self.image_column, self.label_column])
-                        got, data = _rows(table, self.image_column, self.label_column, url)
-                        if len(got) != expected:
-                            raise ValueError(f"{len(got)} rows, {expected} in the footer the loader read")
+                        parts = [_rows(b, self.image_column, self.label_column, url)
+                                 for b in table.to_batches() if b.num_rows]
+                        if sum(len(got) for got, _ in parts) != expected:
+                            raise ValueError(f"{table.num_rows} rows, {expected} in the footer the loader read")
                     except Exception as e:  # its samples fail, each naming the file and row group
                         why = " ".join(str(e).split())  # pyarrow's messages run over lines
                         errors[r] = f"{url}: cannot read row group {r} ({type(e).__name__}: {why})"
                         got = np.zeros((expected, 4), np.int64)
                         got[:, 1] = UNREADABLE
-                    else:
+                        parts = [(got, memoryview(b""))]
+                    for got, data in parts:
                         got[:, 0] += out.tell()
                         out.write(data)
-                    rows.append(got)
+                        rows.append(got)
                 note = json.dumps(errors).encode()
                 every = np.concatenate(rows)
                 out.write(every.tobytes())
