@@ -169,8 +169,7 @@ class ParquetSource:
 
     def _extract(self, item: int, part: str) -> None:
         """Write ``item`` (its row groups' image bytes and rows, module docstring) to ``part``; OSError
-        naming the file when it cannot be fetched or opened. A row group that cannot be read is recorded
-        in the item, and fails its samples when they are read."""
+        naming the file when it cannot be fetched or opened."""
         pa = _pyarrow()
         groups = range(int(self._first[item]), int(self._first[item + 1]))
         url = self.files[int(self._file[groups[0]])]
@@ -182,34 +181,38 @@ class ParquetSource:
                 pf = pa.parquet.ParquetFile(local)
             except Exception as e:  # pyarrow's errors for a missing, corrupt or cut-short file
                 raise OSError(f"{url}: cannot open the Parquet file ({type(e).__name__}: {e})") from None
-            rows, errors = [], {}
             with pf, open(part, "wb") as out:
-                for g in groups:
-                    r, expected = int(self._group[g]), int(self._groups.sizes[g])
-                    try:  # batch by batch: no copy into one array (whose offsets a large row group overflows)
-                        table = pf.read_row_group(r, columns=[self.image_column, self.label_column])
-                        parts = [_rows(b, self.image_column, self.label_column, url)
-                                 for b in table.to_batches() if b.num_rows]
-                        if sum(len(got) for got, _ in parts) != expected:
-                            raise ValueError(f"{table.num_rows} rows, {expected} in the footer the loader read")
-                    except Exception as e:  # its samples fail, each naming the file and row group
-                        why = " ".join(str(e).split())  # pyarrow's messages run over lines
-                        errors[r] = f"{url}: cannot read row group {r} ({type(e).__name__}: {why})"
-                        got = np.zeros((expected, 4), np.int64)
-                        got[:, 1] = UNREADABLE
-                        parts = [(got, memoryview(b""))]
-                    for got, data in parts:
-                        got[:, 0] += out.tell()
-                        out.write(data)
-                        rows.append(got)
-                note = json.dumps(errors).encode()
-                every = np.concatenate(rows)
-                out.write(every.tobytes())
-                out.write(note)
-                out.write(_TRAILER.pack(len(every), len(note), _MAGIC))
+                self._write_groups(pf, groups, url, out)
         finally:
             if local != url and os.path.exists(local):
                 os.unlink(local)
+
+    def _write_groups(self, pf, groups: range, url: str, out) -> None:
+        """Row groups ``groups`` of the open file ``pf`` (from ``url``) as an item, into ``out``. A row
+        group that cannot be read is recorded in the item, and fails its samples when they are read."""
+        rows, errors = [], {}
+        for g in groups:
+            r, expected = int(self._group[g]), int(self._groups.sizes[g])
+            try:  # batch by batch: no copy into one array (whose offsets a large row group overflows)
+                table = pf.read_row_group(r, columns=[self.image_column, self.label_column])
+                parts = [_rows(b, self.image_column, self.label_column, url) for b in table.to_batches() if b.num_rows]
+                if sum(len(got) for got, _ in parts) != expected:
+                    raise ValueError(f"{table.num_rows} rows, {expected} in the footer the loader read")
+            except Exception as e:  # pyarrow's errors for a damaged row group, or a column of another type
+                why = " ".join(str(e).split())  # pyarrow's messages run over lines
+                errors[r] = f"{url}: cannot read row group {r} ({type(e).__name__}: {why})"
+                unreadable = np.zeros((expected, 4), np.int64)
+                unreadable[:, 1] = UNREADABLE
+                parts = [(unreadable, memoryview(b""))]
+            for got, data in parts:
+                got[:, 0] += out.tell()
+                out.write(data)
+                rows.append(got)
+        note = json.dumps(errors).encode()
+        every = np.concatenate(rows)
+        out.write(every.tobytes())
+        out.write(note)
+        out.write(_TRAILER.pack(len(every), len(note), _MAGIC))
 
     def _held(self, g: int) -> tuple[int, list[list[int]], dict[int, str]]:
         """Row group ``g``'s item, open: its descriptor, rows and row-group errors."""
