@@ -95,6 +95,23 @@ def test_parquet_row_groups_are_extracted_once_and_deleted_behind_the_order(synt
     assert peak <= 12, peak
 
 
+def test_parquet_row_groups_the_next_epoch_wants_are_kept_for_it(synth_root, tmp_path):
+    """With readahead covering every row group, each epoch's order is told to the source while the one
+    before it runs, so no row group is ever deleted between epochs: each extracted once over three
+    epochs, and all deleted at the close."""
+    src = folder_source(synth_root)
+    table = parquet_source(_write(src, tmp_path / "pq", row_group_size=4), readahead=10, window=2)
+    epochs = 0
+    with ImageLoader(table, **KW) as loader:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            assert sorted(i for _ in loader for i in loader.batch_indices) == list(range(40))
+            epochs += 1
+        made = table.spool.made()
+    assert epochs == 3 and len(made) == 10 and set(made.values()) == {1}, made
+    assert _images(table.spool) == []
+
+
 def test_parquet_bad_rows_are_named_and_labels_stay_with_their_images(synth_root, tmp_path):
     """Row 3 holds bytes that are no image, row 8 a null image, row 12 a null label: skipped, each named
     by file and row, the other samples delivered with their own labels; or the first raises, named."""

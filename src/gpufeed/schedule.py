@@ -16,10 +16,12 @@ next entries of the order, which stay in their own batches too. Every batch keep
 with, so every rank yields ``len(loader)`` full batches and the sampler's position is exact and the same
 on every rank. Samples a dead worker left undone are loaded again first.
 
-Remote sources: a source that reads whole shards (``readahead``) is told this rank's order of each epoch
-(which holds about ``1 / world_size`` of the shards: ``sampling``, "Grouped order"), and as batches go to
-the workers, how far they have got, so shards are fetched ahead of the workers and deleted once the order
-has passed them.
+Sources read whole group by group (remote shards, Parquet row groups: ``readahead``): the source is told
+this rank's order of each epoch (which holds about ``1 / world_size`` of the groups: ``sampling``, "Grouped
+order"), and as batches go to the workers, how far they have got, so groups are fetched or extracted
+ahead of the workers and deleted once the order has passed them. Once an epoch's are all under way, the
+next epoch's order is told too, so its first groups are ready when its batches start (and a group both
+orders want is kept for the next).
 
 Across epochs: once an epoch's last batches are with the workers, free slots take the next epoch's first
 batches, so it starts without a pipeline bubble. They are kept if the next iteration is that epoch from its
@@ -194,10 +196,12 @@ class Scheduler:
                 slots.reclaim()
                 self._submit(run)
                 run.progress()
-                if nxt is None and not self._full(min(per_batch, len(run.order) - run.cursor)):
+                submitted = not self._full(min(per_batch, len(run.order) - run.cursor))  # all this epoch's batches
+                if nxt is None and (submitted or run.fetch is not None and run.fetch.exhausted):
                     nxt = self._run(run.seed, run.epoch + 1, sampler.epoch_indices(run.epoch + 1), slots, size)
                 if nxt is not None:
-                    self._submit(nxt)
+                    if submitted:
+                        self._submit(nxt)
                     nxt.progress()
                 if not run.inflight:
                     if self._full(min(per_batch, len(run.order) - run.cursor)):  # entries left, yet no slot was free

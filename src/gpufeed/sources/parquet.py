@@ -6,8 +6,9 @@ and decompressed once per machine, not once per worker: the first process that n
 readahead threads, ahead of the epoch's order, or a worker that gets there first) extracts its image
 bytes, labels and each row's offset into one local file of the ``Spool`` (an item), under the item's
 lock; every worker then reads a sample with one ``pread`` at its offset, as tar members are read. An
-item is deleted once the order has passed it, so about ``window + readahead`` of them are on disk at a
-time, and a worker holds only the offsets and labels of the few it has open.
+item is deleted once the order has passed it (and the next epoch's, told near this one's end, does not
+want it yet), so the items in flight and ``readahead`` more (twice that near an epoch's end) are on disk
+at a time, and a worker holds only the offsets and labels of the few it has open.
 
 A local file's items are its row groups. A remote file is fetched whole and all its row groups go into
 one item (the downloaded copy is deleted once they are out); ``units`` keeps a remote file's row groups
@@ -69,12 +70,12 @@ def _image_values(col, name: str, where: str):
     return col
 
 
-def _rows(table, image_column: str, label_column: str, where: str) -> tuple[np.ndarray, memoryview]:
-    """A row group's rows ((n, 4) int64, offsets from its first image's start) and its image bytes, one
-    after another."""
+def _rows(batch, image_column: str, label_column: str, where: str) -> tuple[np.ndarray, memoryview]:
+    """A record batch's rows ((n >= 1, 4) int64, offsets from its first image's start) and its image
+    bytes, one after another (a view of the batch's buffer)."""
     pa = _pyarrow()
-    images = _image_values(table.column(image_column).combine_chunks(), image_column, where)
-    labels = table.column(label_column).combine_chunks()
+    images = _image_values(batch.column(image_column), image_column, where)
+    labels = batch.column(label_column)
     n = len(images)
     wide = pa.types.is_large_binary(images.type)
     _, offsets, data = images.buffers()
@@ -168,8 +169,7 @@ class ParquetSource:
 
     def _extract(self, item: int, part: str) -> None:
         """Write ``item`` (its row groups' image bytes and rows, module docstring) to ``part``; OSError
-        naming the file when it cannot be fetched or opened. A row group that cannot be read is recorded
-        in the item, and fails its samples when they are read."""
+        naming the file when it cannot be fetched or opened."""
         pa = _pyarrow()
         groups = range(int(self._first[item]), int(self._first[item + 1]))
         url = self.files[int(self._file[groups[0]])]
@@ -181,32 +181,38 @@ class ParquetSource:
                 pf = pa.parquet.ParquetFile(local)
             except Exception as e:  # pyarrow's errors for a missing, corrupt or cut-short file
                 raise OSError(f"{url}: cannot open the Parquet file ({type(e).__name__}: {e})") from None
-            rows, errors = [], {}
             with pf, open(part, "wb") as out:
-                for g in groups:
-                    r, expected = int(self._group[g]), int(self._groups.sizes[g])
-                    try:
-                        table = pf.read_row_group(r, columns=[self.image_column, self.label_column])
-                        got, data = _rows(table, self.image_column, self.label_column, url)
-                        if len(got) != expected:
-                            raise ValueError(f"{len(got)} rows, {expected} in the footer the loader read")
-                    except Exception as e:  # its samples fail, each naming the file and row group
-                        why = " ".join(str(e).split())  # pyarrow's messages run over lines
-                        errors[r] = f"{url}: cannot read row group {r} ({type(e).__name__}: {why})"
-                        got = np.zeros((expected, 4), np.int64)
-                        got[:, 1] = UNREADABLE
-                    else:
-                        got[:, 0] += out.tell()
-                        out.write(data)
-                    rows.append(got)
-                note = json.dumps(errors).encode()
-                every = np.concatenate(rows)
-                out.write(every.tobytes())
-                out.write(note)
-                out.write(_TRAILER.pack(len(every), len(note), _MAGIC))
+                self._write_groups(pf, groups, url, out)
         finally:
             if local != url and os.path.exists(local):
                 os.unlink(local)
+
+    def _write_groups(self, pf, groups: range, url: str, out) -> None:
+        """Row groups ``groups`` of the open file ``pf`` (from ``url``) as an item, into ``out``. A row
+        group that cannot be read is recorded in the item, and fails its samples when they are read."""
+        rows, errors = [], {}
+        for g in groups:
+            r, expected = int(self._group[g]), int(self._groups.sizes[g])
+            try:  # batch by batch: no copy into one array (whose offsets a large row group overflows)
+                table = pf.read_row_group(r, columns=[self.image_column, self.label_column])
+                parts = [_rows(b, self.image_column, self.label_column, url) for b in table.to_batches() if b.num_rows]
+                if sum(len(got) for got, _ in parts) != expected:
+                    raise ValueError(f"{table.num_rows} rows, {expected} in the footer the loader read")
+            except Exception as e:  # pyarrow's errors for a damaged row group, or a column of another type
+                why = " ".join(str(e).split())  # pyarrow's messages run over lines
+                errors[r] = f"{url}: cannot read row group {r} ({type(e).__name__}: {why})"
+                unreadable = np.zeros((expected, 4), np.int64)
+                unreadable[:, 1] = UNREADABLE
+                parts = [(unreadable, memoryview(b""))]
+            for got, data in parts:
+                got[:, 0] += out.tell()
+                out.write(data)
+                rows.append(got)
+        note = json.dumps(errors).encode()
+        every = np.concatenate(rows)
+        out.write(every.tobytes())
+        out.write(note)
+        out.write(_TRAILER.pack(len(every), len(note), _MAGIC))
 
     def _held(self, g: int) -> tuple[int, list[list[int]], dict[int, str]]:
         """Row group ``g``'s item, open: its descriptor, rows and row-group errors."""

@@ -35,7 +35,7 @@ from .fetch import Fetcher
 from .retry import RetryPolicy, with_retries
 from .urls import filesystem
 
-FETCH_THREADS = 4  # whole files fetched at once, per loader
+FETCH_THREADS = 4  # items (whole files, extracted row groups) made at once, per loader
 FAILED_TTL = 10.0  # seconds a failed fetch is remembered (retries already waited before it was declared)
 MADE_LOG = "made.log"  # in the folder: one line per item made, by any process
 
@@ -248,6 +248,11 @@ class Readahead:
         self.fetched = 0  # files[:fetched] were handed to the fetch threads
         self.passed: set[int] = set()
         self.closed = False
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether every item of the order was handed to the fetch threads."""
+        return self.fetched == len(self.files)
 
     def at(self, submitted: int, done: int) -> None:
         """Entries ``[0, submitted)`` of the order are with the workers, ``[0, done)`` delivered."""
