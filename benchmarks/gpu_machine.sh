@@ -11,7 +11,8 @@
 #   STEPS=cpu: gpufeed with device="cpu" against the usual DataLoader, loader only, all cores.
 #   STEPS=memory: GPU memory per epoch, loader only, GPU and CPU decode (benchmarks/gpu_memory.py), and the
 #       nvJPEG decoder's own memory per call (--probe).
-#   STEPS=formats: loader only from an ImageFolder tree, tar shards and Parquet of the same images (benchmarks/formats.py).
+#   STEPS=formats: loader only from an ImageFolder tree, tar shards and Parquet of the same images (benchmarks/formats.py),
+#       then the workers reading them alone (--read-only).
 #   STEPS=recipe: each of RECIPES (trivialaugment-mix) both ways, loader only and with ResNet-50.
 #   STEPS=compile: each of MODELS through torch.compile, its own rate and gpufeed's share of it.
 #   STEPS=paced: what the loader's GPU work costs a training beside it (benchmarks/paced.py, PACED_ARGS).
@@ -79,6 +80,7 @@ if step memory; then
 fi
 if step formats; then
   timeout 400 ${ONE_GPU:-} python3 benchmarks/formats.py $DATA --workers $W > "$OUT/formats.txt" 2>&1
+  timeout 200 python3 benchmarks/formats.py $DATA --workers $W --read-only >> "$OUT/formats.txt" 2>&1
 fi
 if step recipe; then
   for r in ${RECIPES:-trivialaugment-mix}; do

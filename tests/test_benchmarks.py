@@ -126,6 +126,17 @@ def test_formats_reads_the_same_images_three_ways(synth_root, capsys, monkeypatc
         assert float(r.split("|")[3].replace(",", "")) > 0
 
 
+def test_formats_read_only_reads_the_same_images_three_ways(synth_root, capsys, monkeypatch):
+    pytest.importorskip("pyarrow")
+    out = _run("formats.py", [str(synth_root), "--per-shard", "16", "--rows-per-group", "8", "--rounds", "1",
+                              "--epochs", "1", "--batch-size", "8", "--workers", "2", "--read-only"],
+               capsys, monkeypatch)
+    rows = _rows(out)
+    assert [r.split("|")[1].strip() for r in rows] == ["ImageFolder", "tar shards", "Parquet"]
+    for r in rows:
+        assert float(r.split("|")[3].replace(",", "")) > 0 and "read only" in r
+
+
 def test_paced_says_it_needs_a_gpu(synth_root, capsys, monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("measures on the GPU machine (benchmarks/gpu_machine.sh STEPS=paced)")
