@@ -195,3 +195,27 @@ def test_a_cpu_devices_batch_arrays_of_a_larger_size_serve_a_smaller_one():
     torch.testing.assert_close(again, want, atol=1e-5, rtol=0)
     held = again
     assert n.images(small).data_ptr() != held.data_ptr()  # a batch still referred to is never handed out
+
+
+def test_validation_keeps_its_resize_ratio_at_every_size(synth_root):
+    with make(synth_root, train=False, resize_size=54) as loader:  # 54 / 48, not 256 / 224
+        loader.set_image_size(48)
+        assert loader.augment.resize_size == 54
+        loader.set_image_size(32)
+        assert loader.augment.resize_size == 36  # round(32 * 54 / 48)
+        got = _epoch(loader)
+    assert _compare(got, _fresh_epoch(synth_root, 0, train=False, image_size=32, resize_size=36), 32) == 5
+
+
+def test_a_size_a_blur_cannot_take_is_refused_naming_both(synth_root):
+    from torchvision.transforms import v2
+
+    recipe = v2.Compose([v2.RandomResizedCrop(48), v2.GaussianBlur(9), v2.ToImage(),
+                         v2.ToDtype(torch.float32, scale=True)])
+    with ImageLoader(synth_root, transform=recipe, batch_size=8, num_workers=1, device="cpu") as loader:
+        with pytest.raises(ValueError, match=r"GaussianBlur\(kernel_size=\(9, 9\)\) .* under the image size 4"):
+            loader.set_image_size(4)
+        assert loader.augment.image_size == 48  # unchanged
+        loader.set_image_size(5)
+        images, _ = next(iter(loader))
+    assert images.shape == (8, 3, 5, 5)

@@ -314,3 +314,19 @@ def test_grouped_order_settings_are_checked():
         ShardedSampler(9, groups=(3, 3, 3), window=2).load_state_dict(dict(saved, order_world_size=0))
     with pytest.raises(ValueError, match="grouped order.*differ in units"):  # files kept together: another order
         ShardedSampler(9, groups=(3, 3, 3), window=2, units=(1, 2)).load_state_dict(saved)
+
+
+def test_a_grouped_state_saved_at_an_epochs_start_resumes_with_the_new_world_sizes_own_order():
+    groups = (4, 6, 5, 5, 7, 3, 6, 4)
+    saved = ShardedSampler(40, groups=groups, seed=2, rank=0, world_size=3)
+    saved.set_epoch(1)
+    state = saved.state_dict()
+    assert state["offset"] == 0 and state["order_world_size"] == 3
+    compared = 0
+    for r in range(2):
+        resumed = ShardedSampler(40, groups=groups, seed=2, rank=r, world_size=2)
+        resumed.load_state_dict(state)
+        fresh = ShardedSampler(40, groups=groups, seed=2, rank=r, world_size=2, epoch=1)
+        assert resumed.epoch_indices() == fresh.epoch_indices() and resumed.at_epoch_start
+        compared += len(fresh.epoch_indices())
+    assert compared == 40

@@ -257,8 +257,9 @@ class ImageLoader:
 
     def set_image_size(self, image_size: int, *, resize_size: int | None = None) -> None:
         """Make ``image_size`` squares from the next iteration on (progressive resizing): the training crop
-        resizes to it; validation resizes the shorter side to ``resize_size`` (default ``round(image_size x
-        256 / 224)``) and centre-crops it. At most ``max_image_size`` (the ``image_size`` the loader was made
+        resizes to it; validation resizes the shorter side to ``resize_size`` (default: in the loader's ratio of
+        resize to crop, ``round(image_size x 256 / 224)`` unless it was made with another) and centre-crops it.
+        An op the size cannot take (GaussianBlur wider than the image) raises here, naming both. At most ``max_image_size`` (the ``image_size`` the loader was made
         with), whose shared memory and GPU batches hold any smaller size: nothing is allocated and the same
         worker processes go on. An iteration under way keeps its size; an epoch broken off goes on at the
         new one. The batches are those a loader made with this size gives (same seed, same crops)."""
@@ -268,6 +269,7 @@ class ImageLoader:
             raise ValueError(f"image_size={image_size} is over the loader's max_image_size={self.max_image_size}, "
                              "which sized its shared memory and GPU batches: make the loader with the largest size "
                              "it will be set to")
+        self.sample_ops.check_size(image_size)
         self.augment = self.augment.at_size(image_size, resize_size)
 
     def state_dict(self) -> dict[str, Any]:

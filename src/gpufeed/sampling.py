@@ -271,4 +271,5 @@ class ShardedSampler:
                 raise ValueError(f"state_dict position must be in [0, {len(self)}], got {state['position']}")
             start, position = 0, state["position"]
         self.seed, self.epoch, self.start, self.position = state["seed"], state["epoch"], start, position
-        self.order_world_size = None if order_world == self.world_size else order_world
+        # nothing of the epoch delivered yet: the new world size's own order serves as exactly
+        self.order_world_size = None if order_world == self.world_size or start == position == 0 else order_world

@@ -122,10 +122,13 @@ class AugmentSpec:
 
     def at_size(self, image_size: int, resize_size: int | None = None) -> "AugmentSpec":
         """The same augmentation making ``image_size`` squares (progressive resizing); validation resizes to
-        ``resize_size`` first (default ``default_resize_size(image_size)``)."""
+        ``resize_size`` first (default: this one's ratio of resize to crop, 256/224 unless it was given
+        another, so an explicit ``Resize(232) + CenterCrop(224)`` keeps its ratio at every size)."""
+        if resize_size is None:
+            resize_size = max(image_size, round(image_size * self.resize_size / self.image_size))
         if (image_size, resize_size) == (self.image_size, self.resize_size):
             return self
-        return replace(self, image_size=image_size, resize_size=resize_size or default_resize_size(image_size))
+        return replace(self, image_size=image_size, resize_size=resize_size)
 
     def draw(self, width: int, height: int, *, seed: int, epoch: int, index: int) -> CropBox:
         """The training crop box for sample ``index`` of ``epoch`` in an image of ``width`` x ``height``."""

@@ -172,10 +172,9 @@ def _pair(value: Any) -> tuple[float, float] | None:
 
 def _blur(op: Any, size: int) -> Blur:
     kx, ky = (int(k) for k in op.kernel_size)
-    if max(kx, ky) // 2 >= size:
-        raise ValueError(f"GaussianBlur(kernel_size={tuple(op.kernel_size)}) pads by half the kernel, which must be "
-                         f"under the image size {size}")
-    return Blur(kernel_size=(kx, ky), sigma=_pair(op.sigma))
+    blur = Blur(kernel_size=(kx, ky), sigma=_pair(op.sigma))
+    blur.check_size(size)
+    return blur
 
 
 def _jitter(op: Any, size: int) -> Jitter:

@@ -56,6 +56,13 @@ class SampleOps:
     def __bool__(self) -> bool:
         return bool(self.pixel) or self.erasing is not None
 
+    def check_size(self, size: int) -> None:
+        """ValueError, naming the op, unless every op can work on S x S images (GaussianBlur's padding)."""
+        for op in self.pixel:
+            check = getattr(op, "check_size", None)
+            if check is not None:
+                check(size)
+
     @staticmethod
     def draws(op: PixelOp | Erasing, indices: Sequence[int], seed: int, epoch: int, size: int) -> list[Any]:
         """``op``'s choice for each sample of ``indices`` in the loader's ``seed`` and ``epoch``."""

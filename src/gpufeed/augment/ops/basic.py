@@ -104,6 +104,12 @@ class Blur:
         if not 0 < self.sigma[0] <= self.sigma[1]:
             raise ValueError(f"GaussianBlur(sigma={self.sigma!r}) needs 0 < low <= high")
 
+    def check_size(self, size: int) -> None:
+        """ValueError unless S x S images can be blurred: the reflect padding (half the kernel) must be under S."""
+        if max(self.kernel_size) // 2 >= size:
+            raise ValueError(f"GaussianBlur(kernel_size={self.kernel_size}) pads by half the kernel, which must be "
+                             f"under the image size {size}")
+
     def draw(self, rnd: SampleRandom, size: int) -> float:
         return rnd.uniform(*self.sigma)
 

@@ -157,14 +157,17 @@ def affine(images: torch.Tensor, matrices: Sequence[Sequence[float]], interpolat
     return out.round_().to(torch.uint8)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.cache
 def _base_grid(h: int, w: int, device: torch.device) -> torch.Tensor:
     """(1, h, w, 3) float32: torchvision's affine grid before the matrix (pixel centres, then 1), made once
-    per size and device rather than in six launches per call."""
+    per size and device rather than in six launches per call; kept for good (a few sizes at most) and
+    finished before it is returned, so any stream may read it."""
     base = torch.empty(1, h, w, 3, dtype=torch.float32, device=device)
     base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=device))
     base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=device).unsqueeze_(-1))
     base[..., 2].fill_(1)
+    if base.is_cuda:
+        torch.cuda.current_stream(device).synchronize()  # once per size: later readers on other streams
     return base
 
 
