@@ -235,3 +235,22 @@ def test_remote_parquet_ranks_fetch_only_their_own_files_once(synth_root, tmp_pa
         assert set(counts) == set(range(40)) and sum(counts.values()) == 42
     finally:
         server.stop()
+
+
+def test_the_spools_log_of_made_items_stays_bounded(tmp_path, monkeypatch):
+    from gpufeed.sources import spool as spool_module
+    from gpufeed.sources.retry import RetryPolicy
+
+    monkeypatch.setattr(spool_module, "MADE_LOG_BYTES", 200)
+    spool = spool_module.Spool(str(tmp_path), None, RetryPolicy())
+    names = [f"item-{i:04d}-of-a-long-enough-name" for i in range(60)]  # 32 bytes a line, about 2 kB in all
+    for name in names:
+        path = spool.local(name, make=lambda p: open(p, "wb").close())
+        os.unlink(path)  # as the readahead deletes it behind the order
+    logs = sorted(p.name for p in tmp_path.glob(spool_module.MADE_LOG + "*"))
+    assert logs == [spool_module.MADE_LOG, spool_module.MADE_LOG + ".1"]
+    # a log is turned over at the first write past the limit, and that line still ends it
+    assert all((tmp_path / name).stat().st_size <= 200 + 2 * 32 for name in logs)
+    made = spool.made()
+    assert set(made) <= set(names) and names[-1] in made and all(v == 1 for v in made.values())
+    assert 200 // 32 <= sum(made.values()) < len(names)  # the newest lines kept, the oldest dropped

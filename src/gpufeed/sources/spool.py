@@ -38,6 +38,7 @@ from .urls import filesystem
 FETCH_THREADS = 4  # items (whole files, extracted row groups) made at once, per loader
 FAILED_TTL = 10.0  # seconds a failed fetch is remembered (retries already waited before it was declared)
 MADE_LOG = "made.log"  # in the folder: one line per item made, by any process
+MADE_LOG_BYTES = 1 << 20  # then it becomes made.log.1 (the one before is dropped): a kept spool_dir stays small
 
 Make = Callable[[str], None]  # writes an item's whole content to the path it is given
 
@@ -132,9 +133,12 @@ class Spool:
             os.close(lock)  # closing the descriptor releases the lock
 
     def _log(self, name: str) -> None:
+        log = os.path.join(self.root, MADE_LOG)
         try:  # one short append: whole lines, whichever processes write at once
-            fd = os.open(os.path.join(self.root, MADE_LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
+                if os.fstat(fd).st_size > MADE_LOG_BYTES:
+                    os.replace(log, log + ".1")  # this line ends the old log; the next write starts a new one
                 os.write(fd, (name.replace("\n", " ") + "\n").encode("utf-8", "surrogateescape"))
             finally:
                 os.close(fd)
@@ -142,13 +146,17 @@ class Spool:
             pass
 
     def made(self) -> collections.Counter[str]:
-        """How many times each item was made (fetched or extracted) in this folder, by any process. More
-        than once in an epoch: it was deleted while still wanted."""
-        try:
-            with open(os.path.join(self.root, MADE_LOG), encoding="utf-8", errors="surrogateescape") as f:
-                return collections.Counter(line.rstrip("\n") for line in f)
-        except FileNotFoundError:
-            return collections.Counter()
+        """How many times each item was made (fetched or extracted) in this folder, by any process, as far
+        back as the log keeps (about ``MADE_LOG_BYTES`` to twice that). More than once in an epoch: it was
+        deleted while still wanted."""
+        counts: collections.Counter[str] = collections.Counter()
+        for name in (MADE_LOG + ".1", MADE_LOG):
+            try:
+                with open(os.path.join(self.root, name), encoding="utf-8", errors="surrogateescape") as f:
+                    counts.update(line.rstrip("\n") for line in f)
+            except FileNotFoundError:
+                pass
+        return counts
 
     def open(self, url: str, make: Make | None = None) -> tuple[int, str]:
         """A read-only descriptor of the item ``url`` (``local``), and its path (made again if the main
