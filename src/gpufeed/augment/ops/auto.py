@@ -297,16 +297,26 @@ def apply_operations(images: torch.Tensor, steps: Sequence[Step], interpolation:
     def run(x: torch.Tensor, key: str, members: list[int]) -> torch.Tensor:
         if key == "affine":  # every shear, translation and rotation of the batch through one grid
             return pixels.affine(x, [pixels.inverse_matrix(*steps[i], w, h) for i in members], interpolation)
+        if key == "blend":
+            return pixels.blends(x, [steps[i][0] for i in members], [1.0 + steps[i][1] for i in members])
+        if key == "point":
+            return pixels.point_ops(x, [steps[i][0] for i in members], [steps[i][1] for i in members])
         return _batched(x, key, [steps[i][1] for i in members], interpolation)
 
     return each_group(images, [_group(name, m) for name, m in steps], run, skip="Identity")
 
 
 def _group(name: str, magnitude: float) -> str:
-    """The pass a step goes through: the geometry operations share one (rotations by a multiple of 90 degrees
-    apart, which torchvision makes exact transposes), each other operation its own."""
+    """The pass a step goes through, so that a batch takes a few passes whatever its samples drew: the
+    geometry operations share one (rotations by a multiple of 90 degrees apart, which torchvision makes
+    exact transposes), the blends with black, grey or the mean share one, Posterize, Solarize and Invert
+    share one; Sharpness, AutoContrast and Equalize each their own."""
     if name in _GEOMETRY and BATCHED_GEOMETRY and not (name == "Rotate" and magnitude % 90 == 0):
         return "affine"
+    if name in ("Brightness", "Color", "Contrast"):
+        return "blend"
+    if name in ("Posterize", "Solarize", "Invert"):
+        return "point"
     return name
 
 

@@ -92,6 +92,33 @@ def contrast(images: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
     return _blend(images, factors, grey(images).mean(dim=(-3, -2, -1), keepdim=True))
 
 
+_BLEND_OTHER = {"Brightness": 0, "Color": 1, "Contrast": 2}  # blended with: black, the grey image, its mean
+
+
+def blends(images: torch.Tensor, kinds: Sequence[str], factors: Sequence[float]) -> torch.Tensor:
+    """Sample i through ``kinds[i]`` ("Brightness", "Color" or "Contrast") by ``factors[i]``: one pass for all
+    three, each sample blended with what its operation blends with (``brightness``, ``saturation``,
+    ``contrast``: the same pixels)."""
+    if len(set(kinds)) == 1:
+        return {"Brightness": brightness, "Color": saturation, "Contrast": contrast}[kinds[0]](images, factors)
+    g = grey(images)
+    kind = on(images.device, [_BLEND_OTHER[k] for k in kinds], torch.int64).view(-1, 1, 1, 1)
+    other = torch.where(kind == 1, g, torch.where(kind == 2, g.mean(dim=(-3, -2, -1), keepdim=True), 0.0))
+    return _blend(images, factors, other)
+
+
+def point_ops(images: torch.Tensor, names: Sequence[str], magnitudes: Sequence[float]) -> torch.Tensor:
+    """Sample i through ``names[i]`` ("Posterize" to ``int(magnitudes[i])`` bits, "Solarize" above
+    ``255 x magnitudes[i]``, "Invert"): one pass for all three, as torchvision's ops compute them."""
+    thresholds = [255.0 * m if n == "Solarize" else 0.0 if n == "Invert" else 256.0  # 256: nothing inverted
+                  for n, m in zip(names, magnitudes)]
+    masks = [((1 << int(m)) - 1) << (8 - int(m)) if n == "Posterize" and int(m) < 8 else 0xFF
+             for n, m in zip(names, magnitudes)]
+    threshold = on(images.device, thresholds).view(-1, 1, 1, 1)  # float32, as torchvision's comparison rounds it
+    out = torch.where(images >= threshold, images.bitwise_not(), images)
+    return out.bitwise_and_(on(images.device, masks, torch.uint8).view(-1, 1, 1, 1))
+
+
 def sharpness(images: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
     """``adjust_sharpness`` by ``factors[i]``: torchvision's 3x3 smoothing kernel (1/13 around, 5/13 in the
     middle) blended in, the border kept. The kernel is summed as shifted views, not a convolution: cuDNN builds
