@@ -284,8 +284,6 @@ def apply_operation(images: torch.Tensor, name: str, magnitude: float, interpola
 
 _BLENDS = {"Brightness": F.adjust_brightness, "Color": F.adjust_saturation, "Contrast": F.adjust_contrast,
            "Sharpness": F.adjust_sharpness}
-_BATCHED_BLENDS = {"Brightness": pixels.brightness, "Color": pixels.saturation, "Contrast": pixels.contrast,
-                   "Sharpness": pixels.sharpness}
 _GEOMETRY = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
 
 
@@ -321,30 +319,9 @@ def _group(name: str, magnitude: float) -> str:
 
 
 def _batched(images: torch.Tensor, name: str, magnitudes: list[float], interpolation: str) -> torch.Tensor:
-    if name in _BATCHED_BLENDS:
-        return _BATCHED_BLENDS[name](images, [1.0 + m for m in magnitudes])
-    if name == "Solarize":  # the threshold rounded to float32 as torchvision's comparison rounds it
-        threshold = on(images.device, [255.0 * m for m in magnitudes]).view(-1, 1, 1, 1)
-        return torch.where(images >= threshold, images.bitwise_not(), images)
-    if name == "Invert":
-        return images.bitwise_not()
-    if name == "Posterize":  # torchvision's mask of the top ``bits`` bits, one per sample (all 8 bits: unchanged)
-        masks = [0xFF if int(m) >= 8 else ((1 << int(m)) - 1) << (8 - int(m)) for m in magnitudes]
-        return images.bitwise_and(on(images.device, masks, torch.uint8).view(-1, 1, 1, 1))
-    if name in _GEOMETRY and BATCHED_GEOMETRY:
-        return _geometry(images, name, magnitudes, interpolation)
-    # AutoContrast, Equalize: torchvision's op (no magnitude: one pass)
+    """The passes ``_group`` leaves to one operation. Sharpness, batched; AutoContrast and Equalize (no
+    magnitude), rotations by a multiple of 90 degrees (exact transposes in torchvision) and, where
+    torchvision's private helpers are missing, every geometry operation: its op per distinct magnitude."""
+    if name == "Sharpness":
+        return pixels.sharpness(images, [1.0 + m for m in magnitudes])
     return each_group(images, magnitudes, lambda x, m, _: apply_operation(x, name, m, interpolation))
-
-
-def _geometry(images: torch.Tensor, name: str, magnitudes: list[float], interpolation: str) -> torch.Tensor:
-    """One grid for all the samples, each with its own matrix; rotations by a multiple of 90 degrees, which
-    torchvision turns into exact transposes, through its op."""
-    h, w = images.shape[-2:]
-
-    def run(x: torch.Tensor, key: object, members: list[int]) -> torch.Tensor:
-        if key == "affine":
-            return pixels.affine(x, [pixels.inverse_matrix(name, magnitudes[i], w, h) for i in members], interpolation)
-        return apply_operation(x, name, float(key), interpolation)
-
-    return each_group(images, [m if name == "Rotate" and m % 90 == 0 else "affine" for m in magnitudes], run)
