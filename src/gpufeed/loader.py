@@ -222,7 +222,7 @@ class ImageLoader:
         self.batch_indices: list[int] = []  # the source indices of the batch last yielded
         self._share = placement.ShareControl(cpu_share if gpu_path else 1.0)
         skips = self._skips if on_error == "skip" else None
-        per_sample = _PerSample(self.sample_ops, self.sampler)
+        per_sample = _PerSample(self.sample_ops)
         if gpu_path:
             self._gpu_stage = GpuDecodeAugment(
                 gpu_decoders, device=self.device, image_size=image_size, mean=mean, std=std, dtype=dtype,
@@ -370,15 +370,15 @@ class _Delivered(NamedTuple):
 
 class _PerSample:
     """The recipe's per-sample ops (TrivialAugmentWide, ColorJitter, RandomErasing, ...) on a finished batch,
-    drawn for the sampler's seed and epoch. On CUDA this runs in the Prefetcher's thread on its side stream, so
-    the ops' kernels overlap the training and their Python stays off the training thread; the epoch cannot
-    change under it (``set_epoch`` follows the end of an iteration, which stops that thread)."""
+    drawn for the seed and epoch its order was made for (as its crops were). On CUDA this runs in the
+    Prefetcher's thread on its side stream, so the ops' kernels overlap the training and their Python stays
+    off the training thread."""
 
-    def __init__(self, ops: SampleOps, sampler: ShardedSampler) -> None:
-        self.ops, self.sampler = ops, sampler
+    def __init__(self, ops: SampleOps) -> None:
+        self.ops = ops
 
-    def __call__(self, images: torch.Tensor, indices: list[int]) -> torch.Tensor:
-        return self.ops(images, indices, self.sampler.seed, self.sampler.epoch) if self.ops else images
+    def __call__(self, images: torch.Tensor, batch: HostBatch) -> torch.Tensor:
+        return self.ops(images, batch.indices, batch.seed, batch.epoch) if self.ops else images
 
 
 class _Normalized:
@@ -392,7 +392,7 @@ class _Normalized:
         images = batch.images
         # a CPU device's workers normalised the batch already; for CUDA it is uint8 until the device
         out = self.normalize.finished(images) if images.dtype == torch.float32 else self.normalize.images(images)
-        return _Delivered(self.per_sample(out, batch.indices), batch.labels, batch.indices, batch.consumed)
+        return _Delivered(self.per_sample(out, batch), batch.labels, batch.indices, batch.consumed)
 
 
 class _Decoded:
@@ -408,4 +408,4 @@ class _Decoded:
     def finish(self, started: tuple[HostBatch, Any]) -> _Delivered:
         batch, inner = started
         images, labels = self.stage.finish(inner)  # may put stand-ins in batch.indices
-        return _Delivered(self.per_sample(images, batch.indices), labels, batch.indices, batch.consumed)
+        return _Delivered(self.per_sample(images, batch), labels, batch.indices, batch.consumed)

@@ -71,6 +71,8 @@ class HostBatch:
     release: Callable[[], None]
     path: Callable[[int], str]
     images: torch.Tensor | None = None
+    seed: int = 0  # the order's seed and epoch, which the batch's crops and per-sample ops are drawn for
+    epoch: int = 0
 
 
 class Submitted(NamedTuple):
@@ -220,7 +222,8 @@ class Scheduler:
                                 release=functools.partial(slots.release, batch.slot),
                                 path=lambda i, p=indices: self.path(p[i]),
                                 images=None if view.meta is not None else torch.from_numpy(
-                                    view.images if view.output is None else view.output))
+                                    view.images if view.output is None else view.output),
+                                seed=run.seed, epoch=run.epoch)
                 self.share.update(collect_wait)
         finally:
             slots.reclaim(everything=True)  # the next iteration's workers may write these slots at once
