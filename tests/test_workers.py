@@ -178,3 +178,24 @@ def test_workers_keep_freed_sample_memory_mapped():
     faults = {how: int(subprocess.run([sys.executable, "-c", _FAULTS, how], capture_output=True, text=True,
                                       check=True).stdout) for how in ("default", "kept")}
     assert faults["kept"] * 10 < faults["default"], faults
+
+
+def test_last_wait_is_the_workers_lateness_by_their_own_clock(synth_root):
+    """``collect``'s ``last_wait`` (what the CPU share's rule reads) is how long after the ask the workers
+    finished the batch: 0 for a batch finished before it was asked for, however late the collecting thread
+    came (in the training process it may wait long for the interpreter lock), and no more than the wall
+    time of a collect that really waited."""
+    pool = WorkerPool(PipelineSpec(folder_source(synth_root), AugmentSpec(image_size=32), 10**8), num_workers=2,
+                      num_slots=2, batch_size=4)
+    try:
+        pool.submit(0, 0, 0, 0, [0, 1, 2, 3])
+        t0 = time.perf_counter()
+        pool.collect(0)
+        waited = time.perf_counter() - t0
+        assert 0 < pool.last_wait <= waited
+        pool.submit(1, 1, 0, 0, [4, 5, 6, 7])
+        time.sleep(1.0)  # the workers finish long before the ask
+        pool.collect(1)
+        assert pool.last_wait == 0.0
+    finally:
+        pool.close()

@@ -247,7 +247,8 @@ class ShareControl:
     "auto" gives the workers what they keep up with while a quarter of the cores (``reserve``) stay idle
     for the training process: at the end of every ``IdleCores.WINDOW_S`` window of batches the share goes
     down one step per core missing from the reserve (at most ``MAX_DOWN_STEPS``), or one step if most
-    batches were late (the GPU stage waited more than ``LATE_S`` for the workers); otherwise up one step
+    batches were late (the workers finished them more than ``LATE_S`` after the GPU stage asked, by their own
+    clock: the interpreter lock's delays in the training process are not the workers'); otherwise up one step
     when a core more than the reserve stayed idle. Why: when training is the slower side this puts on the
     workers much of what the CPU can decode (a GPU decode costs the training process's own thread, which
     the workers do not touch); when the GPU decoders are the slower side the CPU takes a part beside them
@@ -272,7 +273,8 @@ class ShareControl:
             raise ValueError(f"cpu_share must be 'auto' or a fraction in [0, 1], got {setting!r}")
 
     def update(self, collect_wait: float) -> None:
-        """After each GPU-path batch: ``collect_wait`` seconds spent waiting for the workers' results."""
+        """After each GPU-path batch: ``collect_wait`` seconds from asking for it to the workers finishing it
+        (``WorkerPool.collect``)."""
         if self._idle is None:
             return
         self._batches += 1

@@ -42,7 +42,8 @@ _POLL_S = 0.5
 @dataclasses.dataclass
 class _Pending:
     """A submitted batch: its slot, how many positions it fills, its image size, the chunks not yet done
-    (chunk id -> (first position, indices)), and the failures reported so far."""
+    (chunk id -> (first position, indices)), the failures reported so far, and when its last chunk reported
+    so far was finished (``time.monotonic()``)."""
 
     slot: int
     n: int
@@ -50,6 +51,7 @@ class _Pending:
     chunks: dict[int, tuple[int, list[int]]]
     left: set[int]
     failures: list[Failure] = dataclasses.field(default_factory=list)
+    finished: float = 0.0
 
 
 class WorkerPool:
@@ -78,7 +80,7 @@ class WorkerPool:
         self.num_slots, self.batch_size, self.size = num_slots, batch_size, size
         self.sample_timeout, self.cpus = sample_timeout, cpus
         self.chunk_size = max(1, -(-batch_size // (2 * num_workers)))  # ~2 chunks per worker per batch
-        self.last_wait = 0.0
+        self.last_wait = 0.0  # see collect
         self._ctx = ctx = _default_context()
         capacity = spec.gpu_bytes_capacity
         # the bytes the ring touches: all of it but the arena's room beyond typical JPEGs
@@ -151,13 +153,16 @@ class WorkerPool:
             self._tasks.put(Task(gen, batch_id, c, slot, seed, epoch, start + a, chunk, quota, size))
 
     def collect(self, batch_id: int) -> tuple[SlotView, list[Failure]]:
-        """Wait for batch ``batch_id``; its slot's views and failures. ``last_wait``: seconds spent waiting
-        for the workers' results (about 0 when the batch was ready)."""
+        """Wait for batch ``batch_id``; its slot's views and failures. ``last_wait``: seconds from this call to
+        the moment the workers finished the batch (0 when they had finished before). It is read from the
+        workers' own clock, so time this thread spent waiting for the interpreter lock, which the training
+        thread holds much of the time, never counts as the workers being late."""
         entry = self._pending[batch_id]
+        asked = time.monotonic()
         self._check_workers()  # a dead worker is reported even if others finish its share
-        self.last_wait = 0.0
         while entry.left:
             self._receive_one()
+        self.last_wait = max(0.0, entry.finished - asked)
         del self._pending[batch_id]
         failures = sorted(entry.failures)
         if failures and self._spec.on_error == "raise":
@@ -183,19 +188,17 @@ class WorkerPool:
     def _receive_one(self) -> None:
         """Take one result, or, after a quiet poll interval, check the workers (which may settle a chunk by
         itself when one died); callers loop until what they wait for is done."""
-        t0 = time.perf_counter()
         try:
             done: ChunkDone = self._results.get(timeout=_POLL_S)
         except queue.Empty:
             self._check_workers()
             return
-        finally:
-            self.last_wait += time.perf_counter() - t0
         entry = self._pending.get(done.batch_id)
         if entry is None or done.chunk_id not in entry.left:
             return
         entry.left.discard(done.chunk_id)
         entry.failures += done.failures
+        entry.finished = max(entry.finished, done.finished)
 
     def _check_workers(self) -> None:
         now = time.monotonic()

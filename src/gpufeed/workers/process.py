@@ -19,6 +19,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +77,7 @@ def run(args: WorkerArgs) -> None:
                 return
             failures = server.serve(task, args.progress) if task.generation == args.generation.value else []
             args.progress.clear()
-            args.results.put(ChunkDone(task.generation, task.batch_id, task.chunk_id, failures))
+            args.results.put(ChunkDone(task.generation, task.batch_id, task.chunk_id, failures, time.monotonic()))
     finally:
         server.close()
 

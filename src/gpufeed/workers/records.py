@@ -52,12 +52,14 @@ RETRY = "retry"
 
 
 class ChunkDone(NamedTuple):
-    """A worker's answer to a ``Task``: the chunk is in the slot, but for ``failures``."""
+    """A worker's answer to a ``Task``: the chunk is in the slot, but for ``failures``. ``finished``: when,
+    on ``time.monotonic()`` (one clock for every process of the machine)."""
 
     generation: int
     batch_id: int
     chunk_id: int
     failures: list[Failure]
+    finished: float = 0.0
 
 
 class InHand(NamedTuple):
