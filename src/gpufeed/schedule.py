@@ -99,7 +99,7 @@ class Slots:
         if not self._cuda:
             self.free.append(slot)
             return
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(blocking=True)  # a wait for it sleeps: a spinning one takes a worker's core
         event.record(torch.cuda.current_stream())
         self.reading.append((slot, event))
 

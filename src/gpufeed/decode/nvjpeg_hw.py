@@ -148,7 +148,7 @@ class NvJpegHwDecoder:
             for _ in range(states):
                 state = _P()
                 self._check("nvjpegJpegStateCreate", lib.nvjpegJpegStateCreate(self._handle, ctypes.byref(state)))
-                self._states.append((state, torch.cuda.Event()))
+                self._states.append((state, torch.cuda.Event(blocking=True)))  # waited for asleep, not spinning
                 self._check("nvjpegDecodeBatchedPreAllocate", lib.nvjpegDecodeBatchedPreAllocate(
                     self._handle, state, call_images, max_side, max_side, _CSS_444, _OUTPUT_RGBI))
             self._check("nvjpegJpegStreamCreate", lib.nvjpegJpegStreamCreate(self._handle, ctypes.byref(self._jstream)))
