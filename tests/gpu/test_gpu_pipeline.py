@@ -276,3 +276,27 @@ def test_a_dropped_gpu_loader_is_freed_without_a_garbage_collection(synth, on_er
             time.sleep(0.05)
     finally:
         gc.enable()
+
+
+def test_batched_copy_queues_every_copy_on_the_stream():
+    """The CPU-decoded rows' copies as one driver call: each source (taken out of order) lands whole at its
+    offset, and nothing else is written."""
+    from gpufeed.batched_copy import BatchedCopy
+
+    copier = BatchedCopy()
+    assert copier.available  # a CUDA 12.8 or later driver, as on the GPU machine
+    rng = np.random.default_rng(0)
+    host = torch.from_numpy(rng.integers(1, 256, (64, 5000), dtype=np.uint8)).pin_memory()
+    sizes = rng.integers(1, 5000, 64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    order = rng.permutation(64)
+    dev = torch.zeros(int(sizes.sum()) + 100, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        assert copier.copy(dev.data_ptr() + offsets.astype(np.uint64),
+                           host.data_ptr() + order.astype(np.uint64) * np.uint64(5000), sizes, stream)
+    stream.synchronize()
+    got = dev.cpu()
+    for k in range(64):
+        assert torch.equal(got[offsets[k] : offsets[k] + sizes[k]], host[order[k], : sizes[k]]), k
+    assert int(got[int(sizes.sum()):].sum()) == 0

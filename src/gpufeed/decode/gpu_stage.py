@@ -45,6 +45,7 @@ import torch
 from ..augment.cpu import decode_box_into
 from ..augment.fused import normalize_constants, resized_crop_reference, resized_crop_triton, triton
 from ..augment.params import CropBox
+from ..batched_copy import BatchedCopy
 from ..ring import BOX, KIND_BYTES, KIND_PIXELS, KIND_ROWS, Meta
 from .base import DecodeError, DecodeJob, GpuDecoder, SkipLog, stand_ins
 from .cpu import CpuDecoder
@@ -223,8 +224,8 @@ class GpuDecodeAugment:
         table = np.empty((len(r), 8), np.int64)  # the kernel's (offset, h, w, box x, y, w, h, flip) per sample
         table[:, 0], table[:, 1], table[:, 2], table[:, 3:] = offset, h, w, meta[:, BOX]
         table[pre, 1:] = (s, s, 0, 0, s, s, 0)
-        if len(host):  # one copy each (a sample's room is larger than what it holds)
-            room_of = self._rooms(batch)
+        if len(host) and not self._device.copy_rooms(batch.slot, r.start + host, filled[host], flat, offset[host]):
+            room_of = self._rooms(batch)  # one copy each (a sample's room is larger than what it holds)
             for j in host.tolist():
                 n = int(filled[j])
                 flat[offset[j] : offset[j] + n].copy_(room_of(r.start + j, n), non_blocking=True)
@@ -311,6 +312,7 @@ class _Cuda:
         self._streams = [torch.cuda.Stream(device) for _ in decoders]
         self._scale_t, self._shift_t = torch.tensor(scale, device=device), torch.tensor(shift, device=device)
         self._buffer_stream: torch.cuda.Stream | None = None
+        self._batched = BatchedCopy()  # the CPU-decoded rows' copies, one driver call per batch
 
     def order_buffers(self) -> None:
         """Called before a decode buffer is taken: if this stage is driven from another stream than last
@@ -339,6 +341,17 @@ class _Cuda:
         for _, done in results:
             side.wait_event(done)
         return [ok for ok, _ in results]
+
+    def copy_rooms(self, slot, ids: np.ndarray, sizes: np.ndarray, flat: torch.Tensor, offsets: np.ndarray) -> bool:
+        """The first ``sizes[k]`` bytes of sample ``ids[k]``'s pixel room (its pixels, where the slot has no
+        rooms) to ``flat[offsets[k]:]``, on the current stream, in one driver call; False (nothing queued)
+        where that cannot be (no batched copy in this driver, or a ring that is not page-locked)."""
+        area = slot.rooms if slot.rooms is not None else slot.images
+        if not self._batched.available or not torch.from_numpy(area).is_pinned():
+            return False
+        srcs = area.ctypes.data + ids.astype(np.uint64) * np.uint64(area.strides[0])
+        dsts = flat.data_ptr() + offsets.astype(np.uint64)
+        return self._batched.copy(dsts, srcs, sizes, torch.cuda.current_stream(self.device))
 
     def host(self, a: np.ndarray) -> torch.Tensor:
         """A host tensor for an H2D copy: the ring's own page-locked memory when it is (the scheduler
@@ -389,6 +402,10 @@ class _Host:
     @staticmethod
     def pinned(t: torch.Tensor) -> bool:
         return True  # copies to the CPU read it in place
+
+    @staticmethod
+    def copy_rooms(*_: object) -> bool:
+        return False  # copied one by one
 
     def kernel(self, flat: torch.Tensor, table: torch.Tensor, size: int, dst: torch.Tensor) -> None:
         resized_crop_reference(flat, table, size, self._scale_t, self._shift_t, dst)
