@@ -178,6 +178,22 @@ def test_stage_start_finish_releases_the_batch_once_after_its_decode(coloured):
     pool.close()
 
 
+def test_the_slot_goes_back_before_the_last_kernel_once_every_slice_is_read(coloured):
+    """A batch in slices: the slot is released once, after the last slice's decode and copies and before its
+    kernel (whose output batch may wait for the training), so the workers can refill it sooner."""
+    src, pool, view = _pool_batch(coloured, cpu_rows=4)
+    decoder = CpuStandIn()
+    stage = GpuDecodeAugment([decoder], device=torch.device("cpu"), image_size=16, mean=MEAN, std=STD,
+                             dtype=torch.float32, channels_last=False, max_pixels=10**8, buffer_bytes=24_000)
+    events, kernel = [], stage._device.kernel
+    stage._device.kernel = lambda *a: (events.append("kernel"), kernel(*a))[1]
+    images, labels = stage(host_batch(view, src.path, release=lambda: events.append(f"release {decoder.calls}")))
+    slices = decoder.calls
+    assert slices > 2 and events == ["kernel"] * (slices - 1) + [f"release {slices}", "kernel"]
+    assert torch.equal(_colour_index(images), labels)
+    pool.close()
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_a_file_no_decoder_reads_gets_a_stand_in_in_place(coloured, channels_last):
     """Refused by the GPU decoder and broken for the CPU fallback, under skip: a good image of the batch

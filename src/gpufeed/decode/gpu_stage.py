@@ -19,8 +19,10 @@ are used in turn, so batch k+1 decodes while batch k's kernel is still to run.
 Streams: each decoder thread has its own stream, which first waits for the work queued so far on the side
 stream (the buffer's last reader, this batch's copies); ``finish`` makes the side stream wait for every
 decode call's event before the kernel. The host arrays (the ring slot) are read until the decoders'
-calls returned and the copies ran: ``finish`` calls ``batch.release()`` after queueing the kernel, which
-records the slot's event on the side stream.
+calls returned and the copies ran: ``finish`` calls ``batch.release()`` once the last of those is queued,
+which records the slot's event on the side stream. That is before the kernel, whose output batch may first
+wait for the training's queued work (a reused output batch): the workers get the slot back as soon as the
+GPU has read it, not once the training has caught up.
 
 A pre-cropped image enters the kernel as an S x S image with box (0, 0, S, S), which the kernel copies
 exactly while normalising.
@@ -139,7 +141,7 @@ class GpuDecodeAugment:
         except BaseException:  # no finish will come: let the decoders stop reading, then hand the batch back
             if started.decoding:
                 wait(started.decoding)
-            batch.release()
+            started.release()
             raise
         return started
 
@@ -149,11 +151,11 @@ class GpuDecodeAugment:
         file no decoder read (under ``skips``) has another image of the batch in its place, and
         ``batch.indices`` says so."""
         try:
-            self._complete(started)
+            self._complete(started, last=True)
         finally:
             if started.decoding is not None:  # failed before the decode was awaited: no thread may still read
                 wait(started.decoding)
-            started.batch.release()
+            started.release()
         out, labels, batch = started.out, started.batch.labels, started.batch
         if started.dropped:
             subs = stand_ins(len(labels), started.dropped)
@@ -167,15 +169,18 @@ class GpuDecodeAugment:
             self.skips.repeated += len(subs)
         return out, labels
 
-    def _complete(self, started: "_Started") -> None:
-        """Await the current slice's decode, finish what the GPU refused on the CPU, run the kernel."""
+    def _complete(self, started: "_Started", last: bool = False) -> None:
+        """Await the current slice's decode, finish what the GPU refused on the CPU, run the kernel. ``last``:
+        the batch's last slice, after whose copies nothing reads the slot: it is released before the kernel."""
         batch, part = started.batch, started.part
         ok = self._await_decode(started.decoding)
         started.decoding = None
-        if started.out is None:
-            started.out = self._output(len(batch.slot.meta), batch.slot.size)
         for j in (int(j) for j, good in zip(part.enc, ok) if not good):
             self._finish_on_cpu(batch, part.r.start + j, part.table[j], part.flat, started.dropped)
+        if last:
+            started.release()
+        if started.out is None:
+            started.out = self._output(len(batch.slot.meta), batch.slot.size)
         self._device.kernel(part.flat, torch.from_numpy(part.table), batch.slot.size,
                             started.out[part.r.start : part.r.stop])
 
@@ -473,3 +478,10 @@ class _Started:
     decoding: list | None = None  # the current part's decode futures, until awaited
     out: torch.Tensor | None = None
     dropped: list = field(default_factory=list)
+    released: bool = False
+
+    def release(self) -> None:
+        """Hand the batch's slot back (once: a slot handed back twice would be given to two batches)."""
+        if not self.released:
+            self.released = True
+            self.batch.release()
