@@ -5,7 +5,8 @@
 #       memory formats recipe compile paced progressive ab
 #   BASELINE=DIR STEPS=ab bash benchmarks/gpu_machine.sh
 #       gpufeed bench of another checkout (DIR/src, e.g. `git archive REV | tar -x -C DIR`) and of this one,
-#       alternating, ROUNDS times for loader only, ResNet-50 and ResNet-18: a change measured in one run.
+#       alternating, ROUNDS times for AB_MODELS (none resnet50 resnet18; none: loader only): a change measured
+#       in one run.
 #   STEPS=ddp bash benchmarks/gpu_machine.sh
 #       every GPU of the machine under torchrun (DDP), for MODELS, with each DDP_WORKERS per rank.
 #   STEPS=cpu: gpufeed with device="cpu" against the usual DataLoader, loader only, all cores.
@@ -105,7 +106,7 @@ if step ab; then
   (cd "$BASELINE" && python3 setup.py -q build_ext --inplace > /dev/null 2>&1)
   mkdir -p /tmp/ab
   for r in $(seq 1 ${ROUNDS:-3}); do
-    for m in none resnet50 resnet18; do
+    for m in ${AB_MODELS:-none resnet50 resnet18}; do
       for tree in baseline current; do
         src=$PWD/src; [ $tree = baseline ] && src=$BASELINE/src
         PYTHONPATH=$SITE$src $B --epochs ${EPOCHS:-3} --model $m --pipelines gpufeed-gpu --json /tmp/ab/$m-$tree-$r.json \

@@ -1,0 +1,264 @@
+"""Where an end-to-end step's time goes when a fast model trains from the loader, and what bounding the
+training thread's run-ahead changes.
+
+    python3 benchmarks/runahead.py DATA [--model resnet18] [--variants "base|depth=4"] [--epochs 4]
+
+A model trains from an ImageLoader (bf16, channels_last, SGD, as ``gpufeed bench``). For each variant the
+images/s of the timed epochs (median) against the model's own rate on one GPU-resident batch, measured at
+the start and the end, and, per batch, the wall time each thread spent where:
+
+- training: waiting in ``next(loader)``, and in the step's own calls (which block once CUDA's launch queue
+  is full);
+- the loader's thread: waiting for the workers' next batch, laying out and starting a batch, finishing one
+  (waiting for the decoders, the kernel);
+- the decoder threads: in nvJPEG's calls.
+
+Variants (``--variants "base|depth=4|prio=-1"``): ``lag`` N: before step k the training thread waits (the
+interpreter lock released) until step k-N's work has run on the device (0: unbounded, CUDA's own queue
+limit); ``switch``: the interpreter's switch interval in ms (Python's default 5); ``depth``: prefetch_depth;
+``share``: cpu_share; ``prio``: the priority of the loader's CUDA streams; ``blocking=1``: CUDA events wait
+without spinning; ``loopcopies=1``: the CPU-decoded rows copied to the device one call each. Also, from CUDA events on the training's stream: how long it waited on the device for each
+batch, and the device time of each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+import time
+
+import torch
+
+from gpufeed import ImageLoader
+from gpufeed.bench.recipes import load_recipe
+from gpufeed.bench.run import machine_description, make_train_step
+from gpufeed.decode.gpu_stage import GpuDecodeAugment
+from gpufeed.augment.ops import SampleOps
+from gpufeed.decode import gpu_stage
+from gpufeed.schedule import Scheduler, Slots
+from gpufeed.transfer import Prefetcher
+from gpufeed.workers import WorkerPool
+
+TIMES: dict[str, list[float]] = collections.defaultdict(list)
+STEP_CALLS = "training: the step's own calls"
+
+
+def timed(name: str, fn, cpu: bool = False):
+    """``fn`` timed under ``name`` (wall), and with ``cpu`` its thread's CPU time under ``name`` + " (CPU)"."""
+    def wrapper(*a, **k):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            TIMES[name].append(time.perf_counter() - t0)
+            if cpu:
+                TIMES[name + " (CPU)"].append(time.thread_time() - c0)
+    return wrapper
+
+
+def timed_iter(name: str, gen_fn):
+    def wrapper(*a, **k):
+        it = gen_fn(*a, **k)
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    x = next(it)
+                except StopIteration:
+                    return
+                TIMES[name].append(time.perf_counter() - t0)
+                yield x
+        finally:
+            it.close()
+    return wrapper
+
+
+def instrument() -> None:
+    Prefetcher._start = timed("loader: start a batch", Prefetcher._start, cpu=True)
+    Prefetcher._finish = timed("loader: finish a batch", Prefetcher._finish, cpu=True)
+    Scheduler.batches = timed_iter("loader: next batch from the scheduler", Scheduler.batches)
+    WorkerPool.collect = timed("loader: scheduler: collect from the workers", WorkerPool.collect)
+    WorkerPool.submit = timed("loader: scheduler: submit to the workers", WorkerPool.submit)
+    Slots.reclaim = timed("loader: scheduler: wait for a free slot", Slots.reclaim)
+    GpuDecodeAugment._await_decode = timed("loader: wait for decoders", GpuDecodeAugment._await_decode)
+    SampleOps.__call__ = timed("loader: per-sample ops", SampleOps.__call__, cpu=True)
+
+
+def instrument_decoders(loader: ImageLoader) -> None:
+    stage = loader._gpu_stage
+    if stage is None:
+        return
+    for d in stage.decoders:
+        d.decode = timed("decoders: nvJPEG calls", d.decode, cpu=True)
+
+
+def model_rate(step, images, labels, seconds: float) -> float:
+    rates, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        torch.cuda.synchronize()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 1.0:
+            step(images, labels)
+            n += images.shape[0]
+        torch.cuda.synchronize()
+        rates.append(n / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def variant(spec: str) -> dict:
+    """"base", or comma-separated key=value: lag (steps queued at most), switch (ms), depth (prefetch_depth),
+    share (cpu_share), prio (the loader's stream priority), blocking (1: CUDA events wait without spinning),
+    loopcopies (1: the CPU-decoded rows copied one call each, not in one batched call)."""
+    out = {"lag": 0, "switch": 5.0, "depth": 2, "share": "auto", "prio": 0, "blocking": 0, "loopcopies": 0}
+    for kv in filter(None, spec.split(",")):
+        if kv == "base":
+            continue
+        k, v = kv.split("=")
+        out[k] = v if k == "share" and v == "auto" else type(out[k])(float(v)) if k != "share" else float(v)
+    return out
+
+
+class _Patched:
+    """torch.cuda.Stream / Event made with the variant's priority and blocking flag while a variant runs."""
+
+    def __init__(self, v: dict) -> None:
+        self.v = v
+
+    def __enter__(self):
+        self.stream, self.event = torch.cuda.Stream, torch.cuda.Event
+        prio, blocking = self.v["prio"], bool(self.v["blocking"])
+        base_stream, base_event = self.stream, self.event
+        if prio:
+            torch.cuda.Stream = lambda device=None, priority=0, **k: base_stream(device, priority=prio, **k)
+        self.copy_rooms = gpu_stage._Cuda.copy_rooms
+        if self.v["loopcopies"]:
+            gpu_stage._Cuda.copy_rooms = lambda *a: False
+        if blocking:
+            torch.cuda.Event = lambda enable_timing=False, blocking=False, interprocess=False: base_event(
+                enable_timing=enable_timing, blocking=True, interprocess=interprocess)
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.Stream, torch.cuda.Event = self.stream, self.event
+        gpu_stage._Cuda.copy_rooms = self.copy_rooms
+
+
+def run(args, step, v: dict, decode: str, recipe) -> dict:
+    sys.setswitchinterval(v["switch"] / 1000)
+    lag = v["lag"]
+    with _Patched(v):
+        loader = ImageLoader(args.data, batch_size=args.batch_size, device="cuda", decode=decode, channels_last=True,
+                             num_workers=args.workers or None, prefetch_depth=v["depth"], cpu_share=v["share"],
+                             transform=recipe.transform if recipe else None,
+                             batch_transform=recipe.batch_transform if recipe else None)
+        instrument_decoders(loader)
+        rates, per_batch = [], collections.defaultdict(list)
+        try:
+            for epoch in range(args.epochs):
+                TIMES.clear()
+                queued: collections.deque = collections.deque()
+                marks = []
+                n, batches = 0, 0
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                it = iter(loader)
+                while True:
+                    ea = torch.cuda.Event(enable_timing=True)
+                    ea.record()
+                    a = time.perf_counter()
+                    try:
+                        images, labels = next(it)
+                    except StopIteration:
+                        break
+                    eb = torch.cuda.Event(enable_timing=True)
+                    eb.record()
+                    b = time.perf_counter()
+                    if lag:
+                        while len(queued) >= lag:
+                            queued.popleft().synchronize()
+                    c = time.perf_counter()
+                    step(images, labels)
+                    d = time.perf_counter()
+                    ee = torch.cuda.Event(enable_timing=True)
+                    ee.record()
+                    marks.append((ea, eb, ee))
+                    if lag:
+                        e = torch.cuda.Event()
+                        e.record()
+                        queued.append(e)
+                    TIMES["training: waits in next()"].append(b - a)
+                    TIMES["training: waits for step k-lag"].append(c - b)
+                    TIMES[STEP_CALLS].append(d - c)
+                    n += images.shape[0]
+                    batches += 1
+                torch.cuda.synchronize()
+                dt = time.perf_counter() - t0
+                for ea, eb, ee in marks[1:]:
+                    TIMES["GPU: training stream waits for the batch"].append(ea.elapsed_time(eb) / 1000)
+                    TIMES["GPU: training step"].append(eb.elapsed_time(ee) / 1000)
+                if epoch:
+                    rates.append(n / dt)
+                    for k, t in TIMES.items():
+                        per_batch[k].append(1000 * sum(t) / batches)
+        finally:
+            share = loader.stats["cpu_share"]
+            loader.close()
+            sys.setswitchinterval(0.005)
+    return {"rate": statistics.median(rates), "rates": rates, "share": share,
+            "ms": {k: statistics.median(t) for k, t in per_batch.items()}}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("data")
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--variants", default="base", help="|-separated variants (see variant())")
+    p.add_argument("--decode", default="auto")
+    p.add_argument("--recipe", default=None)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--compile", action="store_true")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("runahead.py needs a CUDA GPU")
+        return 0
+    device = torch.device("cuda", torch.cuda.current_device())
+    print(f"machine: {machine_description()}\ncommand: {' '.join(sys.argv)}")
+    instrument()
+    step = make_train_step(args.model, device, args.compile)
+    images = torch.randn(args.batch_size, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (args.batch_size,), device=device)
+    recipe = load_recipe(args.recipe) if args.recipe else None
+    if recipe is not None and recipe.batch_transform is not None:
+        # MixUp/CutMix give (B, classes) float labels: the loss takes them as they come
+        labels = torch.nn.functional.one_hot(labels, 1000).float()
+    for _ in range(20):
+        step(images, labels)
+    alone = [model_rate(step, images, labels, 4.0)]
+    results = []
+    for spec in args.variants.split("|"):
+        r = run(args, step, variant(spec), args.decode, recipe)
+        results.append((spec, r))
+        print(f"{spec}: {r['rate']:,.0f} images/s (epochs {', '.join(f'{x:,.0f}' for x in r['rates'])}),"
+              f" CPU share {r['share']}", flush=True)
+        for k, t in sorted(r["ms"].items()):
+            print(f"    {k:42s} {t:7.2f} ms per batch")
+    alone.append(model_rate(step, images, labels, 4.0))
+    own = statistics.mean(alone)
+    print(f"\n{args.model}{' compiled' if args.compile else ''}, decode={args.decode}, recipe={args.recipe}: "
+          f"own rate {alone[0]:,.0f} / {alone[1]:,.0f}")
+    print("| variant | images/s | of own rate | CPU share | next() wait | GPU: stream waits for batch | GPU: step |")
+    print("|---|---|---|---|---|---|---|")
+    for spec, r in results:
+        ms = r["ms"]
+        print(f"| {spec} | {r['rate']:,.0f} | {100 * r['rate'] / own:.1f}% | {r['share']} | "
+              f"{ms['training: waits in next()']:.2f} | {ms['GPU: training stream waits for the batch']:.2f} | "
+              f"{ms['GPU: training step']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
