@@ -5,6 +5,7 @@ name the URL."""
 from __future__ import annotations
 
 import collections
+import os
 import re
 import threading
 import time
@@ -389,3 +390,45 @@ def test_malformed_pax_records_never_stall_the_header_walk():
     assert _pax_path(b"16 path=a/b.jpg\n") == "a/b.jpg"
     assert _pax_path(b"0 path=x\n") is None and _pax_path(b"1 path=x\n") is None
     assert _pax_path(b"zz path=x\n") is None
+
+
+def test_a_refilled_batch_leaves_no_spooled_shard_behind(src, tmp_path):
+    """20 shards of 2 samples (more than a worker holds open); the order's last two cut before their first
+    image: that whole batch is refilled from the start of the order under skip, whose shards the order had
+    passed and deleted (and the workers closed), so the workers fetch them again; they are deleted again once
+    read. After the epoch the spool holds only shards an order wants, and once the loader is closed only its
+    log. (A seed is taken whose next epoch does not begin with those shards, which its readahead would keep.)"""
+    root = tmp_path / "www"
+    root.mkdir()
+    for s, data in enumerate(tar_shards(src, 2)):
+        (root / f"shard-{s:03d}.tar").write_bytes(data)
+    server = HttpServer(root)
+    try:
+        source = remote_tar_source(f"{server.url}/shard-{{000..019}}.tar", samples_per_shard=2,
+                                   spool_dir=str(tmp_path / "spool"), readahead=2, window=1)
+        kw = {k: v for k, v in KW.items() if k != "seed"}
+        for seed in range(200):
+            loader = ImageLoader(source, num_workers=2, on_error="skip", seed=seed, **kw)
+            order, following = loader.sampler.remaining(), loader.sampler.epoch_indices(1)
+            cut, refill = {i // 2 for i in order[-4:]}, {i // 2 for i in order[:4]}  # sample i in shard i // 2
+            if not refill & {i // 2 for i in following[:24]}:
+                break
+            loader.close()
+        with loader:
+            assert len(cut) == 2 and not cut & refill
+            for s in cut:
+                shard = root / f"shard-{s:03d}.tar"
+                shard.write_bytes(shard.read_bytes()[: int(tar_source(shard)._offset[0]) + 100])
+            batches = _epoch(loader)
+            skipped = {p for p, _ in loader.stats["skipped"]}
+            spool = source.spool
+            # every spooled shard is one an order still wants (the next epoch's readahead has begun)
+            kept = [u for u in source.urls if os.path.exists(spool.path_of(u)) and u not in spool._users]
+            made = spool.made()
+        assert len(batches) == 10 and batches[-1][0] == order[:4]  # refilled from the order's first entries
+        assert len(skipped) == 4 and all(any(f"shard-{s:03d}.tar" in p for s in cut) for p in skipped)
+        assert [made[f"{server.url}/shard-{s:03d}.tar"] for s in sorted(refill)] == [2, 2]  # again for the refill
+        assert kept == []  # and deleted again
+        assert sorted(os.listdir(tmp_path / "spool")) == ["made.log"]
+    finally:
+        server.stop()

@@ -258,15 +258,18 @@ class Scheduler:
         n = len(indices)
         bad = self._reload(batch.slot, indices, failures, run)
         repeats = len(bad)
-        ahead = run.order[batch.first + n :] + run.order[: batch.first]
+        ahead = list(range(batch.first + n, len(run.order))) + list(range(batch.first))  # positions in the order
         while len(bad) == n:  # nothing to stand in: load the next entries of the order into the whole slot
             if not ahead:
                 last = self.skips.listed[-1][0] if self.skips.listed else None
                 raise WorkerError(f"no sample of this rank's epoch {run.epoch} could be loaded under "
                                   f"on_error='skip' (the last that failed: {last!r})")
-            take, ahead = ahead[:n], ahead[n:]
+            positions, ahead = ahead[:n], ahead[n:]
+            take = [run.order[p] for p in positions]
             indices[: len(take)] = take
             bad = self._reload(batch.slot, indices, self._load(batch.slot, run, take, 0), run) | set(range(len(take), n))
+            if run.fetch is not None:  # read now: an item the order had passed goes again
+                run.fetch.loaded_again(positions)
             repeats = n  # every sample of this batch is delivered in its own batch as well
         for p, g in stand_ins(n, bad).items():
             for arr in (view.pixels, view.labels, view.meta, view.output):  # images are a view of the pixels

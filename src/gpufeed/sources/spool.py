@@ -213,6 +213,12 @@ class Spool:
                 del self._users[url]
                 self.drop(url)
 
+    def drop_unless_wanted(self, url: str) -> None:
+        """Delete ``url``'s local copy unless an order still wants it."""
+        with self._lock:
+            if url not in self._users:
+                self.drop(url)
+
     def _fetch_quietly(self, url: str, make: Make | None) -> None:
         """Make ``url`` if an order still wants it (one closed since it was queued does not), and delete
         it if every order that wanted it closed while it was being made."""
@@ -246,7 +252,7 @@ class Readahead:
     def __init__(self, spool: Spool, urls: Sequence[str], of_sample: np.ndarray, ahead: int,
                  make: Callable[[int], Make] | None = None) -> None:
         self.spool, self.urls, self.ahead, self.make = spool, urls, max(1, ahead), make
-        of_sample = np.asarray(of_sample, np.int64)
+        self.of_sample = of_sample = np.asarray(of_sample, np.int64)
         # the files in order of first appearance, where each first and last appears
         files, first = np.unique(of_sample, return_index=True)
         order = np.argsort(first)
@@ -276,6 +282,14 @@ class Readahead:
             if f not in self.passed and self.last[f] < done:
                 self.passed.add(f)
                 self.spool._done(self.urls[f])
+
+    def loaded_again(self, positions: Sequence[int]) -> None:
+        """Entries ``positions`` of the order were loaded once more (a batch with no good sample refilled under
+        ``on_error="skip"``): an item the order had passed and deleted was made again by the workers that read
+        them, and nothing else would delete it: delete it again, now that they have read it."""
+        for f in sorted({int(self.of_sample[p]) for p in positions}):
+            if f in self.passed:
+                self.spool.drop_unless_wanted(self.urls[f])
 
     def close(self) -> None:
         """Stop fetching for this order; its files are released (deleted unless another order wants them)."""
