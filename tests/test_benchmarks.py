@@ -144,6 +144,22 @@ def test_paced_says_it_needs_a_gpu(synth_root, capsys, monkeypatch):
     assert "needs a CUDA GPU" in out
 
 
+def test_runahead_reads_its_variants_and_says_it_needs_a_gpu(synth_root, capsys, monkeypatch):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import runahead
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert runahead.variant("base") == {"lag": 0, "switch": 5.0, "depth": 2, "share": "auto", "prio": 0,
+                                        "blocking": 0, "loopcopies": 0}
+    v = runahead.variant("depth=4,share=0.65,prio=-1,loopcopies=1")
+    assert (v["depth"], v["share"], v["prio"], v["loopcopies"], v["lag"]) == (4, 0.65, -1, 1, 0)
+    if torch.cuda.is_available():
+        pytest.skip("measures on the GPU machine (benchmarks/gpu_machine.sh STEPS=runahead)")
+    out = _run("runahead.py", [str(synth_root)], capsys, monkeypatch)
+    assert "needs a CUDA GPU" in out
+
+
 def test_sample_ops_times_each_op_both_ways(capsys, monkeypatch):
     out = _run("sample_ops.py", ["--device", "cpu", "--batch", "4", "--size", "24", "--rounds", "1", "--tv-images", "2"],
                capsys, monkeypatch)
