@@ -280,3 +280,11 @@ def test_decode_calls_never_hold_more_images_than_the_decoders_took_memory_for(c
     images, labels, stage = _stage_output(coloured, [Recording(), Recording()], job_images=5)
     encoded = int(sum(1 for k in stage.kinds if k == KIND_BYTES))
     assert encoded > 10 and max(calls) <= 5 and sum(calls) == encoded and len(calls) >= 3
+
+
+def test_batched_copy_refuses_arrays_of_different_lengths():
+    """A destination or source missing for a size would have the driver read past an array's end."""
+    from gpufeed.batched_copy import BatchedCopy
+
+    with pytest.raises(ValueError, match="2 destinations and 3 sources for 2 sizes"):
+        BatchedCopy().copy(np.zeros(2, np.uint64), np.zeros(3, np.uint64), np.ones(2, np.uint64), None)

