@@ -301,6 +301,10 @@ class GpuDecodeAugment:
         """Wait for the decode calls (all of them, even when one failed: none may still write after an
         error is raised), order the current stream after them, count what they decoded; which worked."""
         wait(futures)
+        failed = next((f.exception() for f in futures if f.exception() is not None), None)
+        if failed is not None:  # the calls that ran may still write on their streams: order this one after them
+            self._device.collect([f.result() for f in futures if f.exception() is None])
+            raise failed
         ok = [bool(good) for part in self._device.collect([f.result() for f in futures]) for good in part]
         self.decoded_by[f"gpu:{self.name}"] += sum(ok)
         return ok
