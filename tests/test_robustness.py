@@ -192,6 +192,28 @@ def test_sample_timeout_replaces_the_worker(tmp_path, policy):
     loader.close()
 
 
+def test_a_batch_held_up_by_a_hung_worker_counts_as_late(tmp_path):
+    """A chunk the pool settles itself (its worker killed at sample_timeout) finished when it was settled:
+    ``last_wait`` (what the CPU share's rule reads) says the batch came about that late, not on time."""
+    from gpufeed.augment.params import AugmentSpec
+    from gpufeed.workers import PipelineSpec, WorkerPool
+
+    _mixed_dataset(tmp_path, [])
+    paths = sorted(str(p) for p in tmp_path.glob("c*/*.jpg"))
+    source = SlowSource(paths, [int(p.split(os.sep)[-2][1]) for p in paths], slow=4)
+    pool = WorkerPool(PipelineSpec(source, AugmentSpec(image_size=16, resize_size=16, train=False), 10**8,
+                                   on_error="skip"), num_workers=2, num_slots=2, batch_size=6, sample_timeout=1.0)
+    try:
+        pool.submit(0, 0, 0, 0, list(range(6, 12)))  # both workers started and warm
+        assert pool.collect(0)[1] == []
+        pool.submit(1, 1, 0, 0, list(range(6)))
+        _, failures = pool.collect(1)
+        assert [f.position for f in failures if "sample_timeout" in f.reason] == [4]
+        assert pool.last_wait >= 0.9
+    finally:
+        pool.close()
+
+
 class HangingAfterABadOne(FileSource):
     """File ``bad`` cannot be read; file ``slow``, later in the same chunk, hangs its worker."""
 

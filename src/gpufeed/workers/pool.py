@@ -223,6 +223,7 @@ class WorkerPool:
             # skip: that sample fails, every other position of its chunk is loaded again (the chunk's report,
             # with any earlier failure in it, died with the worker), and a new worker takes over
             entry.left.discard(held.chunk_id)
+            entry.finished = max(entry.finished, now)  # settled now: as late as that (the CPU share's rule)
             entry.failures.append(Failure(held.position, path, f"worker {why}"))
             entry.failures += [Failure(j, None, RETRY) for j in range(first, first + len(chunk)) if j != held.position]
             self._progress[i].clear()
