@@ -112,7 +112,7 @@ fi
 if step ab; then
   [ -d "${BASELINE:-}/src" ] || { echo "ab: BASELINE=DIR with DIR/src is needed"; exit 2; }
   (cd "$BASELINE" && python3 setup.py -q build_ext --inplace > /dev/null 2>&1)
-  mkdir -p /tmp/ab
+  rm -rf /tmp/ab && mkdir -p /tmp/ab  # an earlier ab run's JSON would join this one's summary
   for r in $(seq 1 ${ROUNDS:-3}); do
     for m in ${AB_MODELS:-none resnet50 resnet18}; do
       for tree in baseline current; do

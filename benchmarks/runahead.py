@@ -16,8 +16,10 @@ the start and the end, and, per batch, the wall time each thread spent where:
 Variants (``--variants "base|depth=4|prio=-1"``): ``lag`` N: before step k the training thread waits (the
 interpreter lock released) until step k-N's work has run on the device (0: unbounded, CUDA's own queue
 limit); ``switch``: the interpreter's switch interval in ms (Python's default 5); ``depth``: prefetch_depth;
-``share``: cpu_share; ``prio``: the priority of the loader's CUDA streams; ``blocking=1``: CUDA events wait
-without spinning; ``loopcopies=1``: the CPU-decoded rows copied to the device one call each. Also, from CUDA events on the training's stream: how long it waited on the device for each
+``share``: cpu_share; ``prio``: the priority of the loader's CUDA streams; ``blocking=1``: every CUDA event
+made while the variant runs waits asleep (the loader's events that the host waits for already do, since
+commit b17e72f; ``blocking=0`` leaves each event as the code makes it); ``loopcopies=1``: the CPU-decoded rows
+copied to the device one call each. Also, from CUDA events on the training's stream: how long it waited on the device for each
 batch, and the device time of each step.
 """
 
@@ -222,6 +224,8 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--compile", action="store_true")
     args = p.parse_args()
+    if args.epochs < 2:
+        p.error("--epochs must be at least 2 (the first is not timed)")
     if not torch.cuda.is_available():
         print("runahead.py needs a CUDA GPU")
         return 0
