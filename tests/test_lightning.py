@@ -146,3 +146,58 @@ def test_gpufeed_does_not_import_lightning_and_says_when_it_is_missing():
                "import gpufeed.lightning")  # as where neither is installed
     err = subprocess.run([sys.executable, "-c", missing], capture_output=True, text=True).stderr
     assert "ImportError: gpufeed.lightning needs Lightning 2.x: pip install lightning" in err
+
+
+class RankRecorder(Recorder):
+    """A Recorder that writes each rank's training batches (source indices) to ``out``/rank-R.json when
+    training ends: under DDP each rank is a process of its own."""
+
+    def __init__(self, out):
+        super().__init__()
+        self.out = str(out)
+
+    def on_train_end(self):
+        import json
+        import os
+
+        with open(os.path.join(self.out, f"rank-{self.global_rank}.json"), "w") as f:
+            json.dump([b for _, b in self.seen["train"]], f)
+
+
+def _ranks_seen(out):
+    import json
+
+    return {p.name: json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))}
+
+
+@needs_lightning
+def test_ddp_ranks_share_the_epoch_and_a_resume_on_fewer_ranks_sees_the_rest(synth_root, tmp_path):
+    """Two ranks over gloo (``ddp_spawn``), stopped after two steps: each took its own samples. Resumed from
+    that checkpoint on two ranks, and on one, the rest of the epoch comes exactly once: the ranks' batches
+    and the first run's together are the 40 samples."""
+    first_out, again_out, alone_out = (tmp_path / n for n in ("first", "again", "alone"))
+    for d in (first_out, again_out, alone_out):
+        d.mkdir()
+    ddp = dict(strategy="ddp_spawn", devices=2)
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+               default_root_dir=tmp_path, max_epochs=1, max_steps=2, callbacks=[checkpoint], limit_val_batches=0,
+               **ddp).fit(RankRecorder(first_out), datamodule=_data_module(synth_root, **KW))
+    first = _ranks_seen(first_out)
+    assert sorted(first) == ["rank-0.json", "rank-1.json"] and all(len(b) == 2 for b in first.values())
+    done = [i for b in first.values() for batch in b for i in batch]
+    assert len(done) == len(set(done)) == 16  # 2 ranks x 2 batches of 4, no sample twice
+    (path,) = (tmp_path / "ckpt").glob("*.ckpt")
+
+    pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+               default_root_dir=tmp_path, max_epochs=1, limit_val_batches=0, **ddp).fit(
+        RankRecorder(again_out), datamodule=_data_module(synth_root, **KW), ckpt_path=path)
+    again = _ranks_seen(again_out)
+    rest = [i for b in again.values() for batch in b for i in batch]
+    assert all(len(b) == 3 for b in again.values())  # 20 samples a rank, 2 batches of them done
+    assert sorted(done + rest) == list(range(40))
+
+    _trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(
+        RankRecorder(alone_out), datamodule=_data_module(synth_root, **KW), ckpt_path=path)
+    alone = [i for b in _ranks_seen(alone_out)["rank-0.json"] for i in b]
+    assert sorted(done + alone) == list(range(40))  # the same rest, on one rank
