@@ -97,7 +97,7 @@ def create_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch.manual_seed(args.seed)  # MixUp/CutMix draw from the global random state
+    torch.manual_seed(args.seed)  # the model's initialisation, and timm's Mixup, draw from the global random state
     with contextlib.ExitStack() as stack:
         root = args.data
         if args.synth:

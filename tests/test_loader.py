@@ -382,30 +382,45 @@ def test_a_cpu_device_gives_the_same_batches_whoever_normalises(tmp_path, synth_
 
 
 def test_a_batch_transform_gets_each_finished_batch_as_torchvision_would(synth_root):
-    """``batch_transform`` (torchvision's MixUp, CutMix, a RandomChoice of them) runs on each finished batch:
-    the same draws give what calling it on the plain loader's batch gives, labels (B, num_classes) float."""
+    """``batch_transform`` (torchvision's MixUp, CutMix, a RandomChoice of them) runs on each finished batch
+    in the loader, drawn from its seed: torchvision's transform given the same draw gives the same batch from
+    the plain loader's, labels (B, num_classes) float."""
     from torchvision.transforms import v2
+
+    from gpufeed.augment.params import SampleRandom
 
     kw = dict(batch_size=8, image_size=32, device="cpu", num_workers=2, seed=5)
     plain = ImageLoader(synth_root, **kw)
     for transform in (v2.MixUp(num_classes=4, alpha=1.0), v2.CutMix(num_classes=4, alpha=1.0),
                       v2.RandomChoice([v2.MixUp(num_classes=4), v2.CutMix(num_classes=4)])):
         mixed = ImageLoader(synth_root, batch_transform=transform, **kw)
+        mix = mixed.batch_mix
         plain.set_epoch(0)  # the plain loader moved on to the next epoch after the last round
-        compared = 0
+        compared, kinds = 0, set()
         it = iter(mixed)
-        for k, (x, y) in enumerate(plain):
-            torch.manual_seed(k)
+        for x, y in plain:
             xm, ym = next(it)
-            torch.manual_seed(k)
-            expected_x, expected_y = transform(x, y)
+            assert mixed.batch_indices == plain.batch_indices
+            drawn = mix.draw(SampleRandom(5 ^ mix.salt, 0, plain.batch_indices[0]), 32, 32)
+            kinds.add(drawn.kind)
+            expected_x, expected_y = _torchvision_with(transform, drawn)(x, y)
             assert ym.shape == (8, 4) and ym.dtype == torch.float32
             torch.testing.assert_close(ym.sum(dim=1), torch.ones(8))
             assert torch.equal(xm, expected_x) and torch.equal(ym, expected_y)
             assert not torch.equal(xm, x)  # something was mixed in
             compared += 1
         assert compared == len(plain) == 5
+        assert kinds == {type(t).__name__ for t in getattr(transform, "transforms", [transform])}
         mixed.close()
     plain.close()
     with pytest.raises(TypeError, match="batch_transform must be callable"):
         ImageLoader(synth_root, batch_transform="mixup", **kw)
+
+
+def _torchvision_with(transform, drawn):
+    """torchvision's own MixUp or CutMix (out of ``transform``), made to use ``drawn`` (a ``Mix``)."""
+    parts = getattr(transform, "transforms", [transform])
+    t = next(p for p in parts if type(p).__name__ == drawn.kind)
+    params = {"lam": drawn.lam} if drawn.kind == "MixUp" else {"box": drawn.box, "lam_adjusted": drawn.lam}
+    t.make_params = lambda flat_inputs: params
+    return t

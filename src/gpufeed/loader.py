@@ -14,7 +14,8 @@
                                                                         (decode, one fused crop/resize/flip/
                                                                          normalise kernel), per-sample ops
 
-    The recipe's batch transform (MixUp/CutMix) runs on the consumer's stream, in the consumer's thread.
+    The recipe's MixUp/CutMix runs after the per-sample ops; another batch transform runs on the consumer's
+    stream, in the consumer's thread.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from . import placement
 from .augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from .augment.params import AugmentSpec, default_resize_size
+from .augment.mix import BatchMix, read_batch_transform
 from .augment.ops import SampleOps
 from .augment.recipe import read_transform
 from .decode.base import DEFAULT_MAX_PIXELS, SkipLog
@@ -110,9 +112,12 @@ class ImageLoader:
     ``placement.worker_cpus``), so that the threads feeding the GPU decoders and the training loop never
     wait for a core. ``max_gpu_memory`` (bytes) caps what the loader holds on the GPU: its decode buffers and
     output batches are sized at construction (``placement.gpu_memory``, ``loader.stats["gpu_memory_budget"]``)
-    and never grow; batches that need more go through in slices. ``batch_transform(images, labels)`` runs on
-    each finished batch on ``device`` before it is yielded: torchvision's ``v2.MixUp``, ``v2.CutMix`` or
-    ``v2.RandomChoice`` of them, whose labels come back as (B, num_classes) float. ``transform``: the
+    and never grow; batches that need more go through in slices. ``batch_transform``: torchvision's
+    ``v2.MixUp``, ``v2.CutMix`` or ``v2.RandomChoice`` of them is read for its settings and run on each
+    finished batch in the loader's thread, drawn from the loader's seed (``augment.mix``: a resumed epoch
+    mixes as the first run did), labels coming back (B, num_classes) float; any other
+    ``batch_transform(images, labels)`` is called on each finished batch on ``device``, on the consumer's
+    stream, before it is yielded. ``transform``: the
     torchvision ``Compose`` the script would give a Dataset, read for its settings in place of ``train``,
     ``image_size``, ``resize_size``, ``mean`` and ``std`` (``augment.recipe``: RandomResizedCrop with its
     scale and ratio, RandomHorizontalFlip(p), Resize + CenterCrop, to-tensor ops, Normalize, and the per-sample
@@ -160,6 +165,8 @@ class ImageLoader:
         if batch_transform is not None and not callable(batch_transform):
             raise TypeError(f"batch_transform must be callable as f(images, labels), got {batch_transform!r}")
         self.batch_transform = batch_transform
+        # torchvision's MixUp/CutMix run in the loader's thread from its seed (augment/mix.py); others as given
+        self.batch_mix = read_batch_transform(batch_transform) if batch_transform is not None else None
         self.decoding = DecodeOptions(decode=decode, cpu_share=cpu_share, num_workers=num_workers,
                                       prefetch_depth=prefetch_depth, exif_orientation=exif_orientation,
                                       max_gpu_memory=max_gpu_memory)
@@ -222,7 +229,7 @@ class ImageLoader:
         self.batch_indices: list[int] = []  # the source indices of the batch last yielded
         self._share = placement.ShareControl(cpu_share if gpu_path else 1.0)
         skips = self._skips if on_error == "skip" else None
-        per_sample = _PerSample(self.sample_ops)
+        per_sample = _PerSample(self.sample_ops, self.batch_mix)
         if gpu_path:
             self._gpu_stage = GpuDecodeAugment(
                 gpu_decoders, device=self.device, image_size=image_size, mean=mean, std=std, dtype=dtype,
@@ -300,7 +307,7 @@ class ImageLoader:
                 self.sampler.advance(out.consumed)
                 self.batch_indices = out.indices
                 images = out.images
-                if self.batch_transform is None:
+                if self.batch_transform is None or self.batch_mix is not None:
                     yield images, out.labels
                 else:  # on the device, on the consumer's stream, as the user would call it
                     yield self.batch_transform(images, out.labels)
@@ -369,16 +376,21 @@ class _Delivered(NamedTuple):
 
 
 class _PerSample:
-    """The recipe's per-sample ops (TrivialAugmentWide, ColorJitter, RandomErasing, ...) on a finished batch,
-    drawn for the seed and epoch its order was made for (as its crops were). On CUDA this runs in the
-    Prefetcher's thread on its side stream, so the ops' kernels overlap the training and their Python stays
-    off the training thread."""
+    """The recipe's per-sample ops (TrivialAugmentWide, ColorJitter, RandomErasing, ...), then its MixUp or
+    CutMix, on a finished batch, drawn for the seed and epoch its order was made for (as its crops were; the
+    mix keyed by the batch's first sample). On CUDA this runs in the Prefetcher's thread on its side stream, so
+    the kernels overlap the training and their Python stays off the training thread."""
 
-    def __init__(self, ops: SampleOps) -> None:
-        self.ops = ops
+    def __init__(self, ops: SampleOps, mix: BatchMix | None) -> None:
+        self.ops, self.mix = ops, mix
 
-    def __call__(self, images: torch.Tensor, batch: HostBatch) -> torch.Tensor:
-        return self.ops(images, batch.indices, batch.seed, batch.epoch) if self.ops else images
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor,
+                 batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.ops:
+            images = self.ops(images, batch.indices, batch.seed, batch.epoch)
+        if self.mix is not None:
+            images, labels = self.mix(images, labels, batch.seed, batch.epoch, batch.indices[0])
+        return images, labels
 
 
 class _Normalized:
@@ -392,7 +404,7 @@ class _Normalized:
         images = batch.images
         # a CPU device's workers normalised the batch already; for CUDA it is uint8 until the device
         out = self.normalize.finished(images) if images.dtype == torch.float32 else self.normalize.images(images)
-        return _Delivered(self.per_sample(out, batch), batch.labels, batch.indices, batch.consumed)
+        return _Delivered(*self.per_sample(out, batch.labels, batch), batch.indices, batch.consumed)
 
 
 class _Decoded:
@@ -408,4 +420,4 @@ class _Decoded:
     def finish(self, started: tuple[HostBatch, Any]) -> _Delivered:
         batch, inner = started
         images, labels = self.stage.finish(inner)  # may put stand-ins in batch.indices
-        return _Delivered(self.per_sample(images, batch), labels, batch.indices, batch.consumed)
+        return _Delivered(*self.per_sample(images, labels, batch), batch.indices, batch.consumed)

@@ -1,0 +1,111 @@
+"""MixUp and CutMix on delivered batches, drawn from the loader's seed.
+
+torchvision's ``v2.MixUp``, ``v2.CutMix`` and ``v2.RandomChoice`` of them are read for their settings and run
+as they compute, in the loader's thread (on CUDA on its side stream, after the per-sample ops), rather than
+called on the training's thread with PyTorch's global random state. A resumed epoch therefore mixes its
+batches as the first run did, and the training thread, which the interpreter lock makes the loader's threads
+share, does none of the work. Any other batch transform is called as given.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch.nn.functional import one_hot
+
+from .params import SampleRandom
+
+__all__ = ["BatchMix", "Mix", "read_batch_transform"]
+
+KINDS = ("MixUp", "CutMix")
+
+
+class Mix(NamedTuple):
+    """One batch's draw: ``kind`` ("MixUp" or "CutMix"); ``lam``, the weight of each sample's own label (and,
+    for MixUp, of its own image; for CutMix, the share of its image outside the box); ``box`` (x1, y1, x2, y2)
+    pasted from the previous sample of the batch (CutMix; None for MixUp)."""
+
+    kind: str
+    lam: float
+    box: tuple[int, int, int, int] | None = None
+
+
+@dataclass(frozen=True)
+class BatchMix:
+    """``choices``: (kind, alpha) pairs, one taken per batch with probabilities ``p``; ``num_classes``: the
+    width of the one-hot labels. Called as ``(images, labels, seed, epoch, key) -> (images, labels)``:
+    images (B, C, H, W) any float dtype and memory format, any device; labels (B,) int64 on the same device,
+    returned (B, num_classes) float32. ``key`` names the batch within the epoch (its first sample's source
+    index), so its draw is the same in any run of that epoch."""
+
+    choices: tuple[tuple[str, float], ...]
+    p: tuple[float, ...]
+    num_classes: int
+    salt: int = 0x7A1B_00B1
+
+    def draw(self, rnd: SampleRandom, height: int, width: int) -> Mix:
+        """One batch's draw, in torchvision's order: which transform (RandomChoice), lam ~ Beta(alpha,
+        alpha), then for CutMix the box's centre, uniform over the image."""
+        k, u, acc = len(self.p) - 1, rnd.uniform(), 0.0
+        for i, share in enumerate(self.p):
+            acc += share
+            if u < acc:
+                k = i
+                break
+        kind, alpha = self.choices[k]
+        a, b = rnd.gamma(alpha), rnd.gamma(alpha)
+        lam = a / (a + b)
+        if kind == "MixUp":
+            return Mix(kind, lam)
+        cx, cy = rnd.randint(0, width - 1), rnd.randint(0, height - 1)
+        r = 0.5 * math.sqrt(1.0 - lam)
+        half_w, half_h = int(r * width), int(r * height)
+        x1, y1 = max(cx - half_w, 0), max(cy - half_h, 0)
+        x2, y2 = min(cx + half_w, width), min(cy + half_h, height)
+        return Mix(kind, float(1.0 - (x2 - x1) * (y2 - y1) / (width * height)), (x1, y1, x2, y2))
+
+    def apply(self, images: torch.Tensor, labels: torch.Tensor, mix: Mix) -> tuple[torch.Tensor, torch.Tensor]:
+        """``mix`` on the batch, as torchvision's transform computes it with those parameters: each sample
+        paired with the one before it (the first with the last)."""
+        lam = mix.lam
+        if mix.kind == "MixUp":
+            out = images.roll(1, 0).mul_(1.0 - lam).add_(images.mul(lam))
+        else:
+            x1, y1, x2, y2 = mix.box
+            out = images.clone()
+            out[..., y1:y2, x1:x2] = images.roll(1, 0)[..., y1:y2, x1:x2]
+        label = one_hot(labels, num_classes=self.num_classes).float()
+        return out, label.roll(1, 0).mul_(1.0 - lam).add_(label.mul(lam))
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, seed: int, epoch: int,
+                 key: int) -> tuple[torch.Tensor, torch.Tensor]:
+        mix = self.draw(SampleRandom(seed ^ self.salt, epoch, key), images.shape[-2], images.shape[-1])
+        return self.apply(images, labels, mix)
+
+
+def read_batch_transform(transform: Any) -> BatchMix | None:
+    """The ``BatchMix`` a torchvision v2 ``MixUp``, ``CutMix`` or ``RandomChoice`` of them (with the default
+    labels getter and one ``num_classes``) is; None for anything else, which the loader calls as given.
+    ValueError for one without ``num_classes`` (the loader's labels are class indices)."""
+    try:
+        from torchvision.transforms import v2
+    except ImportError:  # then it cannot be one of them
+        return None
+    if isinstance(transform, v2.RandomChoice):
+        parts, p = list(transform.transforms), tuple(float(x) for x in transform.p)
+    else:
+        parts, p = [transform], (1.0,)
+    if not parts or any(type(t) not in (v2.MixUp, v2.CutMix) for t in parts):
+        return None
+    if any(getattr(t._labels_getter, "__name__", "") != "_find_labels_default_heuristic" for t in parts):
+        return None  # labels found another way: called as given
+    for t in parts:
+        if t.num_classes is None:
+            raise ValueError(f"batch_transform {t!r} has num_classes=None: the loader's labels are class "
+                             "indices, so give it num_classes")
+    if len({t.num_classes for t in parts}) > 1:
+        return None  # torchvision would give labels of different widths from batch to batch: called as given
+    return BatchMix(tuple((type(t).__name__, float(t.alpha)) for t in parts), p, int(parts[0].num_classes))
