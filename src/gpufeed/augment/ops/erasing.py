@@ -45,9 +45,12 @@ class Erasing:
         """(B, C, S, S) float -> a new batch with sample i's box ``choices[i]`` filled with ``value``: one
         masked pass (an empty box where a sample drew none)."""
         size = images.shape[-1]
+        if not any(choices):  # no sample of the batch drew a box
+            return images.clone()
         b = on(images.device, [box or (0, 0, 0, 0) for box in choices], torch.int64).view(-1, 4, 1, 1)
         at = torch.arange(size, device=images.device)
         rows = (at.view(1, size, 1) >= b[:, 0]) & (at.view(1, size, 1) < b[:, 0] + b[:, 2])
         cols = (at.view(1, 1, size) >= b[:, 1]) & (at.view(1, 1, size) < b[:, 1] + b[:, 3])
-        value = on(images.device, self.value, images.dtype).view(1, -1, 1, 1)
+        # one fill value for every channel goes as a number (no upload); one per channel as a tensor
+        value = self.value[0] if len(self.value) == 1 else on(images.device, self.value, images.dtype).view(1, -1, 1, 1)
         return torch.where((rows & cols).unsqueeze(1), value, images)

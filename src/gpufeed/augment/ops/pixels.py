@@ -8,6 +8,7 @@ import functools
 import math
 from typing import Callable, Hashable, Sequence
 
+import numpy as np
 import torch
 from torch.nn.functional import grid_sample, pad
 from torchvision.transforms.v2 import functional as F
@@ -34,20 +35,24 @@ def each_group(images: torch.Tensor, keys: Sequence[Hashable],
                fn: Callable[[torch.Tensor, Hashable, list[int]], torch.Tensor], skip: Hashable = None) -> torch.Tensor:
     """(n, ...) -> the same with ``fn(images[members], key, members)`` in the rows of each distinct key of
     ``keys`` (one per sample) but ``skip``: one pass per key for all the samples that drew it. ``images``
-    itself when every key is ``skip``."""
+    itself when every key is ``skip``. The samples are gathered once, group after group, each group's pass
+    reads its slice, and one copy puts them back: a few launches per batch whatever the number of groups,
+    rather than a gather, a scatter and an index upload per group."""
     groups: dict[Hashable, list[int]] = {}
     for i, key in enumerate(keys):
         if key != skip:
             groups.setdefault(key, []).append(i)
+    if not groups:
+        return images
     if list(groups.values()) == [list(range(len(images)))]:  # the whole batch: no gather, no scatter
         return fn(images, *next(iter(groups.items())))
-    out = images
+    rows = on(images.device, [i for members in groups.values() for i in members], torch.int64)
+    picked = images.index_select(0, rows)
+    done, start = [], 0
     for key, members in groups.items():
-        if out is images:
-            out = images.clone()
-        rows = on(images.device, members, torch.int64)
-        out[rows] = fn(images[rows], key, members)
-    return out
+        done.append(fn(picked[start : start + len(members)], key, members))
+        start += len(members)
+    return images.index_copy(0, rows, done[0] if len(done) == 1 else torch.cat(done))
 
 
 def per_sample(images: torch.Tensor, op: Callable[[torch.Tensor, float], torch.Tensor],
@@ -70,10 +75,11 @@ def grayscale(images: torch.Tensor) -> torch.Tensor:
 def _blend(images: torch.Tensor, factors: Sequence[float], other: torch.Tensor | None) -> torch.Tensor:
     """torchvision's ``_blend``: ``image * factor + other * (1 - factor)``, the weights rounded to float32
     as its scalars are, the product and sum fused as its kernel fuses them."""
-    ratio = on(images.device, factors).view(-1, 1, 1, 1)
-    out = images.mul(ratio)
-    if other is not None:
-        out.addcmul_(other, on(images.device, [1.0 - f for f in factors]).view(-1, 1, 1, 1))
+    if other is None:
+        return images.mul(on(images.device, factors).view(-1, 1, 1, 1)).clamp_(0, 255).to(torch.uint8)
+    weights = on(images.device, [list(factors), [1.0 - f for f in factors]])  # one upload: (2, n) float32
+    out = images.mul(weights[0].view(-1, 1, 1, 1))
+    out.addcmul_(other, weights[1].view(-1, 1, 1, 1))
     return out.clamp_(0, 255).to(torch.uint8)
 
 
@@ -176,9 +182,11 @@ def affine(images: torch.Tensor, matrices: Sequence[Sequence[float]], interpolat
     (``interpolation``: "nearest" or "bilinear") with zeros outside, rounded back to uint8."""
     n, _, h, w = images.shape
     device = images.device
-    theta = on(device, matrices).view(n, 2, 3)
+    # (n, 3, 2): each matrix transposed and divided by the half sizes, in float32 as torchvision divides it,
+    # here before the upload rather than in two launches after it
+    theta = np.asarray(matrices, np.float32).reshape(n, 2, 3).transpose(0, 2, 1)
+    rescaled = on(device, np.ascontiguousarray(theta / np.array([0.5 * w, 0.5 * h], np.float32)))
     base = _base_grid(h, w, device)
-    rescaled = theta.transpose(1, 2).div_(on(device, [0.5 * w, 0.5 * h]))
     grid = base.view(1, h * w, 3).expand(n, -1, -1).bmm(rescaled).view(n, h, w, 2)
     out = grid_sample(images.float(), grid, mode=interpolation, padding_mode="zeros", align_corners=False)
     return out.round_().to(torch.uint8)
