@@ -101,3 +101,73 @@ def test_what_gpufeed_does_not_read_is_called_as_given(synth_root):
 def test_a_mixup_without_num_classes_is_refused_naming_it(synth_root):
     with pytest.raises(ValueError, match=r"MixUp\(alpha=1.0\) has num_classes=None: .* give it num_classes"):
         ImageLoader(synth_root, device="cpu", batch_transform=v2.MixUp())
+
+
+def test_the_mix_follows_the_per_sample_ops(synth_root):
+    """With TrivialAugmentWide and MixUp/CutMix: the batch the loader gives is torchvision's mix, for the
+    loader's draw, of the batch the same recipe gives without it."""
+    from gpufeed.augment.params import SampleRandom
+
+    from .test_loader import _torchvision_with
+
+    recipe = v2.Compose([v2.RandomResizedCrop(16), v2.TrivialAugmentWide(), v2.PILToTensor(),
+                         v2.ToDtype(torch.float32, scale=True)])
+    mixing = v2.RandomChoice([v2.MixUp(num_classes=4), v2.CutMix(num_classes=4)])
+    kw = dict(batch_size=4, device="cpu", num_workers=2, seed=9, transform=recipe)
+    with ImageLoader(synth_root, **kw) as plain, ImageLoader(synth_root, batch_transform=mixing, **kw) as mixed:
+        kinds, compared = set(), 0
+        for (x, y), (xm, ym) in zip(plain, mixed, strict=True):
+            drawn = mixed.batch_mix.draw(SampleRandom(9 ^ mixed.batch_mix.salt, 0, plain.batch_indices[0]), 16, 16)
+            expected_x, expected_y = _torchvision_with(mixing, drawn)(x, y)
+            assert torch.equal(xm, expected_x) and torch.equal(ym, expected_y)
+            kinds.add(drawn.kind)
+            compared += 1
+    assert compared == 10 and kinds == {"MixUp", "CutMix"}
+
+
+def test_setting_batch_transform_takes_effect_for_later_batches(synth_root):
+    """``loader.batch_transform = None`` stops the mixing, another one starts it, from the batches made from
+    then on; one whose num_classes is under the data's is refused, naming both."""
+    with ImageLoader(synth_root, batch_size=4, image_size=16, device="cpu", num_workers=2,
+                     batch_transform=v2.MixUp(num_classes=4)) as loader:
+        shapes = [tuple(y.shape) for _, y in loader]
+        loader.batch_transform = None
+        assert loader.batch_mix is None
+        plain = [tuple(y.shape) for _, y in loader]
+        loader.batch_transform = v2.CutMix(num_classes=4)
+        again = [tuple(y.shape) for _, y in loader]
+        with pytest.raises(ValueError, match=r"num_classes=3, but the data has 4 classes"):
+            loader.batch_transform = v2.MixUp(num_classes=3)
+        assert loader.batch_mix.choices == (("CutMix", 1.0),)  # the refused one changed nothing
+    assert shapes == again == [(4, 4)] * 10 and plain == [(4,)] * 10
+
+
+def test_a_tiny_alpha_never_divides_by_zero():
+    """Beta(alpha, alpha) with alpha = 0.001: both Gamma draws can underflow; each is clamped as torch's are,
+    and lam stays in [0, 1]."""
+    mix = read_batch_transform(v2.MixUp(num_classes=2, alpha=0.001))
+    lams = [mix.draw(SampleRandom(1, 0, k), 8, 8).lam for k in range(5000)]
+    assert all(0.0 <= lam <= 1.0 for lam in lams)
+
+
+class _Fixed:
+    """A SampleRandom stand-in: uniform() 0, Gamma draws 1 and 0 (lam 1: a box of no size, at its centre),
+    randint() the upper end of its range."""
+
+    def __init__(self):
+        self.gammas = iter([1.0, 0.0])
+
+    def uniform(self):
+        return 0.0
+
+    def gamma(self, alpha):
+        return next(self.gammas)
+
+    def randint(self, low, high):
+        return high
+
+
+def test_a_cutmix_box_centre_reaches_the_last_row_and_column():
+    """torchvision draws the centre with randint(W) and randint(H): up to W - 1 and H - 1."""
+    mix = read_batch_transform(v2.CutMix(num_classes=2))
+    assert mix.draw(_Fixed(), 32, 24).box == (23, 31, 23, 31)

@@ -114,10 +114,10 @@ class ImageLoader:
     output batches are sized at construction (``placement.gpu_memory``, ``loader.stats["gpu_memory_budget"]``)
     and never grow; batches that need more go through in slices. ``batch_transform``: torchvision's
     ``v2.MixUp``, ``v2.CutMix`` or ``v2.RandomChoice`` of them is read for its settings and run on each
-    finished batch in the loader's thread, drawn from the loader's seed (``augment.mix``: a resumed epoch
-    mixes as the first run did), labels coming back (B, num_classes) float; any other
-    ``batch_transform(images, labels)`` is called on each finished batch on ``device``, on the consumer's
-    stream, before it is yielded. ``transform``: the
+    finished batch after the per-sample ops (on CUDA in the loader's thread), drawn from the loader's seed
+    (``augment.mix``: a resumed epoch mixes as the first run did), labels coming back (B, num_classes) float;
+    any other ``batch_transform(images, labels)`` is called on each finished batch on ``device``, on the
+    consumer's stream, before it is yielded. ``transform``: the
     torchvision ``Compose`` the script would give a Dataset, read for its settings in place of ``train``,
     ``image_size``, ``resize_size``, ``mean`` and ``std`` (``augment.recipe``: RandomResizedCrop with its
     scale and ratio, RandomHorizontalFlip(p), Resize + CenterCrop, to-tensor ops, Normalize, and the per-sample
@@ -162,11 +162,7 @@ class ImageLoader:
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if batch_transform is not None and not callable(batch_transform):
-            raise TypeError(f"batch_transform must be callable as f(images, labels), got {batch_transform!r}")
-        self.batch_transform = batch_transform
-        # torchvision's MixUp/CutMix run in the loader's thread from its seed (augment/mix.py); others as given
-        self.batch_mix = read_batch_transform(batch_transform) if batch_transform is not None else None
+        _check_batch_transform(batch_transform)
         self.decoding = DecodeOptions(decode=decode, cpu_share=cpu_share, num_workers=num_workers,
                                       prefetch_depth=prefetch_depth, exif_orientation=exif_orientation,
                                       max_gpu_memory=max_gpu_memory)
@@ -229,7 +225,8 @@ class ImageLoader:
         self.batch_indices: list[int] = []  # the source indices of the batch last yielded
         self._share = placement.ShareControl(cpu_share if gpu_path else 1.0)
         skips = self._skips if on_error == "skip" else None
-        per_sample = _PerSample(self.sample_ops, self.batch_mix)
+        per_sample = self._per_sample = _PerSample(self.sample_ops, None)
+        self.batch_transform = batch_transform  # read now (the property below)
         if gpu_path:
             self._gpu_stage = GpuDecodeAugment(
                 gpu_decoders, device=self.device, image_size=image_size, mean=mean, std=std, dtype=dtype,
@@ -255,6 +252,24 @@ class ImageLoader:
                                       on_issued=on_issued)
 
     # -- public API ---------------------------------------------------------
+    @property
+    def batch_transform(self) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+        """The batch transform (see the class docstring); ``batch_mix`` is what the loader read of it (None:
+        called as given). Setting it takes effect for the batches made from then on; the few already made
+        (``prefetch_depth`` and the one being finished) keep what they were made with."""
+        return self._batch_transform
+
+    @batch_transform.setter
+    def batch_transform(self, transform: Any) -> None:
+        _check_batch_transform(transform)
+        mix = read_batch_transform(transform) if transform is not None else None
+        classes = len(getattr(self.source, "classes", ()) or ())
+        if mix is not None and classes > mix.num_classes:
+            raise ValueError(f"batch_transform {transform!r} has num_classes={mix.num_classes}, but the data has "
+                             f"{classes} classes: its labels would not fit")
+        self._batch_transform, self.batch_mix = transform, mix
+        self._per_sample.mix = mix
+
     def __len__(self) -> int:
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
@@ -352,6 +367,11 @@ class ImageLoader:
     def worker_pids(self) -> list[int]:
         pool = self._scheduler.pool
         return pool.pids if pool is not None else []
+
+
+def _check_batch_transform(transform: Any) -> None:
+    if transform is not None and not callable(transform):
+        raise TypeError(f"batch_transform must be callable as f(images, labels), got {transform!r}")
 
 
 def _start_pool(spec: PipelineSpec, *, page_lock: bool, **kw: Any) -> WorkerPool:

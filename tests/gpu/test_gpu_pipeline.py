@@ -304,3 +304,27 @@ def test_batched_copy_queues_every_copy_on_the_stream():
     for k in range(64):
         assert torch.equal(got[offsets[k] : offsets[k] + sizes[k]], host[order[k], : sizes[k]]), k
     assert int(got[int(sizes.sum()):].sum()) == 0
+
+
+def test_mixup_and_cutmix_on_cuda_keep_channels_last_and_give_torchvisions_batches(synth):
+    """MixUp/CutMix in the loader's thread on CUDA: each batch is torchvision's mix (for the loader's draw) of
+    the batch the same loader gives without it, in place, channels_last kept."""
+    from torchvision.transforms import v2
+
+    from gpufeed.augment.params import SampleRandom
+    from tests.test_loader import _torchvision_with
+
+    mixing = v2.RandomChoice([v2.MixUp(num_classes=4), v2.CutMix(num_classes=4)])
+    kw = dict(batch_size=32, num_workers=2, seed=7, decode="gpu", cpu_share=0.0, channels_last=True)
+    plain, mixed = _gpu_loader(synth, **kw), _gpu_loader(synth, batch_transform=mixing, **kw)
+    kinds, compared = set(), 0
+    for (x, y), (xm, ym) in zip(plain, mixed, strict=True):
+        mix = mixed.batch_mix
+        drawn = mix.draw(SampleRandom(7 ^ mix.salt, 0, plain.batch_indices[0]), x.shape[-2], x.shape[-1])
+        expected_x, expected_y = _torchvision_with(mixing, drawn)(x, y)
+        assert xm.is_cuda and xm.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(xm, expected_x) and torch.equal(ym, expected_y) and ym.shape == (32, 4)
+        kinds.add(drawn.kind)
+        compared += 1
+    assert compared == 3 and kinds  # 96 images in batches of 32
+    plain.close(), mixed.close()

@@ -1,15 +1,17 @@
 """MixUp and CutMix on delivered batches, drawn from the loader's seed.
 
 torchvision's ``v2.MixUp``, ``v2.CutMix`` and ``v2.RandomChoice`` of them are read for their settings and run
-as they compute, in the loader's thread (on CUDA on its side stream, after the per-sample ops), rather than
-called on the training's thread with PyTorch's global random state. A resumed epoch therefore mixes its
-batches as the first run did, and the training thread, which the interpreter lock makes the loader's threads
-share, does none of the work. Any other batch transform is called as given.
+as they compute, after the per-sample ops, rather than called by the training loop with PyTorch's global
+random state: a resumed epoch mixes its batches as the first run did (on as many ranks: on another number
+the batches are made up differently). On CUDA this runs in the loader's thread on its side stream, so the
+training thread, which the interpreter lock makes the loader's threads share, does none of the work. Any
+other batch transform is called as given.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -37,9 +39,9 @@ class Mix(NamedTuple):
 class BatchMix:
     """``choices``: (kind, alpha) pairs, one taken per batch with probabilities ``p``; ``num_classes``: the
     width of the one-hot labels. Called as ``(images, labels, seed, epoch, key) -> (images, labels)``:
-    images (B, C, H, W) any float dtype and memory format, any device; labels (B,) int64 on the same device,
-    returned (B, num_classes) float32. ``key`` names the batch within the epoch (its first sample's source
-    index), so its draw is the same in any run of that epoch."""
+    images (B, C, H, W) any float dtype and memory format, any device, mixed in place (their layout kept);
+    labels (B,) int64 on the same device, returned (B, num_classes) float32. ``key`` names the batch within
+    the epoch (its first sample's source index), so its draw is the same in any run of that epoch."""
 
     choices: tuple[tuple[str, float], ...]
     p: tuple[float, ...]
@@ -56,7 +58,9 @@ class BatchMix:
                 k = i
                 break
         kind, alpha = self.choices[k]
-        a, b = rnd.gamma(alpha), rnd.gamma(alpha)
+        # each Gamma draw at least the smallest normal float, as torch's Dirichlet clamps them: a tiny alpha
+        # can give 0.0 for both
+        a, b = max(rnd.gamma(alpha), sys.float_info.min), max(rnd.gamma(alpha), sys.float_info.min)
         lam = a / (a + b)
         if kind == "MixUp":
             return Mix(kind, lam)
@@ -68,17 +72,18 @@ class BatchMix:
         return Mix(kind, float(1.0 - (x2 - x1) * (y2 - y1) / (width * height)), (x1, y1, x2, y2))
 
     def apply(self, images: torch.Tensor, labels: torch.Tensor, mix: Mix) -> tuple[torch.Tensor, torch.Tensor]:
-        """``mix`` on the batch, as torchvision's transform computes it with those parameters: each sample
-        paired with the one before it (the first with the last)."""
+        """``mix`` on the batch, in place, giving what torchvision's transform computes with those parameters:
+        each sample paired with the one before it (the first with the last). The batch keeps its memory
+        format (a CUDA ``roll`` of the whole batch would return it contiguous)."""
         lam = mix.lam
-        if mix.kind == "MixUp":
-            out = images.roll(1, 0).mul_(1.0 - lam).add_(images.mul(lam))
+        if mix.kind == "MixUp":  # the same sum as torchvision's rolled * (1 - lam) + images * lam
+            rolled = torch.cat((images[-1:], images[:-1])).mul_(1.0 - lam)
+            images.mul_(lam).add_(rolled)
         else:
             x1, y1, x2, y2 = mix.box
-            out = images.clone()
-            out[..., y1:y2, x1:x2] = images.roll(1, 0)[..., y1:y2, x1:x2]
+            images[..., y1:y2, x1:x2] = images[..., y1:y2, x1:x2].roll(1, 0)
         label = one_hot(labels, num_classes=self.num_classes).float()
-        return out, label.roll(1, 0).mul_(1.0 - lam).add_(label.mul(lam))
+        return images, label.roll(1, 0).mul_(1.0 - lam).add_(label.mul(lam))
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, seed: int, epoch: int,
                  key: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,13 +99,17 @@ def read_batch_transform(transform: Any) -> BatchMix | None:
         from torchvision.transforms import v2
     except ImportError:  # then it cannot be one of them
         return None
-    if isinstance(transform, v2.RandomChoice):
+    try:
+        from torchvision.transforms.v2._utils import _find_labels_default_heuristic as default_getter
+    except ImportError:  # another torchvision: its getter cannot be recognised, so none is taken over
+        return None
+    if type(transform) is v2.RandomChoice:  # a subclass may choose another way: called as given
         parts, p = list(transform.transforms), tuple(float(x) for x in transform.p)
     else:
         parts, p = [transform], (1.0,)
     if not parts or any(type(t) not in (v2.MixUp, v2.CutMix) for t in parts):
         return None
-    if any(getattr(t._labels_getter, "__name__", "") != "_find_labels_default_heuristic" for t in parts):
+    if any(getattr(t, "_labels_getter", None) is not default_getter for t in parts):
         return None  # labels found another way: called as given
     for t in parts:
         if t.num_classes is None:
