@@ -29,21 +29,7 @@ from collections import defaultdict
 import torch
 
 from gpufeed import ImageLoader
-from gpufeed.bench.run import machine_description, make_train_step
-
-
-def model_rate(step, images, labels, seconds: float) -> float:
-    """Images/s of ``step`` on one GPU-resident batch over about ``seconds`` (median of 1 s windows)."""
-    rates, end = [], time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        torch.cuda.synchronize()
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < 1.0:
-            step(images, labels)
-            n += images.shape[0]
-        torch.cuda.synchronize()
-        rates.append(n / (time.perf_counter() - t0))
-    return statistics.median(rates)
+from gpufeed.bench.run import machine_description, make_train_step, model_rate
 
 
 class PacedLoader(threading.Thread):

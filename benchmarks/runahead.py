@@ -35,7 +35,7 @@ import torch
 
 from gpufeed import ImageLoader
 from gpufeed.bench.recipes import load_recipe
-from gpufeed.bench.run import machine_description, make_train_step
+from gpufeed.bench.run import machine_description, make_train_step, model_rate
 from gpufeed.decode.gpu_stage import GpuDecodeAugment
 from gpufeed.augment.ops import SampleOps
 from gpufeed.decode import gpu_stage
@@ -94,19 +94,6 @@ def instrument_decoders(loader: ImageLoader) -> None:
         return
     for d in stage.decoders:
         d.decode = timed("decoders: nvJPEG calls", d.decode, cpu=True)
-
-
-def model_rate(step, images, labels, seconds: float) -> float:
-    rates, end = [], time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        torch.cuda.synchronize()
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < 1.0:
-            step(images, labels)
-            n += images.shape[0]
-        torch.cuda.synchronize()
-        rates.append(n / (time.perf_counter() - t0))
-    return statistics.median(rates)
 
 
 def variant(spec: str) -> dict:

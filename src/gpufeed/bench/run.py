@@ -133,6 +133,21 @@ def make_train_step(name: str, device: torch.device,
     return step
 
 
+def model_rate(step: Callable, images: torch.Tensor, labels: torch.Tensor, seconds: float) -> float:
+    """Images/s of ``step`` on one GPU-resident batch over about ``seconds``: the median of 1 s windows, the
+    device synchronised at each window's ends (the benchmarks' own rate of a model beside something else)."""
+    rates, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        torch.cuda.synchronize()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 1.0:
+            step(images, labels)
+            n += images.shape[0]
+        torch.cuda.synchronize()
+        rates.append(n / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
 def measure_ceiling(step: Callable, batch_size: int, device: torch.device, monitor: Monitor) -> dict[str, Any]:
     """The model's own images/s on one batch already on the GPU (the end-to-end ceiling)."""
     images = torch.randn(batch_size, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
