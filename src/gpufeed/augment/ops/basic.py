@@ -33,6 +33,19 @@ def _check_p(owner: str, p: float) -> None:
         raise ValueError(f"{owner}(p={p!r}) needs a probability in [0, 1]")
 
 
+class _Chance:
+    """An op applied to each sample with probability ``p`` (a field of the dataclass): ``p`` is checked as
+    torchvision's ``owner`` checks it, and a sample's draw is whether the op applies."""
+
+    owner: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        _check_p(self.owner, self.p)
+
+    def draw(self, rnd: SampleRandom, size: int) -> bool:
+        return rnd.uniform() < self.p
+
+
 def _check_range(owner: str, what: str, r: Range | None, low: float, high: float) -> None:
     if r is not None and not low <= r[0] <= r[1] <= high:
         raise ValueError(f"{owner}: {what}={r!r} needs {low} <= low <= high <= {high}")
@@ -73,17 +86,12 @@ class Jitter:
 
 
 @dataclass(frozen=True)
-class Grayscale:
+class Grayscale(_Chance):
     """``RandomGrayscale(p)``: three equal channels of torchvision's luma, with probability ``p``."""
 
     p: float = 0.1
     salt: ClassVar[int] = 0x7A1B_0006
-
-    def __post_init__(self) -> None:
-        _check_p("RandomGrayscale", self.p)
-
-    def draw(self, rnd: SampleRandom, size: int) -> bool:
-        return rnd.uniform() < self.p
+    owner: ClassVar[str] = "RandomGrayscale"
 
     def apply(self, images: torch.Tensor, choices: Sequence[bool]) -> torch.Tensor:
         return each_group(images, choices, lambda x, *_: pixels.grayscale(x), skip=False)
@@ -118,21 +126,19 @@ class Blur:
 
 
 @dataclass(frozen=True)
-class Sharpen:
+class Sharpen(_Chance):
     """``RandomAdjustSharpness(sharpness_factor, p)``: ``adjust_sharpness`` by ``factor`` with probability
     ``p``."""
 
     factor: float
     p: float = 0.5
     salt: ClassVar[int] = 0x7A1B_0008
+    owner: ClassVar[str] = "RandomAdjustSharpness"
 
     def __post_init__(self) -> None:
-        _check_p("RandomAdjustSharpness", self.p)
+        super().__post_init__()
         if not self.factor >= 0:
             raise ValueError(f"RandomAdjustSharpness(sharpness_factor={self.factor!r}) needs a number >= 0")
-
-    def draw(self, rnd: SampleRandom, size: int) -> bool:
-        return rnd.uniform() < self.p
 
     def apply(self, images: torch.Tensor, choices: Sequence[bool]) -> torch.Tensor:
         return each_group(images, choices, lambda x, _, members: pixels.sharpness(x, [self.factor] * len(members)),
@@ -140,17 +146,12 @@ class Sharpen:
 
 
 @dataclass(frozen=True)
-class VerticalFlip:
+class VerticalFlip(_Chance):
     """``RandomVerticalFlip(p)``: upside down with probability ``p``."""
 
     p: float = 0.5
     salt: ClassVar[int] = 0x7A1B_0009
-
-    def __post_init__(self) -> None:
-        _check_p("RandomVerticalFlip", self.p)
-
-    def draw(self, rnd: SampleRandom, size: int) -> bool:
-        return rnd.uniform() < self.p
+    owner: ClassVar[str] = "RandomVerticalFlip"
 
     def apply(self, images: torch.Tensor, choices: Sequence[bool]) -> torch.Tensor:
         return each_group(images, choices, lambda x, *_: x.flip(-2), skip=False)
