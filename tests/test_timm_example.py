@@ -1,26 +1,17 @@
 """examples/timm_recipe.py on the CPU: two steps of timm's recipe on generated JPEGs, with a timm model and
 timm's Mixup where timm is installed, and with torchvision's model and MixUp/CutMix without it."""
 
-import importlib.util
 import math
 import re
-from pathlib import Path
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "timm_recipe.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("timm_recipe", EXAMPLE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from .examples import load_example
 
 
 @pytest.mark.parametrize("with_timm", [True, False])
 def test_two_steps_of_the_recipe(capsys, with_timm):
-    recipe = _load()
+    recipe = load_example("timm_recipe")
     if with_timm and recipe.timm is None:
         pytest.skip("timm is not installed")
     if not with_timm:
@@ -39,7 +30,7 @@ def test_two_steps_of_the_recipe(capsys, with_timm):
 
 
 def test_data_or_synth_is_required():
-    recipe = _load()
+    recipe = load_example("timm_recipe")
     with pytest.raises(SystemExit):
         recipe.parse_args([])
     with pytest.raises(SystemExit):

@@ -1,20 +1,12 @@
 """examples/train.py on the CPU: a few steps, a mid-epoch checkpoint, and a resume that finishes the epoch."""
 
-import importlib.util
-from pathlib import Path
-
 import torch
 
 from gpufeed.synth import create_synthetic_dataset
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+from .examples import EXAMPLES, load_example
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("train_example", EXAMPLE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+EXAMPLE = EXAMPLES / "train.py"
 
 
 def test_train_checkpoint_and_resume(tmp_path, capsys):
@@ -23,7 +15,7 @@ def test_train_checkpoint_and_resume(tmp_path, capsys):
     ckpt = tmp_path / "ckpt.pt"
     common = ["--data", str(tmp_path / "data"), "--model", "resnet18", "--batch-size", "4", "--image-size", "32",
               "--workers", "1", "--device", "cpu", "--epochs", "2", "--checkpoint", str(ckpt)]
-    train = _load()
+    train = load_example("train")
     assert train.main(common + ["--max-steps", "3", "--checkpoint-every", "2"]) == 0
     out = capsys.readouterr().out
     assert "6 steps/epoch" in out and "stopping at step 3 (--max-steps); checkpoint" in out
