@@ -254,10 +254,15 @@ class ImageLoader:
     # -- public API ---------------------------------------------------------
     @property
     def batch_transform(self) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
-        """The batch transform (see the class docstring); ``batch_mix`` is what the loader read of it (None:
-        called as given). Setting it takes effect for the batches made from then on; the few already made
-        (``prefetch_depth`` and the one being finished) keep what they were made with."""
+        """The batch transform (see the class docstring). Setting it takes effect for the batches made from
+        then on; the few already made (``prefetch_depth`` and the one being finished) keep what they were made
+        with."""
         return self._batch_transform
+
+    @property
+    def batch_mix(self) -> BatchMix | None:
+        """What the loader read of ``batch_transform`` and runs itself (None: it is called as given)."""
+        return self._per_sample.mix
 
     @batch_transform.setter
     def batch_transform(self, transform: Any) -> None:
@@ -267,8 +272,7 @@ class ImageLoader:
         if mix is not None and classes > mix.num_classes:
             raise ValueError(f"batch_transform {transform!r} has num_classes={mix.num_classes}, but the data has "
                              f"{classes} classes: its labels would not fit")
-        self._batch_transform, self.batch_mix = transform, mix
-        self._per_sample.mix = mix
+        self._batch_transform, self._per_sample.mix = transform, mix
 
     def __len__(self) -> int:
         n = len(self.sampler)
