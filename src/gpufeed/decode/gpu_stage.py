@@ -301,11 +301,13 @@ class GpuDecodeAugment:
         """Wait for the decode calls (all of them, even when one failed: none may still write after an
         error is raised), order the current stream after them, count what they decoded; which worked."""
         wait(futures)
-        failed = next((f.exception() for f in futures if f.exception() is not None), None)
-        if failed is not None:  # the calls that ran may still write on their streams: order this one after them
-            self._device.collect([f.result() for f in futures if f.exception() is None])
+        errors = [f.exception() for f in futures]
+        # the calls that ran are ordered before this stream's next work, also when another one failed
+        done = self._device.collect([f.result() for f, e in zip(futures, errors) if e is None])
+        failed = next((e for e in errors if e is not None), None)
+        if failed is not None:
             raise failed
-        ok = [bool(good) for part in self._device.collect([f.result() for f in futures]) for good in part]
+        ok = [bool(good) for part in done for good in part]
         self.decoded_by[f"gpu:{self.name}"] += sum(ok)
         return ok
 
