@@ -229,9 +229,7 @@ class Spool:
             self.local(url, make)
         except Exception:  # the worker that reads it fetches again and reports the error with the sample
             pass
-        with self._lock:
-            if url not in self._users:
-                self.drop(url)
+        self.drop_unless_wanted(url)
 
 
 def _fetch_loop(spool_ref: weakref.ref, items: queue.SimpleQueue) -> None:
