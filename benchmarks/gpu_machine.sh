@@ -2,7 +2,7 @@
 # Everything the GPU machine checks and times, in one call: logs and JSON under $OUT, a short table last.
 #   bash benchmarks/gpu_machine.sh                      the GPU tests, decode backends, the sweep, gpufeed bench
 #   STEPS="tests bench" bash benchmarks/gpu_machine.sh  a subset, in this order: tests ddp decode sweep bench cpu
-#       memory formats recipe compile paced progressive runahead ab
+#       memory formats recipe compile paced progressive runahead order ab
 #   BASELINE=DIR STEPS=ab bash benchmarks/gpu_machine.sh
 #       gpufeed bench of another checkout (DIR/src, e.g. `git archive REV | tar -x -C DIR`) and of this one,
 #       alternating, ROUNDS times for AB_MODELS (none resnet50 resnet18; none: loader only): a change measured
@@ -20,6 +20,7 @@
 #   STEPS=progressive: an epoch at 160, 192 and 224 from one loader through set_image_size (benchmarks/progressive.py).
 #   STEPS=runahead: where an end-to-end step's time goes, for each of RUNAHEAD (";"-separated argument lists of
 #       benchmarks/runahead.py; default ResNet-18, then ResNet-50 with the trivialaugment-mix recipe).
+#   STEPS=order: whether the engine decoders write before their stream's queued work (benchmarks/engine_order.py).
 # Narrowing variables: TESTS (pytest paths), EPOCHS, LOADER_EPOCHS (loader-only bench), LOADER_PIPES,
 # MODEL_PIPES, MODELS, SWEEP_ARGS, ROUNDS, DDP_WORKERS, DDP_PIPES, DDP_N (images, 20000), MEMORY_EPOCHS,
 # MEMORY_DECODES; ONE_GPU="taskset -c 0-15" (say) runs
@@ -109,6 +110,7 @@ if step runahead; then
     timeout 300 ${ONE_GPU:-} python3 benchmarks/runahead.py $DATA --workers $W $a >> "$OUT/runahead.txt" 2>&1
   done
 fi
+step order && timeout 120 ${ONE_GPU:-} python3 benchmarks/engine_order.py > "$OUT/order.txt" 2>&1
 if step ab; then
   [ -d "${BASELINE:-}/src" ] || { echo "ab: BASELINE=DIR with DIR/src is needed"; exit 2; }
   (cd "$BASELINE" && python3 setup.py -q build_ext --inplace > /dev/null 2>&1)
@@ -152,7 +154,8 @@ PY
 step cpu && grep -E "^\||^gpufeed bench|CPUs, torch|FAILED|Error" "$OUT/cpu.txt" | cut -c1-200
 step memory && grep -E "^\||nvJPEG|decode=|growth|Error" "$OUT/memory.txt"
 step progressive && grep -E "^\||PIDs|Error" "$OUT/progressive.txt"
-step runahead && grep -E "^\||own rate|Error" "$OUT/runahead.txt"
+step runahead && grep -E "^\||own rate|alone:|Error" "$OUT/runahead.txt"
+step order && grep -E "^\||Error" "$OUT/order.txt"
 step ab && grep -E "^\| (model|none|resnet|---)" "$OUT/ab.txt"
 step ddp && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/ddp.txt" | cut -c1-230
 step formats && grep -E "^\||Error" "$OUT/formats.txt" | cut -c1-200

@@ -19,7 +19,8 @@ limit); ``switch``: the interpreter's switch interval in ms (Python's default 5)
 ``share``: cpu_share; ``prio``: the priority of the loader's CUDA streams; ``blocking=1``: every CUDA event
 made while the variant runs waits asleep (the loader's events that the host waits for already do, since
 commit b17e72f; ``blocking=0`` leaves each event as the code makes it); ``loopcopies=1``: the CPU-decoded rows
-copied to the device one call each. Also, from CUDA events on the training's stream: how long it waited on the device for each
+copied to the device one call each; ``sidestream=1``: the training runs on a stream of its own rather than
+the default (legacy) stream. Also, from CUDA events on the training's stream: how long it waited on the device for each
 batch, and the device time of each step.
 """
 
@@ -99,8 +100,10 @@ def instrument_decoders(loader: ImageLoader) -> None:
 def variant(spec: str) -> dict:
     """"base", or comma-separated key=value: lag (steps queued at most), switch (ms), depth (prefetch_depth),
     share (cpu_share), prio (the loader's stream priority), blocking (1: CUDA events wait without spinning),
-    loopcopies (1: the CPU-decoded rows copied one call each, not in one batched call)."""
-    out = {"lag": 0, "switch": 5.0, "depth": 2, "share": "auto", "prio": 0, "blocking": 0, "loopcopies": 0}
+    loopcopies (1: the CPU-decoded rows copied one call each, not in one batched call), sidestream (1: the
+    training on a stream of its own)."""
+    out = {"lag": 0, "switch": 5.0, "depth": 2, "share": "auto", "prio": 0, "blocking": 0, "loopcopies": 0,
+           "sidestream": 0}
     for kv in filter(None, spec.split(",")):
         if kv == "base":
             continue
@@ -137,7 +140,8 @@ class _Patched:
 def run(args, step, v: dict, decode: str, recipe) -> dict:
     sys.setswitchinterval(v["switch"] / 1000)
     lag = v["lag"]
-    with _Patched(v):
+    training = torch.cuda.Stream() if v["sidestream"] else torch.cuda.current_stream()
+    with _Patched(v), torch.cuda.stream(training):
         loader = ImageLoader(args.data, batch_size=args.batch_size, device="cuda", decode=decode, channels_last=True,
                              num_workers=args.workers or None, prefetch_depth=v["depth"], cpu_share=v["share"],
                              transform=recipe.transform if recipe else None,
@@ -199,6 +203,19 @@ def run(args, step, v: dict, decode: str, recipe) -> dict:
             "ms": {k: statistics.median(t) for k, t in per_batch.items()}}
 
 
+def launch_ms(step, images, labels, n: int = 20) -> float:
+    """Host ms to queue one step when nothing is queued on the device (median of ``n``): how far ahead of
+    the device the training thread can run alone."""
+    out = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        step(images, labels)
+        out.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    return 1000 * statistics.median(out)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("data")
@@ -229,6 +246,8 @@ def main() -> int:
     for _ in range(20):
         step(images, labels)
     alone = [model_rate(step, images, labels, 4.0)]
+    print(f"alone: {1000 * args.batch_size / alone[0]:.2f} ms per step on the device, "
+          f"{launch_ms(step, images, labels):.2f} ms of the training thread's calls to queue one")
     results = []
     for spec in args.variants.split("|"):
         r = run(args, step, variant(spec), args.decode, recipe)

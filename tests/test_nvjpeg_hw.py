@@ -13,6 +13,7 @@ from gpufeed.augment.params import AugmentSpec
 from gpufeed.decode.base import DecodeJob
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.decode.gpu_stage import GpuDecodeAugment
+from gpufeed.decode import nvjpeg_hw
 from gpufeed.decode.nvjpeg_hw import NvJpegHwDecoder, load_nvjpeg
 from gpufeed.placement import create_gpu_decoders
 from gpufeed.ring import KIND_BYTES, SlotView
@@ -42,6 +43,7 @@ class FakeNvjpeg:
         table = np.ctypeslib.as_array((ctypes.c_uint64 * (8 * n)).from_address(images)).reshape(n, 8)
         datas = [ctypes.string_at(int(s), int(ln)) for s, ln in zip(src, lengths)]
         self.batches.append(n)
+        ORDER.append("decode")
         if any(d in self.refuse for d in datas):
             return 4  # NVJPEG_STATUS_JPEG_NOT_SUPPORTED
         for d, row in zip(datas, table):
@@ -86,9 +88,14 @@ def _decode(lib, datas, outs):
     return _decoder(lib).decode(DecodeJob.of([np.frombuffer(d, np.uint8) for d in datas], outs), _Stream()).tolist()
 
 
+ORDER: list[str] = []  # "wait" (the host waited for the stream's queued work), "decode" (the engines wrote)
+
+
 @pytest.fixture(autouse=True)
 def _no_cuda_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(nvjpeg_hw, "engines_after", lambda stream: ORDER.append("wait"))
+    ORDER.clear()
 
 
 def _case(n=5):
@@ -103,6 +110,7 @@ def test_a_good_batch_is_one_call_with_every_pixel_in_place():
     outs = [torch.full(r.shape, 7, dtype=torch.uint8) for r in refs]
     ok = _decode(lib, datas, outs)
     assert ok == [True] * 5 and lib.batches == [5]
+    assert ORDER == ["wait", "decode"]  # the engines write at the call: the stream's queued work ran first
     for out, ref in zip(outs, refs):
         assert np.array_equal(out.numpy(), ref)
 

@@ -240,6 +240,43 @@ def test_nvjpeg_direct_decodes_a_mixed_batch_and_names_what_the_engines_refuse()
     assert ok[0] and ok[1] and ok[3] and ok[5], ok
 
 
+def _engine_decoder(decode):
+    try:
+        if decode == "nvjpeg":
+            from gpufeed.decode.nvjpeg_hw import NvJpegHwDecoder
+
+            return NvJpegHwDecoder(torch.device("cuda", 0))
+        from gpufeed.decode.nvimgcodec import NvImageCodecDecoder
+
+        return NvImageCodecDecoder(torch.device("cuda", 0))
+    except RuntimeError as e:  # no engines, or the library is missing
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("decode", ENGINE_PATHS)
+def test_engine_decoders_write_only_after_the_streams_queued_work(decode):
+    """The engines write when called, not in the stream's order: a decode into memory that work queued
+    earlier on the stream still reads must wait for that work. Here the stream sleeps about 0.25 s, then
+    snapshots the places; the snapshots must hold what was there before the decode, and the places the
+    decoded images."""
+    from gpufeed.decode.cpu import CpuDecoder
+    from tests.corpus import jpeg
+
+    datas = [jpeg(w=320, h=240, seed=i) for i in range(8)]
+    refs = [CpuDecoder().decode(d, "x", fast=True) for d in datas]
+    outs = [torch.full(r.shape, 7, dtype=torch.uint8, device="cuda") for r in refs]
+    dec = _engine_decoder(decode)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(500_000_000)  # cycles: about 0.25 s at the H200's clock
+        snaps = [o.clone() for o in outs]
+    ok = dec.decode(DecodeJob.of([np.frombuffer(d, np.uint8) for d in datas], outs), stream)
+    stream.synchronize()
+    assert ok.all(), ok
+    assert [bool((s == 7).all()) for s in snaps] == [True] * 8
+    assert min(_psnr(o.cpu().numpy(), r) for o, r in zip(outs, refs)) >= 40.0
+
+
 def test_gpu_path_workers_stay_off_the_kept_cores(synth):
     from gpufeed import cores, placement
 

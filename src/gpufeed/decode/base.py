@@ -133,6 +133,21 @@ class DeviceView:
                                          "version": 3, "strides": None}
 
 
+def engines_after(stream: Any) -> None:
+    """Wait asleep on the host until the work queued so far on ``stream`` (a ``torch.cuda.Stream``) has run.
+
+    nvJPEG's hardware decode (``nvjpegDecodeBatched``, called directly or through nvImageCodec) writes its
+    output when it is called, not in the stream's order: a pending ``cudaStreamWaitEvent`` on the stream
+    does not hold it back (reproduced on H100 with nvJPEG 12.3 to 13.2, meta-pytorch/torchcodec#1634). A
+    decoder that writes into memory the stream's earlier work still reads (the GPU stage's decode buffer,
+    read by the previous batch's kernel) calls this first."""
+    import torch
+
+    queued = torch.cuda.Event(blocking=True)
+    queued.record(stream)
+    queued.synchronize()
+
+
 class GpuDecoder(Protocol):
     """A GPU decoder, created once per loader on one device and called from one thread at a time."""
 
@@ -140,6 +155,7 @@ class GpuDecoder(Protocol):
     job_images: int  # images per decode call the GPU stage hands it (about; at least one call per decoder)
 
     def decode(self, job: DecodeJob, stream: Any) -> np.ndarray:
-        """Decode ``job`` in ``stream``'s order (a ``torch.cuda.Stream``); (n,) bool: which were decoded.
-        The places of the others hold nothing meaningful."""
+        """Decode ``job`` in ``stream``'s order (a ``torch.cuda.Stream``): nothing is written before the work
+        queued on it so far has run (``engines_after``). (n,) bool: which were decoded. The places of the
+        others hold nothing meaningful."""
         ...

@@ -17,7 +17,8 @@ are used in turn, so batch k+1 decodes while batch k's kernel is still to run.
     ──► one fused crop/resize/flip/normalise kernel ──► (B, 3, S, S)
 
 Streams: each decoder thread has its own stream, which first waits for the work queued so far on the side
-stream (the buffer's last reader, this batch's copies); ``finish`` makes the side stream wait for every
+stream (the buffer's last reader, this batch's copies), on the host too where the decoder writes outside the
+stream's order (nvJPEG's engines: ``base.engines_after``); ``finish`` makes the side stream wait for every
 decode call's event before the kernel. The host arrays (the ring slot) are read until the decoders'
 calls returned and the copies ran: ``finish`` calls ``batch.release()`` once the last of those is queued,
 which records the slot's event on the side stream. That is before the kernel, whose output batch may first
@@ -272,8 +273,8 @@ class GpuDecodeAugment:
 
     def _buffer(self, nbytes: int, turn: bool) -> torch.Tensor:
         """The first ``nbytes`` of one of the two decode buffers, taken in turn, so a batch decodes while the
-        previous one's kernel is still to run; each is reused every other batch (stream order keeps a
-        batch's decode after the last kernel that read that buffer)."""
+        previous one's kernel is still to run; each is reused every other batch (a batch's decode comes after
+        the last kernel that read that buffer: ``_Cuda.submit``)."""
         self._device.order_buffers()
         if turn:
             self._turn ^= 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import DecodeJob
+from .base import DecodeJob, engines_after
 
 
 def load_nvimgcodec():
@@ -63,6 +63,7 @@ class NvImageCodecDecoder:
         if not codes:
             return ok
         if self.in_place:
+            engines_after(stream)  # nvImageCodec's engine decode writes at the call, not in the stream's order
             try:
                 targets = [nv.as_image(job.device_view(i), cuda_stream) for i in where]
                 images = self._decode(codes, targets, cuda_stream)

@@ -18,8 +18,9 @@ the supported ones are decoded again, and the rest are reported as not decoded
 (the CPU decoder takes them). ``NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION``
 gives libjpeg-turbo's chroma upsampling (the CPU path's).
 
-The bitstreams are read from the caller's memory (the loader's shared ring) in the
-CUDA stream's order: the caller keeps them until that stream has run.
+The bitstreams are read from the caller's memory (the loader's shared ring): the caller keeps them until
+the stream has run. The engines write when called, not in the stream's order, so a call first waits on the
+host for the stream's queued work (``base.engines_after``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import os
 import numpy as np
 import torch
 
-from .base import DecodeJob
+from .base import DecodeJob, engines_after
 
 _BACKEND_HARDWARE = 3
 _OUTPUT_RGBI = 5
@@ -177,6 +178,7 @@ class NvJpegHwDecoder:
         if not n:
             return ok
         with torch.cuda.device(self.device):
+            engines_after(stream)  # the engines write at the call, not in the stream's order
             if self._batched(job, stream):
                 ok[:] = True
                 return ok
