@@ -1,4 +1,5 @@
-"""Whether a GPU decoder writes before the work queued earlier on its stream has run.
+"""Whether a GPU decoder writes before the work queued earlier on its stream has run, and whether its calls
+wait for work queued on other streams.
 
     python3 benchmarks/engine_order.py [--trials 40]
 
@@ -7,6 +8,11 @@ about 50 ms of sleep on a stream, then a copy of 8 image places (filled with 7),
 into those places on that stream. A trial is out of order when the copy saw decoded pixels. Counted with
 the decoders as they are (a host wait for the stream's queued work before the call: ``base.engines_after``)
 and with that wait taken out, which shows what the wait guards against on this machine.
+
+Then, for each decoder, a decode on a stream of its own while 100 ms of sleep is queued elsewhere: on no
+stream, on the default (legacy) stream, on another stream. Per call: the host time of each nvJPEG function
+called, and how long until the decode's stream has run. A call that waits for the legacy stream stalls a
+training that runs on it (as most do) every time the loader decodes.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import io
 import sys
+import time
 
 import numpy as np
 import torch
@@ -49,6 +56,58 @@ def trials(dec, datas: list[np.ndarray], n: int) -> int:
     return late
 
 
+class _Timed:
+    """A libnvjpeg whose calls are timed (host ms, by name); other attributes as the library's."""
+
+    def __init__(self, lib) -> None:
+        self._lib, self.ms = lib, {}
+
+    def __getattr__(self, name):
+        fn = getattr(self._lib, name)
+
+        def call(*a):
+            t = time.perf_counter()
+            try:
+                return fn(*a)
+            finally:
+                self.ms[name] = self.ms.get(name, 0.0) + 1000 * (time.perf_counter() - t)
+        return call
+
+
+def waits(name: str, dec, datas: list[np.ndarray]) -> None:
+    """Prints, for sleep queued on no stream, the legacy stream and another stream: the decode's host calls
+    and how long until its own stream has run (median of 5)."""
+    import statistics
+
+    own, other = torch.cuda.Stream(), torch.cuda.Stream()
+    legacy = torch.cuda.default_stream()
+    outs = [torch.empty((240, 320, 3), dtype=torch.uint8, device="cuda") for _ in datas]
+    timed = None
+    if isinstance(dec, nvjpeg_hw.NvJpegHwDecoder):
+        timed = dec._lib = _Timed(dec._lib)
+    for where, busy in (("none", None), ("legacy", legacy), ("other", other)):
+        runs, calls = [], []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            if busy is not None:
+                with torch.cuda.stream(busy):
+                    torch.cuda._sleep(200_000_000)  # cycles: about 100 ms
+            if timed is not None:
+                timed.ms = {}
+            t = time.perf_counter()
+            dec.decode(DecodeJob.of(datas, outs), own)
+            host = 1000 * (time.perf_counter() - t)
+            own.synchronize()
+            runs.append((1000 * (time.perf_counter() - t), host))
+            calls.append(dict(timed.ms) if timed is not None else {})
+        torch.cuda.synchronize()
+        done = statistics.median(r for r, _ in runs)
+        host = statistics.median(h for _, h in runs)
+        per = {k: statistics.median(c.get(k, 0.0) for c in calls) for k in calls[0]}
+        detail = ", ".join(f"{k.replace('nvjpeg', '')} {v:.1f}" for k, v in per.items() if v >= 0.05)
+        print(f"| {name} | {where} | {host:.1f} | {done:.1f} | {detail or '-'} |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=40)
@@ -59,6 +118,7 @@ def main() -> int:
     datas = _jpegs(8)
     device = torch.device("cuda", 0)
     kept = nvjpeg_hw.engines_after, nvimgcodec.engines_after
+    decoders = []
     print("| decoder | trials | out of order, host wait (as shipped) | out of order, no host wait |")
     print("|---|---|---|---|")
     for name, make in (("nvjpeg-hw", nvjpeg_hw.NvJpegHwDecoder), ("nvimgcodec", nvimgcodec.NvImageCodecDecoder)):
@@ -74,6 +134,11 @@ def main() -> int:
         finally:
             nvjpeg_hw.engines_after, nvimgcodec.engines_after = kept
         print(f"| {name} | {args.trials} | {shipped} | {bare} |")
+        decoders.append((name, dec))
+    print("\n| decoder | 100 ms queued on | decode call, host ms | until its stream ran, ms | nvJPEG calls, host ms |")
+    print("|---|---|---|---|---|")
+    for name, dec in decoders:
+        waits(name, dec, datas)
     return 0
 
 

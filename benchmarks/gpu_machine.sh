@@ -2,7 +2,7 @@
 # Everything the GPU machine checks and times, in one call: logs and JSON under $OUT, a short table last.
 #   bash benchmarks/gpu_machine.sh                      the GPU tests, decode backends, the sweep, gpufeed bench
 #   STEPS="tests bench" bash benchmarks/gpu_machine.sh  a subset, in this order: tests ddp decode sweep bench cpu
-#       memory formats recipe compile paced progressive runahead order ab
+#       memory formats recipe compile paced stages progressive runahead order ab
 #   BASELINE=DIR STEPS=ab bash benchmarks/gpu_machine.sh
 #       gpufeed bench of another checkout (DIR/src, e.g. `git archive REV | tar -x -C DIR`) and of this one,
 #       alternating, ROUNDS times for AB_MODELS (none resnet50 resnet18; none: loader only): a change measured
@@ -17,6 +17,8 @@
 #   STEPS=recipe: each of RECIPES (trivialaugment-mix) both ways, loader only and with ResNet-50.
 #   STEPS=compile: each of MODELS through torch.compile, its own rate and gpufeed's share of it.
 #   STEPS=paced: what the loader's GPU work costs a training beside it (benchmarks/paced.py, PACED_ARGS).
+#   STEPS=stages: what each stage of the GPU path costs a training beside it (benchmarks/stage_cost.py, for each
+#       ";"-separated argument list of STAGES; default ResNet-18 at 5,000 images/s).
 #   STEPS=progressive: an epoch at 160, 192 and 224 from one loader through set_image_size (benchmarks/progressive.py).
 #   STEPS=runahead: where an end-to-end step's time goes, for each of RUNAHEAD (";"-separated argument lists of
 #       benchmarks/runahead.py; default ResNet-18, then ResNet-50 with the trivialaugment-mix recipe).
@@ -103,6 +105,12 @@ fi
 if step paced; then
   timeout 400 ${ONE_GPU:-} python3 benchmarks/paced.py $DATA --workers $W ${PACED_ARGS:-} > "$OUT/paced.txt" 2>&1
 fi
+if step stages; then
+  IFS=';' read -ra RUNS <<< "${STAGES:---model resnet18}"
+  for a in "${RUNS[@]}"; do
+    timeout 300 ${ONE_GPU:-} python3 benchmarks/stage_cost.py $DATA $a >> "$OUT/stages.txt" 2>&1
+  done
+fi
 step progressive && timeout 300 ${ONE_GPU:-} python3 benchmarks/progressive.py $DATA --device cuda > "$OUT/progressive.txt" 2>&1
 if step runahead; then
   IFS=';' read -ra RUNS <<< "${RUNAHEAD:---model resnet18;--model resnet50 --recipe trivialaugment-mix}"
@@ -153,6 +161,7 @@ for f in sys.argv[1:]:  # GPU memory added since before the loader was made, pea
 PY
 step cpu && grep -E "^\||^gpufeed bench|CPUs, torch|FAILED|Error" "$OUT/cpu.txt" | cut -c1-200
 step memory && grep -E "^\||nvJPEG|decode=|growth|Error" "$OUT/memory.txt"
+step stages && grep -E "^\||alone:|Error" "$OUT/stages.txt"
 step progressive && grep -E "^\||PIDs|Error" "$OUT/progressive.txt"
 step runahead && grep -E "^\||own rate|alone:|Error" "$OUT/runahead.txt"
 step order && grep -E "^\||Error" "$OUT/order.txt"

@@ -151,13 +151,48 @@ def test_runahead_reads_its_variants_and_says_it_needs_a_gpu(synth_root, capsys,
     finally:
         sys.path.remove(str(BENCHMARKS))
     assert runahead.variant("base") == {"lag": 0, "switch": 5.0, "depth": 2, "share": "auto", "prio": 0,
-                                        "blocking": 0, "loopcopies": 0}
-    v = runahead.variant("depth=4,share=0.65,prio=-1,loopcopies=1")
-    assert (v["depth"], v["share"], v["prio"], v["loopcopies"], v["lag"]) == (4, 0.65, -1, 1, 0)
+                                        "blocking": 0, "loopcopies": 0, "sidestream": 0}
+    v = runahead.variant("depth=4,share=0.65,prio=-1,loopcopies=1,sidestream=1")
+    assert (v["depth"], v["share"], v["prio"], v["loopcopies"], v["lag"], v["sidestream"]) == (4, 0.65, -1, 1, 0, 1)
     if torch.cuda.is_available():
         pytest.skip("measures on the GPU machine (benchmarks/gpu_machine.sh STEPS=runahead)")
     out = _run("runahead.py", [str(synth_root)], capsys, monkeypatch)
     assert "needs a CUDA GPU" in out
+
+
+def test_stage_cost_draws_random_resized_crop_boxes_and_says_it_needs_a_gpu(synth_root, capsys, monkeypatch):
+    import random
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import stage_cost
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    rng, areas = random.Random(1), []
+    for _ in range(500):
+        x, y, w, h = stage_cost._box(500, 375, rng)
+        assert 0 <= x and 0 <= y and 0 < w and 0 < h and x + w <= 500 and y + h <= 375
+        areas.append(w * h / (500 * 375))
+    # the mean crop area as torchvision's RandomResizedCrop draws it for the same image (boxes that do not fit
+    # are drawn again, so large areas are rarer than the uniform scale alone gives)
+    from torchvision.transforms import RandomResizedCrop
+
+    torch.manual_seed(0)
+    tv = [h * w / (500 * 375) for _, _, h, w in (RandomResizedCrop.get_params(torch.empty(3, 375, 500),
+                                                                              (0.08, 1.0), (3 / 4, 4 / 3))
+                                                 for _ in range(2000))]
+    assert min(areas) >= 0.075 and max(areas) <= 1.0
+    assert abs(sum(areas) / len(areas) - sum(tv) / len(tv)) < 0.04, (sum(areas) / len(areas), sum(tv) / len(tv))
+    assert stage_cost._box(10, 10, random.Random(0))[2] <= 10
+    if torch.cuda.is_available():
+        pytest.skip("measures on the GPU machine (benchmarks/gpu_machine.sh STEPS=stages)")
+    assert "needs a CUDA GPU" in _run("stage_cost.py", [str(synth_root)], capsys, monkeypatch)
+
+
+def test_engine_order_says_it_needs_a_gpu(capsys, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("measures on the GPU machine (benchmarks/gpu_machine.sh STEPS=order)")
+    assert "needs a CUDA GPU" in _run("engine_order.py", [], capsys, monkeypatch)
 
 
 def test_sample_ops_times_each_op_both_ways(capsys, monkeypatch):
