@@ -1,4 +1,5 @@
-"""A training process that dies, however it dies, leaves no worker process and no shared memory behind."""
+"""A training process that dies, however it dies, leaves no worker process and no shared memory behind; one
+that is only asked to stop keeps its loader until it has."""
 
 import os
 import signal
@@ -78,3 +79,52 @@ def test_a_spawned_training_process_that_fails_exits(tmp_path, synth_root):
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert res.stdout.split() == ["exited", "1"], res.stdout + res.stderr[-2000:]
     assert "loss is NaN" in res.stderr
+
+
+GROUP = """
+import signal, sys
+from gpufeed import ImageLoader
+signal.signal(signal.SIGTERM, lambda *a: None)  # asked to stop: it finishes the epoch here, as a step and a save
+loader = ImageLoader(sys.argv[1], batch_size=4, image_size=16, num_workers=2, device=sys.argv[2], drop_last=False)
+it = iter(loader)
+n = len(next(it)[1])
+print("ready", flush=True)
+sys.stdin.readline()  # the group has had SIGTERM, and the fork server is gone
+n += sum(len(labels) for _, labels in it)
+print("delivered", n, flush=True)
+"""
+
+
+def _gone(p: psutil.Process) -> bool:
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_sigterm_to_the_process_group_leaves_the_loader_delivering(tmp_path, synth_root, device):
+    """torchrun and batch schedulers send SIGTERM to the training process's whole group, where the
+    multiprocessing fork server dies of it; the workers ignore it, and the loader must not take them for
+    dead while the training finishes its step and saves."""
+    script = tmp_path / "group.py"
+    script.write_text(GROUP)
+    proc = subprocess.Popen([sys.executable, str(script), str(synth_root), device], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read() if proc.poll() is not None else ""
+        server = [p for p in psutil.Process(proc.pid).children() if "forkserver" in " ".join(p.cmdline())]
+        assert len(server) == 1 and len(server[0].children()) == 2  # the workers are the fork server's children
+        os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not _gone(server[0]):  # what the loader must get through
+            assert time.monotonic() < deadline, "the fork server outlived SIGTERM"
+            time.sleep(0.05)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and out.split() == ["delivered", "40"], out + err[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()

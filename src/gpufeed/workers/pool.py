@@ -19,10 +19,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import multiprocessing as mp
+import os
 import queue
+import signal
 import sys
 import time
 import types
+from multiprocessing import connection as mp_connection
 from multiprocessing import shared_memory
 from multiprocessing import util as mp_util
 from multiprocessing.reduction import ForkingPickler
@@ -37,6 +40,45 @@ from .records import RETRY, ChunkDone, Failure, OutputSize, Progress, Task, Work
 
 # How often a waiting main process checks that its workers are alive and within ``sample_timeout``.
 _POLL_S = 0.5
+
+
+class _Worker:
+    """A worker process and the read end of a pipe whose write end only that process holds: EOF there means
+    the process is gone, however it went. Its liveness is read from that pipe, not from ``Process.is_alive``:
+    under forkserver that asks the fork server, which dies when torchrun or a batch scheduler sends SIGTERM
+    to the whole process group; after that every worker it started reads as exited with code 255, though
+    the workers ignore SIGTERM and run on."""
+
+    def __init__(self, process: Any, lifeline: Any) -> None:
+        self.process, self.lifeline = process, lifeline
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        """False once gone, or once ``close`` (after it was seen gone, or killed)."""
+        return not self.lifeline.closed and not self.lifeline.poll()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the process is gone within ``timeout`` seconds."""
+        return bool(mp_connection.wait([self.lifeline], timeout))
+
+    def kill(self) -> None:
+        """SIGKILL, and wait up to 5 s for it to take; ``Process.kill`` would send nothing once the fork
+        server is gone."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self.wait(5.0)
+
+    def exitcode(self) -> int | None:
+        """A gone process's exit code, as multiprocessing reports it (255 if the fork server went first)."""
+        self.process.join(1.0)
+        return self.process.exitcode
+
+    def close(self) -> None:
+        self.lifeline.close()
 
 
 @dataclasses.dataclass
@@ -104,33 +146,40 @@ class WorkerPool:
         self._spec = spec
         self._spec_pickle = bytes(ForkingPickler.dumps(spec))
         self._pending: dict[int, _Pending] = {}
-        self._procs: list = []
+        self._workers: list[_Worker] = []
         self._unpin: list = []  # cudaHostUnregister calls, run before the memory is unmapped
         self.page_locked = False  # ``pin_images`` worked
         # multiprocessing's own finalizer, with an exit priority: at interpreter exit it runs before
         # multiprocessing terminates and joins its daemon children, which would wait forever for workers
         # that ignore SIGTERM; on garbage collection or close() it runs at once
-        self._finalizer = mp_util.Finalize(self, _shutdown, (self._procs, self._tasks, self._blocks, self._unpin,
+        self._finalizer = mp_util.Finalize(self, _shutdown, (self._workers, self._tasks, self._blocks, self._unpin,
                                                              self._alive_w), exitpriority=10)
         try:
             for i in range(num_workers):
-                self._procs.append(self._start(i))
+                self._workers.append(self._start(i))
         except BaseException:  # a worker that cannot start: stop the others, free the shared memory
             self._finalizer()
             raise
 
-    def _start(self, i: int):
+    def _start(self, i: int) -> _Worker:
+        lifeline, held = self._ctx.Pipe(duplex=False)
         args = WorkerArgs(i, self._spec_pickle, self._shm.name, (self.num_slots, self.batch_size, self.size),
                           frozenset(self.cpus) if self.cpus else None, self._tasks, self._results,
-                          self._progress[i], self._generation, self._alive_r)
+                          self._progress[i], self._generation, self._alive_r, held)
         p = self._ctx.Process(target=run, args=(args,), daemon=True, name=f"gpufeed-worker-{i}")
-        with _main_not_reimported(self._spec):
-            p.start()
-        return p
+        try:
+            with _main_not_reimported(self._spec):
+                p.start()
+        except BaseException:
+            lifeline.close()
+            raise
+        finally:
+            held.close()  # the worker's copy is now the only one
+        return _Worker(p, lifeline)
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs if p.pid is not None]
+        return [w.pid for w in self._workers if w.pid is not None]
 
     def submit(self, batch_id: int, slot: int, seed: int, epoch: int, indices: list[int], start: int = 0,
                cpu_rows: int = 0, size: OutputSize | None = None) -> None:
@@ -202,24 +251,24 @@ class WorkerPool:
 
     def _check_workers(self) -> None:
         now = time.monotonic()
-        for i, p in enumerate(self._procs):
+        for i, w in enumerate(self._workers):
             held = self._progress[i].read()
-            if p.is_alive() and not (held and self.sample_timeout and now - held.since > self.sample_timeout):
+            alive = w.alive()
+            if alive and not (held and self.sample_timeout and now - held.since > self.sample_timeout):
                 continue
             entry = self._pending.get(held.batch_id) if held else None
             first, chunk = entry.chunks.get(held.chunk_id, (0, None)) if entry is not None else (0, None)
             path = self._spec.source.path(chunk[held.position - first]) if chunk is not None else None
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+            if alive:
+                w.kill()
                 why = f"held one sample longer than sample_timeout={self.sample_timeout}s"
             else:
-                why = (f"exited unexpectedly with code {p.exitcode} (a negative code is the signal that killed it,"
-                       " e.g. -9 for the out-of-memory killer)")
+                why = (f"exited unexpectedly with code {w.exitcode()} (a negative code is the signal that killed "
+                       "it, e.g. -9 for the out-of-memory killer)")
             where = f" while loading {path!r}" if path else ""
             if self._spec.on_error == "raise" or entry is None:
                 self.close()
-                raise WorkerError(f"gpufeed worker {i} (pid {p.pid}) {why}{where}")
+                raise WorkerError(f"gpufeed worker {i} (pid {w.pid}) {why}{where}")
             # skip: that sample fails, every other position of its chunk is loaded again (the chunk's report,
             # with any earlier failure in it, died with the worker), and a new worker takes over
             entry.left.discard(held.chunk_id)
@@ -227,7 +276,8 @@ class WorkerPool:
             entry.failures.append(Failure(held.position, path, f"worker {why}"))
             entry.failures += [Failure(j, None, RETRY) for j in range(first, first + len(chunk)) if j != held.position]
             self._progress[i].clear()
-            self._procs[i] = self._start(i)  # the finalizer holds this same list
+            w.close()
+            self._workers[i] = self._start(i)  # the finalizer holds this same list
 
     def pin_images(self) -> bool:
         """Page-lock the ring's pixel area (on the GPU path each position's whole pixel room) for CUDA
@@ -250,25 +300,25 @@ class WorkerPool:
         self._finalizer()
 
 
-def _shutdown(procs: list, tasks: Any, blocks: list, unpin: list, alive_w: Any) -> None:
+def _shutdown(workers: list[_Worker], tasks: Any, blocks: list, unpin: list, alive_w: Any) -> None:
     for undo in unpin:
         with contextlib.suppress(Exception):  # CUDA may already be shut down at interpreter exit
             undo()
-    for p in procs:
-        if p.is_alive():
+    for w in workers:
+        if w.alive():
             try:
                 tasks.put(None)
             except (OSError, ValueError):
                 pass
     deadline = time.monotonic() + 2.0
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
+    for w in workers:
+        w.wait(max(0.0, deadline - time.monotonic()))
     alive_w.close()  # any worker still busy exits now (it ignores SIGTERM)
-    for p in procs:
-        p.join(1.0)
-        if p.is_alive():
-            p.kill()
-            p.join(1.0)
+    for w in workers:
+        if not w.wait(1.0):
+            w.kill()
+        w.process.join(0.1)  # reaped where this process is its parent (spawn)
+        w.close()
     tasks.cancel_join_thread()
     for block in blocks:
         try:

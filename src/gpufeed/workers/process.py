@@ -52,6 +52,7 @@ class WorkerArgs:
     progress: Progress
     generation: Any  # shared int: tasks of another generation are acknowledged, not served
     parent_alive: Any  # the read end of a pipe only the main process writes to: EOF once it is gone
+    lifeline: Any  # the write end of a pipe only this worker holds: the main process reads EOF once it is gone
 
 
 def run(args: WorkerArgs) -> None:
