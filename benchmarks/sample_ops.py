@@ -5,8 +5,9 @@ on one image at a time on one CPU core (uint8, as a DataLoader worker runs it be
 
 For each op, and for all of them in one recipe: gpufeed's ms per batch through ``SampleOps`` (a normalised
 float batch in, its draws in Python and the uint8 round trip included; the device synchronised; the median
-of ``--rounds``), its images/s, and torchvision's ms per image on one core (the mean over ``--tv-images``
-images). The last column is how many CPU cores torchvision would need to keep up with gpufeed's rate.
+of ``--rounds``), of which the draws alone (each sample's random choices, host time in the process that
+trains), its images/s, and torchvision's ms per image on one core (the mean over ``--tv-images`` images).
+The last column is how many CPU cores torchvision would need to keep up with gpufeed's rate.
 """
 
 from __future__ import annotations
@@ -43,13 +44,14 @@ def recipes(size: int) -> dict[str, list]:
     return ops
 
 
-def gpufeed_ms(transforms: list, images: torch.Tensor, rounds: int) -> float:
-    """Median ms for SampleOps on the normalised batch ``images`` (on its device), over ``rounds`` epochs."""
+def gpufeed_ms(transforms: list, images: torch.Tensor, rounds: int) -> tuple[float, float]:
+    """Median ms for SampleOps on the normalised batch ``images`` (on its device), and for its draws alone,
+    over ``rounds`` epochs."""
     size = images.shape[-1]
     recipe = read_transform(v2.Compose([v2.RandomResizedCrop(size), *transforms]))
     ops = SampleOps(pixel=recipe.pixel, mean=MEAN, std=STD)
     indices = list(range(len(images)))
-    times = []
+    times, draws = [], []
     for epoch in range(rounds + 1):  # the first: a warm-up (kernels, the magnitude tables)
         if images.is_cuda:
             torch.cuda.synchronize(images.device)
@@ -58,7 +60,11 @@ def gpufeed_ms(transforms: list, images: torch.Tensor, rounds: int) -> float:
         if images.is_cuda:
             torch.cuda.synchronize(images.device)
         times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times[1:])
+        start = time.perf_counter()
+        for op in ops.pixel:
+            ops.draws(op, indices, 0, epoch, size)
+        draws.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times[1:]), 1e3 * statistics.median(draws[1:])
 
 
 def torchvision_ms(transforms: list, pixels: torch.Tensor) -> float:
@@ -93,13 +99,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{time.strftime('%Y-%m-%d')}, {m['cpu_cores']} CPU cores, GPU {m['gpu']}, torch {m['torch']}, device "
           f"{device}; python3 benchmarks/sample_ops.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"batch {args.batch} x 3 x {args.size} x {args.size}")
-    print("| op | gpufeed ms per batch | gpufeed images/s | torchvision ms per image, 1 core | cores to keep up |\n"
-          "|---|---|---|---|---|")
+    print("| op | gpufeed ms per batch | of which draws | gpufeed images/s | torchvision ms per image, 1 core "
+          "| cores to keep up |\n|---|---|---|---|---|---|")
     for name, transforms in recipes(args.size).items():
-        ours = gpufeed_ms(transforms, images, args.rounds)
+        ours, draws = gpufeed_ms(transforms, images, args.rounds)
         theirs = torchvision_ms(transforms, pixels[: args.tv_images])
         rate = args.batch / ours * 1e3
-        print(f"| {name} | {ours:,.2f} | {rate:,.0f} | {theirs:.3f} | {rate * theirs / 1e3:,.1f} |")
+        print(f"| {name} | {ours:,.2f} | {draws:,.3f} | {rate:,.0f} | {theirs:.3f} | {rate * theirs / 1e3:,.1f} |")
 
 
 if __name__ == "__main__":

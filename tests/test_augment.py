@@ -22,6 +22,29 @@ def test_sample_random_is_deterministic_and_uniform():
     assert 0 <= min(a) and max(a) < 1 and abs(np.mean(a) - 0.5) < 0.03
 
 
+@pytest.mark.parametrize("ahead", [0, 1, 8])
+def test_streams_computed_ahead_give_each_samples_own_numbers(ahead):
+    """A batch's streams, their first uniforms computed at once, give exactly what each sample's own
+    SampleRandom gives, past the uniforms computed ahead too, through every kind of draw; for seeds and
+    epochs beyond 64 bits or negative (masked, as the scalar generator masks them)."""
+    import random
+
+    rng, compared = random.Random(ahead), 0
+    for seed, epoch in [(0, 0), (1, 3), (-5, 2), (rng.getrandbits(70), rng.getrandbits(20)), (0x7A1B_0001 ^ 9, 1)]:
+        indices = [0, 1, 7] + [rng.randrange(1 << 40) for _ in range(30)]
+        streams = SampleRandom.streams(seed, epoch, indices, ahead)
+        assert len(streams) == len(indices)
+        for i, fast in zip(indices, streams):
+            one = SampleRandom(seed, epoch, i)
+            for low, high in [(0.0, 1.0)] * 4 + [(0.02, 0.33), (-1.5, 4.0)] * 3:
+                assert fast.uniform(low, high) == one.uniform(low, high)
+                compared += 1
+            assert [fast.randint(0, 13), fast.normal(), fast.gamma(0.4), *fast.dirichlet([1.0, 2.0])] == \
+                [one.randint(0, 13), one.normal(), one.gamma(0.4), *one.dirichlet([1.0, 2.0])]
+    assert compared == 5 * 33 * 10
+    assert SampleRandom.streams(1, 2, []) == []
+
+
 def test_random_resized_crop_distribution_matches_torchvision():
     spec = AugmentSpec()
     ours = [spec.draw(500, 375, seed=0, epoch=0, index=i) for i in range(4000)]

@@ -13,14 +13,25 @@ import math
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Sequence
 
+import numpy as np
+
 _MASK = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15
 
 
 def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = (x + _GAMMA) & _MASK
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
     return x ^ (x >> 31)
+
+
+def _splitmix64_array(x: np.ndarray) -> np.ndarray:
+    """``_splitmix64`` of each element of a uint64 array (numpy's uint64 arithmetic wraps, as the mask does)."""
+    x = x + np.uint64(_GAMMA)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 class SampleRandom:
@@ -31,8 +42,26 @@ class SampleRandom:
     def __init__(self, seed: int, epoch: int, index: int) -> None:
         self._state = _splitmix64(_splitmix64(_splitmix64(seed & _MASK) ^ (epoch & _MASK)) ^ (index & _MASK))
 
+    @staticmethod
+    def streams(seed: int, epoch: int, indices: Sequence[int], ahead: int = 8) -> list[SampleRandom]:
+        """``SampleRandom(seed, epoch, i)`` for each ``i`` of ``indices``, each stream's first ``ahead`` uniforms
+        computed for all of them at once with numpy: the same numbers, for a fraction of the Python that a
+        batch's draws cost one sample at a time in the process that trains."""
+        with np.errstate(over="ignore"):
+            keyed = np.uint64(_splitmix64(_splitmix64(seed & _MASK) ^ (epoch & _MASK)))
+            start = _splitmix64_array(np.asarray(indices, dtype=np.int64).astype(np.uint64) ^ keyed)
+            states = start[:, None] + np.arange(1, ahead + 1, dtype=np.uint64) * np.uint64(_GAMMA)
+            uniforms = (_splitmix64_array(states) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+            last = states[:, -1] if ahead else start
+        out = []
+        for state, drawn in zip(last.tolist(), uniforms.tolist()):
+            rnd = _Ahead.__new__(_Ahead)
+            rnd._state, rnd._ahead = state, iter(drawn)
+            out.append(rnd)
+        return out
+
     def uniform(self, low: float = 0.0, high: float = 1.0) -> float:
-        self._state = (self._state + 0x9E3779B97F4A7C15) & _MASK
+        self._state = (self._state + _GAMMA) & _MASK
         return low + (high - low) * (_splitmix64(self._state) >> 11) * (1.0 / (1 << 53))
 
     def randint(self, low: int, high: int) -> int:
@@ -62,6 +91,19 @@ class SampleRandom:
         draws = [self.gamma(a) for a in alphas]
         total = sum(draws)
         return [g / total for g in draws]
+
+
+class _Ahead(SampleRandom):
+    """A ``SampleRandom`` whose next uniforms were computed ahead (``SampleRandom.streams``); past them it
+    goes on from the state after the last."""
+
+    __slots__ = ("_ahead",)
+
+    def uniform(self, low: float = 0.0, high: float = 1.0) -> float:
+        u = next(self._ahead, None)
+        if u is None:
+            return SampleRandom.uniform(self, low, high)
+        return low + (high - low) * u  # (high - low) * (x * 2**-53) is (high - low) * x * 2**-53 exactly
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,12 @@ class AugMix:
         _check(isinstance(self.chain_depth, int), f"AugMix(chain_depth={self.chain_depth!r}) needs an integer")
         _check(self.alpha > 0, f"AugMix(alpha={self.alpha!r}) needs a number > 0 (a Dirichlet parameter)")
 
+    @property
+    def uniforms(self) -> int:
+        """About what a draw takes: some 3 per Gamma draw of the weights (more when one is rejected), up to
+        10 per chain."""
+        return 3 * (2 + self.mixture_width) + 10 * self.mixture_width
+
     def draw(self, rnd: SampleRandom, size: int) -> AugMixChoice:
         original, rest = rnd.dirichlet([self.alpha, self.alpha])
         weights = [original] + [w * rest for w in rnd.dirichlet([self.alpha] * self.mixture_width)]
