@@ -71,6 +71,7 @@ class _Worker:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
             self.wait(5.0)
+        self.process.join(0.1)  # reaped where this process is its parent (spawn)
 
     def exitcode(self) -> int | None:
         """A gone process's exit code, as multiprocessing reports it (255 if the fork server went first)."""
@@ -317,7 +318,7 @@ def _shutdown(workers: list[_Worker], tasks: Any, blocks: list, unpin: list, ali
     for w in workers:
         if not w.wait(1.0):
             w.kill()
-        w.process.join(0.1)  # reaped where this process is its parent (spawn)
+        w.process.join(0.1)
         w.close()
     tasks.cancel_join_thread()
     for block in blocks:
