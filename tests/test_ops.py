@@ -98,6 +98,32 @@ def test_each_operation_is_torchvisions(name, interpolation):
     assert compared >= 1
 
 
+def test_autocontrast_and_equalize_give_torchvisions_pixels_for_every_kind_of_channel():
+    """The batched passes against torchvision's functional ops image by image, exactly, on channels of one
+    value, of two, of a narrow range, with all but a few pixels at the brightest (equalize's step of 0: left
+    as they are), of the full range, and a mix of these within one image."""
+    from torchvision.transforms.v2 import functional as F
+
+    from gpufeed.augment.ops import pixels
+
+    g = torch.Generator().manual_seed(4)
+    rand = lambda low, high: torch.randint(low, high, (24, 24), dtype=torch.uint8, generator=g)  # noqa: E731
+    kinds = [lambda: torch.full((24, 24), 77, dtype=torch.uint8), lambda: rand(0, 2) * 200 + 30,
+             lambda: rand(100, 111), lambda: rand(0, 256),
+             lambda: torch.full((24, 24), 200, dtype=torch.uint8).index_fill_(0, torch.tensor([3]), 9),
+             lambda: torch.full((24, 24), 255, dtype=torch.uint8).index_fill_(1, torch.tensor([0, 5]), 0)]
+    images = torch.stack([torch.stack([kinds[(i + c * (i // 6)) % len(kinds)]() for c in range(3)])
+                          for i in range(24)])
+    compared = 0
+    for ours, theirs in ((pixels.autocontrast, F.autocontrast), (pixels.equalize, F.equalize)):
+        out = ours(images)
+        assert out.dtype == torch.uint8 and not torch.equal(out, images)  # something to compare
+        for i in range(len(images)):
+            assert torch.equal(out[i], theirs(images[i])), (theirs.__name__, i)
+            compared += 1
+    assert compared == 48
+
+
 @pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
 @pytest.mark.parametrize("t", AUTO, ids=AUTO_IDS)
 def test_a_batch_gets_torchvisions_pixels_for_torchvisions_draws(t, interpolation):

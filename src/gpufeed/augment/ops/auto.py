@@ -291,6 +291,7 @@ def apply_operation(images: torch.Tensor, name: str, magnitude: float, interpola
 _BLENDS = {"Brightness": F.adjust_brightness, "Color": F.adjust_saturation, "Contrast": F.adjust_contrast,
            "Sharpness": F.adjust_sharpness}
 _GEOMETRY = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+_NO_MAGNITUDE = {"AutoContrast": pixels.autocontrast, "Equalize": pixels.equalize}
 
 
 def apply_operations(images: torch.Tensor, steps: Sequence[Step], interpolation: str = "nearest") -> torch.Tensor:
@@ -325,9 +326,11 @@ def _group(name: str, magnitude: float) -> str:
 
 
 def _batched(images: torch.Tensor, name: str, magnitudes: list[float], interpolation: str) -> torch.Tensor:
-    """The passes ``_group`` leaves to one operation. Sharpness, batched; AutoContrast and Equalize (no
-    magnitude), rotations by a multiple of 90 degrees (exact transposes in torchvision) and, where
-    torchvision's private helpers are missing, every geometry operation: its op per distinct magnitude."""
+    """The passes ``_group`` leaves to one operation. Sharpness, AutoContrast and Equalize, batched; rotations
+    by a multiple of 90 degrees (exact transposes in torchvision) and, where torchvision's private helpers are
+    missing, every geometry operation: its op per distinct magnitude."""
     if name == "Sharpness":
         return pixels.sharpness(images, [1.0 + m for m in magnitudes])
+    if name in _NO_MAGNITUDE:
+        return _NO_MAGNITUDE[name](images)
     return each_group(images, magnitudes, lambda x, m, _: apply_operation(x, name, m, interpolation))

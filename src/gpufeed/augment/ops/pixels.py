@@ -125,6 +125,30 @@ def point_ops(images: torch.Tensor, names: Sequence[str], magnitudes: Sequence[f
     return out.bitwise_and_(on(images.device, masks, torch.uint8).view(-1, 1, 1, 1))
 
 
+def autocontrast(images: torch.Tensor) -> torch.Tensor:
+    """``autocontrast``: each channel stretched from its own lowest and highest value to 0-255 in float32, as
+    torchvision computes it (a channel of one value left as it is), in half its calls."""
+    f = images.float()
+    low, high = f.amin(dim=(-2, -1), keepdim=True), f.amax(dim=(-2, -1), keepdim=True)
+    flat = high == low
+    scale = (high - low).mul_(1.0 / 255).masked_fill_(flat, 1.0)
+    return f.sub_(low.masked_fill_(flat, 0.0)).div_(scale).clamp_(0, 255).to(torch.uint8)
+
+
+def equalize(images: torch.Tensor) -> torch.Tensor:
+    """``equalize``: each channel through PIL's equalising lookup table, computed as torchvision computes it
+    for uint8 images (a channel with fewer than 255 pixels below its brightest value left as it is), in half
+    its calls: the table for value k from the count of pixels below k (``cum - hist``) needs no shifted copy."""
+    index = images.flatten(-2).long()
+    hist = torch.zeros(*index.shape[:-1], 256, dtype=torch.int32, device=images.device)
+    hist.scatter_add_(-1, index, hist.new_ones(1).expand_as(index))
+    cum = hist.cumsum(-1)
+    step = (index.shape[-1] - hist.gather(-1, cum.argmax(-1, keepdim=True))).div_(255, rounding_mode="floor")
+    lut = cum.sub_(hist).add_(step // 2).div_(step.clamp(min=1), rounding_mode="floor").clamp_(0, 255)
+    out = lut.to(torch.uint8).gather(-1, index).view_as(images)
+    return torch.where(step.ne(0).unsqueeze(-1), out, images)
+
+
 def sharpness(images: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
     """``adjust_sharpness`` by ``factors[i]``: torchvision's 3x3 smoothing kernel (1/13 around, 5/13 in the
     middle) blended in, the border kept. The kernel is summed as shifted views, not a convolution: cuDNN builds
