@@ -120,8 +120,8 @@ class ImageLoader:
     consumer's stream, before it is yielded. ``transform``: the
     torchvision ``Compose`` the script would give a Dataset, read for its settings in place of ``train``,
     ``image_size``, ``resize_size``, ``mean`` and ``std`` (``augment.recipe``: RandomResizedCrop with its
-    scale and ratio, RandomHorizontalFlip(p), Resize + CenterCrop, to-tensor ops, Normalize, and the per-sample
-    ops in ``recipe.SUPPORTED``; any other op raises, naming it). The settings are kept, grouped and
+    scale and ratio or [Resize +] RandomCrop with its padding, RandomHorizontalFlip(p), Resize + CenterCrop,
+    to-tensor ops, Normalize, and the per-sample ops in ``recipe.SUPPORTED``; any other op raises, naming it). The settings are kept, grouped and
     validated, in ``loader.augment`` (at the size in effect),
     ``loader.normalize``, ``loader.decoding`` and ``loader.errors``.
 
@@ -207,8 +207,8 @@ class ImageLoader:
         self.batch_size, self.drop_last = batch_size, drop_last
         local_ranks = _local_world_size(world_size)
         self.num_workers = num_workers or placement.default_num_workers(local_ranks)
-        gpu_decoders, self.decode_reason = placement.create_gpu_decoders(decode, self.device, train=train,
-                                                                         batch_size=batch_size)
+        gpu_decoders, self.decode_reason = placement.create_gpu_decoders(
+            decode, self.device, train=train, random_crop=self.augment.crop is not None, batch_size=batch_size)
         gpu_path = gpu_decoders is not None
         self.gpu_memory = placement.gpu_memory(
             batch_size=batch_size, image_size=image_size, itemsize=torch.empty((), dtype=dtype).element_size(),

@@ -74,11 +74,12 @@ def decode_call_images(batch_size: int, job_images: int) -> int:
     return min(job_images, -(-batch_size // DECODER_THREADS))
 
 
-def create_gpu_decoders(choice: str, device: "torch.device", *, train: bool = True,
+def create_gpu_decoders(choice: str, device: "torch.device", *, train: bool = True, random_crop: bool = False,
                         batch_size: int = 256) -> tuple[list | None, str]:
     """(GPU decoders, or None for the CPU workers; why). Several decoders decode parts of a batch at once,
     each from its own thread on its own CUDA stream (their calls release the GIL). Validation samples
-    (``train=False``) are all the CPU workers' (``gpu_may_take``), so no GPU decoder is made for them.
+    (``train=False``) and RandomCrop recipes' (``random_crop``) are all the CPU workers' (``gpu_may_take``),
+    so no GPU decoder is made for them.
     ``batch_size``: nvJPEG's engine decoders take their device memory for calls of that batch now.
 
     "gpu" and "auto" try, in order: the NVJPG hardware engines through nvJPEG's batched API called
@@ -95,6 +96,9 @@ def create_gpu_decoders(choice: str, device: "torch.device", *, train: bool = Tr
     if not train:
         return None, ("validation: CPU workers, which reproduce torchvision's Resize + CenterCrop pixel for pixel "
                       "(BENCHMARKS.md#validation-crops)")
+    if random_crop:
+        return None, ("RandomCrop: CPU workers, which crop without resampling as torchvision does (the GPU decoders "
+                      "serve RandomResizedCrop recipes)")
     if device.type != "cuda":
         if choice == "auto":
             return None, f"decode='auto' on {device}: CPU workers"
@@ -149,14 +153,15 @@ _MAKERS = {"nvjpeg": _nvjpeg, "nvimgcodec": _nvimgcodec, "torchvision": _torchvi
 def gpu_may_take(spec: "PipelineSpec", data: bytes, header: tuple[int, int, bool], orientation: int) -> bool:
     """Whether a GPU decoder may take a sample; the CPU workers finish all others. Not: validation samples
     (the CPU reproduces torchvision's resize + centre crop pixel for pixel, BENCHMARKS.md#validation-crops;
-    validation passes are short), files libjpeg-turbo cannot decode to RGB (not JPEG, CMYK), EXIF-rotated
+    validation passes are short), RandomCrop recipes' (a crop without resampling, which the fused kernel
+    does not make), files libjpeg-turbo cannot decode to RGB (not JPEG, CMYK), EXIF-rotated
     ones when rotation is on, files over ``spec.gpu_bytes_capacity``, images larger decoded than a decode
     buffer (``spec.gpu_buffer_bytes``) or with a side over ``GPU_MAX_SIDE``, and files that fail the structural check (truncated, corrupt,
     progressive: GPU decoders fill damage in silently; ``decode.jpeg_check``)."""
     from .decode.jpeg_check import gpu_safe_jpeg
 
     width, height, fast = header
-    return (spec.augment.train and fast and orientation == 1 and len(data) <= spec.gpu_bytes_capacity
+    return (spec.augment.train and spec.augment.crop is None and fast and orientation == 1 and len(data) <= spec.gpu_bytes_capacity
             and width * height * 3 <= spec.gpu_buffer_bytes and max(width, height) <= GPU_MAX_SIDE
             and gpu_safe_jpeg(data))
 

@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image
 
 from ..decode.exif import apply_orientation
-from .params import CropBox, ResizeCrop
+from .params import CropBox, RandomCrop, RandomCropAt, ResizeCrop
 
 if TYPE_CHECKING:
     from ..decode.cpu import CpuDecoder
@@ -138,16 +138,52 @@ def decode_resize_crop_into(decoder: "CpuDecoder", data: bytes, path: str, geome
     """Validation: decode ``data`` (a ``size`` = (width, height) image as displayed after ``orientation``) and
     write into ``out`` ((S, S, 3) uint8) what torchvision's ``Resize`` + ``CenterCrop`` give on the PIL
     image: Pillow's antialiased bilinear resize to ``geometry``'s extent, then its crop. Only the crop's
-    area is resampled (Pillow's ``box``: the same source footprint and filter, so the same pixels). Plain
-    JPEGs may first shrink in the DCT domain where at least 2x is left for the resize
-    (BENCHMARKS.md#validation-crops)."""
-    width, height = size
+    area is resampled (Pillow's ``box``: the same source footprint and filter, so the same pixels but for a
+    level here and there). Plain JPEGs may first shrink in the DCT domain where at least 2x is left for the
+    resize (BENCHMARKS.md#validation-crops)."""
     s = out.shape[0]
-    reduce = 1
-    if fast and orientation == 1:
-        shrink = min(width / geometry.width, height / geometry.height)
-        reduce = next((k for k in (8, 4, 2) if shrink >= 2 * k), 1)
-    image = apply_orientation(decoder.decode(data, path, fast=fast, reduce=reduce), orientation)
+    image = _decode_for_resize(decoder, data, path, size, (geometry.width, geometry.height), fast, orientation)
     sx, sy = image.shape[1] / geometry.width, image.shape[0] / geometry.height
     box = (geometry.left * sx, geometry.top * sy, (geometry.left + s) * sx, (geometry.top + s) * sy)
     out[:] = np.asarray(Image.fromarray(image).resize((s, s), Image.BILINEAR, box=box))
+
+
+def decode_random_crop_into(decoder: "CpuDecoder", data: bytes, path: str, crop: RandomCrop, at: RandomCropAt,
+                            size: tuple[int, int], fast: bool, out: np.ndarray, orientation: int = 1) -> None:
+    """Training with RandomCrop: decode ``data`` (a ``size`` = (width, height) image as displayed after
+    ``orientation``) and write into ``out`` ((S, S, 3) uint8) what torchvision's [``Resize``] + ``RandomCrop``
+    [+ ``RandomHorizontalFlip``] give on the PIL image for the draw ``at``: Pillow's antialiased bilinear
+    resize of the whole image (a resize of the crop's area alone differs in a level here and there), the
+    padding as torchvision pads PIL images (the fill, or ``np.pad``'s edge, reflect or symmetric), the crop,
+    the flip."""
+    s = out.shape[0]
+    if crop.resize:
+        extent = (at.width, at.height)
+        image = _decode_for_resize(decoder, data, path, size, extent, fast, orientation)
+        image = np.asarray(Image.fromarray(image).resize(extent, Image.BILINEAR))
+    else:
+        image = apply_orientation(decoder.decode(data, path, fast=fast), orientation)
+    left, top, right, bottom = at.padding
+    x, y = at.left - left, at.top - top  # the crop's corner in the unpadded image
+    if 0 <= x and 0 <= y and x + s <= at.width and y + s <= at.height:  # inside: no padding to make
+        window = image[y : y + s, x : x + s]
+    elif crop.padding_mode == "constant":
+        padded = np.empty((at.height + top + bottom, at.width + left + right, 3), np.uint8)
+        padded[:] = crop.fill
+        padded[top : top + at.height, left : left + at.width] = image
+        window = padded[at.top : at.top + s, at.left : at.left + s]
+    else:
+        padded = np.pad(image, ((top, bottom), (left, right), (0, 0)), mode=crop.padding_mode)
+        window = padded[at.top : at.top + s, at.left : at.left + s]
+    out[:] = window[:, ::-1] if at.flip else window
+
+
+def _decode_for_resize(decoder: "CpuDecoder", data: bytes, path: str, size: tuple[int, int],
+                       extent: tuple[int, int], fast: bool, orientation: int) -> np.ndarray:
+    """The image to be resized from ``size`` to ``extent``: plain JPEGs shrunk in the DCT domain where at
+    least 2x is left for the resize (BENCHMARKS.md#validation-crops)."""
+    reduce = 1
+    if fast and orientation == 1:
+        shrink = min(size[0] / extent[0], size[1] / extent[1])
+        reduce = next((k for k in (8, 4, 2) if shrink >= 2 * k), 1)
+    return apply_orientation(decoder.decode(data, path, fast=fast, reduce=reduce), orientation)

@@ -127,6 +127,44 @@ class ResizeCrop(NamedTuple):
     top: int
 
 
+PADDING_MODES = ("constant", "edge", "reflect", "symmetric")
+
+
+@dataclass(frozen=True)
+class RandomCrop:
+    """torchvision's ``RandomCrop(image_size, padding, pad_if_needed, fill, padding_mode)``, after
+    ``Resize(resize_size)`` when ``resize``: the training crop taken from the (resized) image as it is, no
+    resampling. ``padding``: (left, top, right, bottom) pixels; ``fill``: the constant padding's RGB."""
+
+    padding: tuple[int, int, int, int] = (0, 0, 0, 0)
+    pad_if_needed: bool = False
+    fill: tuple[int, int, int] = (0, 0, 0)
+    padding_mode: str = "constant"
+    resize: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.padding) != 4 or any(not isinstance(p, int) or p < 0 for p in self.padding):
+            raise ValueError(f"RandomCrop padding must be 4 whole numbers >= 0 (left, top, right, bottom), "
+                             f"got {self.padding!r}")
+        if len(self.fill) != 3 or any(not isinstance(v, int) or not 0 <= v <= 255 for v in self.fill):
+            raise ValueError(f"RandomCrop fill must be 3 whole numbers in [0, 255] (uint8 RGB), got {self.fill!r}")
+        if self.padding_mode not in PADDING_MODES:
+            raise ValueError(f"RandomCrop padding_mode must be one of {PADDING_MODES}, got {self.padding_mode!r}")
+
+
+class RandomCropAt(NamedTuple):
+    """Where one sample's RandomCrop falls: the image at ``width`` x ``height`` (resized, or its own size),
+    padded by ``padding`` (left, top, right, bottom), the square at (``left``, ``top``) of the padded image,
+    flipped or not."""
+
+    width: int
+    height: int
+    padding: tuple[int, int, int, int]
+    left: int
+    top: int
+    flip: bool
+
+
 def default_resize_size(image_size: int) -> int:
     """Validation's shorter side before the centre crop, as torchvision's ImageNet recipe scales it (256 for 224)."""
     return round(image_size * 256 / 224)
@@ -140,7 +178,9 @@ class AugmentSpec:
     (area ``scale``, log-uniform aspect ``ratio``, 10 tries, then the central
     fallback) and a horizontal flip with probability ``hflip``.
     Validation (``resize_crop``): torchvision's ``Resize(resize_size)`` then
-    ``CenterCrop(image_size)``, with their rounding.
+    ``CenterCrop(image_size)``, with their rounding. With ``crop`` (training, ``random_crop``):
+    torchvision's ``RandomCrop`` in place of RandomResizedCrop, after ``Resize(resize_size)`` if the crop
+    says so, then the flip.
     """
 
     train: bool = True
@@ -149,11 +189,19 @@ class AugmentSpec:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     hflip: float = 0.5
+    crop: RandomCrop | None = None
 
     def __post_init__(self) -> None:
         if self.image_size < 1:
             raise ValueError(f"image_size must be >= 1, got {self.image_size}")
-        if self.resize_size < self.image_size:
+        if self.crop is not None and not self.train:
+            raise ValueError("RandomCrop is a training crop; validation resizes and centre-crops")
+        if self.crop is not None and self.crop.resize and not self.crop.pad_if_needed:
+            left, top, right, bottom = self.crop.padding
+            if self.resize_size + max(left + right, top + bottom) < self.image_size:
+                raise ValueError(f"Resize({self.resize_size}) and RandomCrop's padding {self.crop.padding} leave every "
+                                 f"image smaller than RandomCrop({self.image_size})")
+        if self.crop is None and self.resize_size < self.image_size:
             raise ValueError(f"resize_size must be >= image_size ({self.image_size}), got {self.resize_size}")
         if not 0 < self.scale[0] <= self.scale[1] <= 1:
             raise ValueError(f"scale must satisfy 0 < low <= high <= 1, got {self.scale}")
@@ -166,16 +214,18 @@ class AugmentSpec:
         """The same augmentation making ``image_size`` squares (progressive resizing); validation resizes to
         ``resize_size`` first (default: this one's ratio of resize to crop, 256/224 unless it was given
         another, so an explicit ``Resize(232) + CenterCrop(224)`` keeps its ratio at every size)."""
-        if resize_size is None:
-            resize_size = max(image_size, round(image_size * self.resize_size / self.image_size))
+        if resize_size is None:  # a RandomCrop with padding may crop more than its Resize leaves
+            resize_size = max(image_size if self.crop is None else 1,
+                              round(image_size * self.resize_size / self.image_size))
         if (image_size, resize_size) == (self.image_size, self.resize_size):
             return self
         return replace(self, image_size=image_size, resize_size=resize_size)
 
     def draw(self, width: int, height: int, *, seed: int, epoch: int, index: int) -> CropBox:
         """The training crop box for sample ``index`` of ``epoch`` in an image of ``width`` x ``height``."""
-        if not self.train:
-            raise ValueError("validation samples are resized and centre-cropped (resize_crop), not cropped by a box")
+        if not self.train or self.crop is not None:
+            raise ValueError("this recipe does not crop by a resampled box: "
+                             + ("RandomCrop (random_crop)" if self.train else "validation (resize_crop)"))
         rnd = SampleRandom(seed, epoch, index)
         x, y, w, h = random_resized_crop(width, height, self.scale, self.ratio, rnd)
         return CropBox(x, y, w, h, flip=rnd.uniform() < self.hflip)
@@ -184,12 +234,38 @@ class AugmentSpec:
         """Where ``Resize(resize_size)`` + ``CenterCrop(image_size)`` take a ``width`` x ``height`` image:
         the shorter side to ``resize_size``, the longer truncated as torchvision computes it, the crop's
         offsets rounded as ``CenterCrop`` rounds them."""
-        short, long = min(width, height), max(width, height)
-        new_short, new_long = self.resize_size, int(self.resize_size * long / short)
-        new_w, new_h = (new_short, new_long) if width <= height else (new_long, new_short)
+        new_w, new_h = self._resized(width, height)
         left = int(round((new_w - self.image_size) / 2.0))
         top = int(round((new_h - self.image_size) / 2.0))
         return ResizeCrop(new_w, new_h, left, top)
+
+    def _resized(self, width: int, height: int) -> tuple[int, int]:
+        """``Resize(resize_size)``'s output size: the shorter side to ``resize_size``, the longer truncated."""
+        short, long = min(width, height), max(width, height)
+        new_short, new_long = self.resize_size, int(self.resize_size * long / short)
+        return (new_short, new_long) if width <= height else (new_long, new_short)
+
+    def random_crop(self, width: int, height: int, *, seed: int, epoch: int, index: int) -> RandomCropAt:
+        """The RandomCrop of sample ``index`` of ``epoch`` in an image of ``width`` x ``height``, as
+        torchvision's ``RandomCrop.make_params`` draws it: the padding, grown on both sides by what
+        ``pad_if_needed`` lacks, then the top and the left uniform over the padded image (0 where it is the
+        crop's size); then the flip. ValueError, naming both sizes, where the crop is larger than that."""
+        crop, s = self.crop, self.image_size
+        if crop is None:
+            raise ValueError("this recipe crops with RandomResizedCrop (draw), not RandomCrop")
+        w, h = self._resized(width, height) if crop.resize else (width, height)
+        left, top, right, bottom = crop.padding
+        if crop.pad_if_needed:
+            grow_y, grow_x = max(0, s - (h + top + bottom)), max(0, s - (w + left + right))
+            top, bottom, left, right = top + grow_y, bottom + grow_y, left + grow_x, right + grow_x
+        padded_w, padded_h = w + left + right, h + top + bottom
+        if padded_w < s or padded_h < s:
+            raise ValueError(f"RandomCrop({s}) is larger than the {'padded ' if any(crop.padding) else ''}image "
+                             f"({padded_w} x {padded_h})")
+        rnd = SampleRandom(seed, epoch, index)
+        y = rnd.randint(0, padded_h - s) if padded_h > s else 0
+        x = rnd.randint(0, padded_w - s) if padded_w > s else 0
+        return RandomCropAt(w, h, (left, top, right, bottom), x, y, rnd.uniform() < self.hflip)
 
 
 def random_resized_crop(

@@ -8,13 +8,17 @@ rather than being skipped: a recipe that silently lost an op would train a diffe
 
     training:    RandomResizedCrop(size, scale, ratio) [RandomHorizontalFlip(p)] [pixel ops]
                  [to tensor] [Normalize] [RandomErasing(p, scale, ratio, value)]
+                 or [Resize(int)] RandomCrop(size, padding, pad_if_needed, fill, padding_mode) and the same
     validation:  Resize(int) CenterCrop(size) [to tensor] [Normalize]
+
+RandomCrop takes its crop from the (resized) image without resampling; the CPU workers make those crops on
+every device (``placement.gpu_may_take``), as they make validation's.
 
 The pixel ops (``PIXEL_OPS``: RandomVerticalFlip, ColorJitter, RandomGrayscale, GaussianBlur,
 RandomAdjustSharpness, TrivialAugmentWide, RandAugment, AutoAugment, AugMix) and RandomErasing run per sample on the
 device (``augment.ops``); the pixel ops in the order given, on uint8 pixels before the cast to float, as
 torchvision runs them on PIL images. Those that give the same pixels either side of a horizontal flip
-(``FLIP_COMMUTING``) may also stand between RandomResizedCrop and RandomHorizontalFlip.
+(``FLIP_COMMUTING``) may also stand between the crop and RandomHorizontalFlip.
 
 "to tensor" is any of ``ToImage``, ``PILToTensor``, ``ToTensor``, ``ToDtype(float, scale=True)``,
 ``ConvertImageDtype(float)``: the loader always delivers floats scaled to [0, 1] before ``Normalize``.
@@ -30,6 +34,7 @@ import torch
 
 from .ops import (AugMix, AutoAugment, Blur, Erasing, Grayscale, Jitter, PixelOp, RandAugment, Sharpen,
                   TrivialAugment, VerticalFlip)
+from .params import RandomCrop
 
 _TENSOR_OPS = {"ToImage", "PILToTensor", "ToPureTensor", "ToTensor", "ToDtype", "ConvertImageDtype"}
 # uint8 tensors as a PIL image is: anywhere before the cast to float, as torchvision's own recipes place them
@@ -37,7 +42,7 @@ _UINT8_OPS = {"ToImage", "PILToTensor", "ToPureTensor"}
 # pixel ops that give the same pixels either side of a horizontal flip (pointwise, or a symmetric kernel)
 FLIP_COMMUTING = ("RandomVerticalFlip", "ColorJitter", "RandomGrayscale", "GaussianBlur", "RandomAdjustSharpness")
 PIXEL_OPS = FLIP_COMMUTING + ("TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix")
-SUPPORTED = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", *PIXEL_OPS, "ToImage",
+SUPPORTED = ("RandomResizedCrop", "RandomCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", *PIXEL_OPS, "ToImage",
              "PILToTensor", "ToPureTensor", "ToTensor", "ToDtype", "ConvertImageDtype", "Normalize", "RandomErasing")
 
 
@@ -58,10 +63,11 @@ class Recipe:
     dtype: torch.dtype | None = None
     pixel: tuple[PixelOp, ...] = ()
     erasing: Erasing | None = None
+    crop: RandomCrop | None = None
 
     def augment_kwargs(self) -> dict[str, Any]:
         return dict(train=self.train, image_size=self.image_size, resize_size=self.resize_size, scale=self.scale,
-                    ratio=self.ratio, hflip=self.hflip)
+                    ratio=self.ratio, hflip=self.hflip, crop=self.crop)
 
 
 def read_transform(transform: Any) -> Recipe:
@@ -75,14 +81,19 @@ def read_transform(transform: Any) -> Recipe:
                              f"trained on other data); supported: {', '.join(SUPPORTED)}")
     _check_order(names)
     geometry = [n for n in names if _stage(n) == 0]
-    if geometry[:1] == ["RandomResizedCrop"] and geometry[1:] in ([], ["RandomHorizontalFlip"]):
-        recipe = _training(ops[names.index("RandomResizedCrop")],
-                           ops[names.index("RandomHorizontalFlip")] if "RandomHorizontalFlip" in names else None)
+    crop = geometry[:-1] if geometry[-1:] == ["RandomHorizontalFlip"] else geometry
+    flip = ops[names.index("RandomHorizontalFlip")] if "RandomHorizontalFlip" in names else None
+    if crop == ["RandomResizedCrop"]:
+        recipe = _training(ops[names.index("RandomResizedCrop")], flip)
+    elif crop in (["RandomCrop"], ["Resize", "RandomCrop"]):
+        recipe = _random_crop(ops[names.index("Resize")] if "Resize" in crop else None,
+                              ops[names.index("RandomCrop")], flip)
     elif geometry == ["Resize", "CenterCrop"]:
         recipe = _validation(ops[names.index("Resize")], ops[names.index("CenterCrop")])
     else:
-        raise ValueError(f"transform: the geometric ops must be RandomResizedCrop [RandomHorizontalFlip] (training) "
-                         f"or Resize + CenterCrop (validation), in that order; got {geometry}")
+        raise ValueError(f"transform: the geometric ops must be RandomResizedCrop or [Resize +] RandomCrop, then "
+                         f"[RandomHorizontalFlip] (training), or Resize + CenterCrop (validation), in that order; got "
+                         f"{geometry}")
     tensor = [op for op, n in zip(ops, names, strict=True) if n in _TENSOR_OPS]
     dtype = _dtype(tensor)
     if "Normalize" in names:
@@ -240,16 +251,60 @@ def _training(crop: Any, flip: Any | None) -> Recipe:
                   hflip=float(flip.p) if flip is not None else 0.0)
 
 
-def _validation(resize: Any, crop: Any) -> Recipe:
+def _resize_size(resize: Any) -> int:
+    """Resize's one size, the shorter side's; ValueError for anything else gpufeed does not compute."""
     _bilinear(resize, "Resize")
     sizes = [resize.size] if isinstance(resize.size, int) else list(resize.size)
     if len(sizes) != 1 or getattr(resize, "max_size", None) is not None:
         raise ValueError(f"transform: Resize must take one size (the shorter side) and no max_size, got "
                          f"size={resize.size}")
-    size = _square(crop.size, "CenterCrop")
-    if int(sizes[0]) < size:
-        raise ValueError(f"transform: Resize({sizes[0]}) is smaller than CenterCrop({size})")
-    return Recipe(train=False, image_size=size, resize_size=int(sizes[0]))
+    return int(sizes[0])
+
+
+def _validation(resize: Any, crop: Any) -> Recipe:
+    resize_size, size = _resize_size(resize), _square(crop.size, "CenterCrop")
+    if resize_size < size:
+        raise ValueError(f"transform: Resize({resize_size}) is smaller than CenterCrop({size})")
+    return Recipe(train=False, image_size=size, resize_size=resize_size)
+
+
+def _random_crop(resize: Any | None, crop: Any, flip: Any | None) -> Recipe:
+    """[Resize +] RandomCrop: its padding as (left, top, right, bottom), whichever torchvision API made it
+    (``transforms.v2`` keeps it parsed as left, right, top, bottom; ``transforms`` as given)."""
+    size = _square(crop.size, "RandomCrop")
+    padding, mode = crop.padding, str(crop.padding_mode)
+    if padding is None:
+        padding = (0, 0, 0, 0)
+    elif type(crop).__module__.startswith("torchvision.transforms.v2"):
+        left, right, top, bottom = padding
+        padding = (left, top, right, bottom)
+    else:
+        given = [padding] if isinstance(padding, int) else list(padding)
+        if len(given) not in (1, 2, 4):
+            raise ValueError(f"transform: RandomCrop padding takes 1, 2 or 4 numbers, got {padding}")
+        padding = given * 4 if len(given) == 1 else given * 2 if len(given) == 2 else given
+        if crop.pad_if_needed and any(padding) and mode != "constant":  # it pads twice, reflecting the padding
+            raise ValueError(f"transform: torchvision.transforms.RandomCrop pads in two steps with padding, "
+                             f"pad_if_needed and padding_mode={mode!r}; use torchvision.transforms.v2.RandomCrop")
+    try:
+        crop = RandomCrop(padding=tuple(int(p) for p in padding), pad_if_needed=bool(crop.pad_if_needed),
+                          fill=_fill(crop.fill), padding_mode=mode, resize=resize is not None)
+        return Recipe(train=True, image_size=size, resize_size=size if resize is None else _resize_size(resize),
+                      hflip=float(flip.p) if flip is not None else 0.0, crop=crop)
+    except ValueError as e:
+        raise ValueError(f"transform: {e}") from None
+
+
+def _fill(fill: Any) -> tuple:
+    """RandomCrop's fill as one value per channel (v2 keeps a value per input type: they must agree)."""
+    if isinstance(fill, dict):
+        values = list(fill.values())
+        if any(v != values[0] for v in values):
+            raise ValueError(f"RandomCrop fill differs by input type ({fill}); give one fill")
+        fill = values[0]
+    fill = [0] if fill is None else [fill] if isinstance(fill, (int, float)) else list(fill)
+    fill = fill * 3 if len(fill) == 1 else fill
+    return tuple(int(v) if float(v).is_integer() else v for v in fill)
 
 
 def _dtype(tensor_ops: Sequence[Any]) -> torch.dtype | None:

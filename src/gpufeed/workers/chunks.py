@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..augment.cpu import decode_box_into, decode_box_rows_into, decode_resize_crop_into
+from ..augment.cpu import decode_box_into, decode_box_rows_into, decode_random_crop_into, decode_resize_crop_into
 from ..augment.in_workers import WorkerNormalize
 from ..augment.params import AugmentSpec, CropBox
 from ..decode.base import DecodeError
@@ -66,6 +66,13 @@ def _finish_on_cpu(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: in
     if not spec.augment.train:
         geometry = spec.augment.resize_crop(width, height)
         decode_resize_crop_into(decoder, data, path, geometry, (width, height), fast, out, orientation)
+        return
+    if spec.augment.crop is not None:
+        try:
+            at = spec.augment.random_crop(width, height, seed=seed, epoch=epoch, index=index)
+        except ValueError as e:  # an image smaller than the crop: this file's failure
+            raise DecodeError(path, str(e)) from None
+        decode_random_crop_into(decoder, data, path, spec.augment.crop, at, (width, height), fast, out, orientation)
         return
     box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index)
     decode_box_into(decoder, data, path, box, (width, height), fast, out, orientation)
