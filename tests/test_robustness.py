@@ -1,11 +1,13 @@
 """Odd and broken images on the CPU path: each kind its own case, so a failure names the kind."""
 
+import contextlib
 import logging
 import math
 import os
 import time
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -212,6 +214,87 @@ def test_a_batch_held_up_by_a_hung_worker_counts_as_late(tmp_path):
         assert pool.last_wait >= 0.9
     finally:
         pool.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="lists POSIX shared memory in /dev/shm")
+def test_a_replacement_worker_that_cannot_start_leaves_the_pool_closable(tmp_path, monkeypatch):
+    """Under skip a worker past sample_timeout is replaced; when the replacement cannot start, the error
+    comes out of collect, and close() still stops the rest and frees the shared memory."""
+    from gpufeed.augment.params import AugmentSpec
+    from gpufeed.workers import PipelineSpec, WorkerPool
+
+    _mixed_dataset(tmp_path, [])
+    paths = sorted(str(p) for p in tmp_path.glob("c*/*.jpg"))
+    source = SlowSource(paths, [int(p.split(os.sep)[-2][1]) for p in paths], slow=2)
+    before = set(os.listdir("/dev/shm"))
+    pool = WorkerPool(PipelineSpec(source, AugmentSpec(image_size=16, resize_size=16, train=False), 10**8,
+                                   on_error="skip"), num_workers=2, num_slots=2, batch_size=4, sample_timeout=1.0)
+    pids = pool.pids
+
+    def cannot_start(self, i):
+        raise OSError("pthread_create failed (a stand-in)")
+
+    monkeypatch.setattr(WorkerPool, "_start", cannot_start)
+    pool.submit(0, 0, 0, 0, [0, 1, 2, 3])
+    with pytest.raises(OSError, match="stand-in"):
+        pool.collect(0)
+    pool.close()
+    assert pool.closed and {n for n in set(os.listdir("/dev/shm")) - before if not n.startswith("sem.")} == set()
+    deadline = time.monotonic() + 5
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, "a worker outlived close()"
+        time.sleep(0.1)
+
+
+class StartsAHelper(FileSource):
+    """Reading file ``slow`` forks a helper that outlives the worker (as a library might), writes its pid to
+    the file ``note``, then hangs."""
+
+    def __init__(self, paths, labels, slow, note):
+        super().__init__(paths, labels)
+        object.__setattr__(self, "slow", slow)
+        object.__setattr__(self, "note", note)
+
+    def read(self, index):
+        if index == self.slow:
+            pid = os.fork()
+            if pid == 0:  # the helper: every file the worker had open, open here too
+                time.sleep(30)
+                os._exit(0)
+            with open(self.note, "w") as f:
+                f.write(str(pid))
+            time.sleep(60)
+        return super().read(index)
+
+
+def test_a_killed_worker_is_reported_while_a_process_it_started_lives(tmp_path):
+    """The worker dies (SIGKILL, as the out-of-memory killer sends it) while a process it forked lives on,
+    holding what the worker held open: still reported within seconds, not when that process ends."""
+    from gpufeed.augment.params import AugmentSpec
+    from gpufeed.workers import PipelineSpec, WorkerPool
+
+    _mixed_dataset(tmp_path, [])
+    paths = sorted(str(p) for p in tmp_path.glob("c*/*.jpg"))
+    note = tmp_path / "helper.pid"
+    source = StartsAHelper(paths, [int(p.split(os.sep)[-2][1]) for p in paths], slow=2, note=str(note))
+    pool = WorkerPool(PipelineSpec(source, AugmentSpec(image_size=16, resize_size=16, train=False), 10**8),
+                      num_workers=1, num_slots=2, batch_size=4)
+    try:
+        pool.submit(0, 0, 0, 0, [0, 1, 2, 3])
+        deadline = time.monotonic() + 10
+        while not (note.exists() and note.read_text()):
+            assert time.monotonic() < deadline, "the source never started its helper"
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        os.kill(pool.pids[0], 9)
+        with pytest.raises(WorkerError, match=r"exited unexpectedly with code -9 .* while loading .*good2\.jpg"):
+            pool.collect(0)
+        assert time.monotonic() - t0 < 5 and psutil.pid_exists(int(note.read_text()))  # the helper lived on
+    finally:
+        pool.close()
+        if note.exists() and note.read_text():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(note.read_text()), 9)
 
 
 class HangingAfterABadOne(FileSource):

@@ -57,19 +57,32 @@ class _Worker:
         return self.process.pid
 
     def alive(self) -> bool:
-        """False once gone, or once ``close`` (after it was seen gone, or killed)."""
-        return not self.lifeline.closed and not self.lifeline.poll()
+        """False once gone, or once ``close`` (after it was seen gone, or killed). On POSIX the pid is asked
+        too: a process the worker started through a plain fork would hold the pipe open after it."""
+        if self.lifeline.closed:
+            return False
+        try:
+            if self.lifeline.poll():
+                return False
+        except OSError:  # a broken pipe (Windows) is the writer gone
+            return False
+        if os.name == "posix":
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return False
+        return True
 
     def wait(self, timeout: float) -> bool:
-        """Whether the process is gone within ``timeout`` seconds."""
-        return bool(mp_connection.wait([self.lifeline], timeout))
+        """Whether the process is gone within ``timeout`` seconds (at once after ``close``)."""
+        return self.lifeline.closed or bool(mp_connection.wait([self.lifeline], timeout)) or not self.alive()
 
     def kill(self) -> None:
-        """SIGKILL, and wait up to 5 s for it to take; ``Process.kill`` would send nothing once the fork
-        server is gone."""
+        """SIGKILL (TerminateProcess on Windows), and wait up to 5 s for it to take; ``Process.kill`` would send
+        nothing once the fork server is gone."""
         if self.alive():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+                os.kill(self.pid, getattr(signal, "SIGKILL", signal.SIGTERM))
             self.wait(5.0)
         self.process.join(0.1)  # reaped where this process is its parent (spawn)
 
@@ -277,8 +290,8 @@ class WorkerPool:
             entry.failures.append(Failure(held.position, path, f"worker {why}"))
             entry.failures += [Failure(j, None, RETRY) for j in range(first, first + len(chunk)) if j != held.position]
             self._progress[i].clear()
-            w.close()
             self._workers[i] = self._start(i)  # the finalizer holds this same list
+            w.close()  # after: a replacement that cannot start leaves the dead worker for the finalizer
 
     def pin_images(self) -> bool:
         """Page-lock the ring's pixel area (on the GPU path each position's whole pixel room) for CUDA

@@ -61,6 +61,7 @@ def run(args: WorkerArgs) -> None:
     finishing a step and saving a checkpoint; the workers go when it goes."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+    os.set_inheritable(args.lifeline.fileno(), False)  # what a source runs (os.system, ...) must not hold it
     _exit_with_parent(args.parent_alive)
     os.environ.update(SINGLE_THREADED)
     _lower_priority()
