@@ -55,3 +55,23 @@ def test_a_loader_with_every_op_gives_on_cuda_what_the_cpu_gives(tmp_path):
     assert compared == 4
     for loader in (a, b, plain):
         loader.close()
+
+
+def test_autocontrast_and_equalize_give_torchvisions_pixels_on_cuda():
+    """The batched passes on CUDA against torchvision's ops on the CPU, exactly: channels of one value, of a
+    narrow range, of the full range, and with all but a few pixels at the brightest (equalize left as is)."""
+    from torchvision.transforms.v2 import functional as F
+
+    from gpufeed.augment.ops import pixels
+
+    g = torch.Generator().manual_seed(6)
+    images = torch.randint(0, 256, (64, 3, 48, 48), dtype=torch.uint8, generator=g)
+    images[0:16] = images[0:16] // 16 + 100  # narrow
+    images[16:24, 1] = 77  # one value
+    images[24:32] = 250
+    images[24:32, :, 0, :10] = 3  # a step of 0
+    compared = 0
+    for ours, theirs in ((pixels.autocontrast, F.autocontrast), (pixels.equalize, F.equalize)):
+        assert torch.equal(ours(images.cuda()).cpu(), theirs(images))
+        compared += 1
+    assert compared == 2

@@ -46,7 +46,9 @@ class SampleRandom:
     def streams(seed: int, epoch: int, indices: Sequence[int], ahead: int = 8) -> list[SampleRandom]:
         """``SampleRandom(seed, epoch, i)`` for each ``i`` of ``indices``, each stream's first ``ahead`` uniforms
         computed for all of them at once with numpy: the same numbers, for a fraction of the Python that a
-        batch's draws cost one sample at a time in the process that trains."""
+        batch's draws cost one sample at a time in the process that trains. Indices in [0, 2**63)."""
+        if ahead < 0:
+            raise ValueError(f"ahead must be >= 0, got {ahead}")
         with np.errstate(over="ignore"):
             keyed = np.uint64(_splitmix64(_splitmix64(seed & _MASK) ^ (epoch & _MASK)))
             start = _splitmix64_array(np.asarray(indices, dtype=np.int64).astype(np.uint64) ^ keyed)

@@ -128,6 +128,8 @@ def point_ops(images: torch.Tensor, names: Sequence[str], magnitudes: Sequence[f
 def autocontrast(images: torch.Tensor) -> torch.Tensor:
     """``autocontrast``: each channel stretched from its own lowest and highest value to 0-255 in float32, as
     torchvision computes it (a channel of one value left as it is), in half its calls."""
+    if images.numel() == 0:
+        return images
     f = images.float()
     low, high = f.amin(dim=(-2, -1), keepdim=True), f.amax(dim=(-2, -1), keepdim=True)
     flat = high == low
@@ -139,6 +141,8 @@ def equalize(images: torch.Tensor) -> torch.Tensor:
     """``equalize``: each channel through PIL's equalising lookup table, computed as torchvision computes it
     for uint8 images (a channel with fewer than 255 pixels below its brightest value left as it is), in half
     its calls: the table for value k from the count of pixels below k (``cum - hist``) needs no shifted copy."""
+    if images.numel() == 0:
+        return images
     index = images.flatten(-2).long()
     hist = torch.zeros(*index.shape[:-1], 256, dtype=torch.int32, device=images.device)
     hist.scatter_add_(-1, index, hist.new_ones(1).expand_as(index))
