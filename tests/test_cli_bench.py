@@ -135,3 +135,13 @@ def test_bench_times_a_recipe_both_ways(tmp_path, synth_root, capsys):
                  "--device", "cpu", "--pipelines", "gpufeed", "--recipe", str(recipe)]) == 0
     assert main(["bench", "--n", "10", "--device", "cpu", "--recipe", "randaugment"]) == 2
     assert "--recipe must be one of" in capsys.readouterr().err
+
+
+def test_every_built_in_recipe_is_one_gpufeed_reads():
+    from gpufeed.augment.recipe import read_transform
+    from gpufeed.bench.recipes import BUILT_IN, load_recipe
+
+    read = {name: read_transform(load_recipe(name, image_size=64).transform) for name in BUILT_IN}
+    assert len(read) == 4 and all(r.train and r.image_size == 64 for r in read.values())
+    assert read["resize-randomcrop"].crop is not None and read["resize-randomcrop"].resize_size == 73
+    assert read["standard"].crop is None and len(read["trivialaugment"].pixel) == 1

@@ -149,8 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "it), gpufeed-cpu, gpufeed-gpu (GPU decode + the CPU share cpu_share='auto' settles on), "
                         "gpufeed-gpu-only (GPU decoders alone)")
     b.add_argument("--recipe", help="a training recipe timed both ways: standard, trivialaugment (+ RandomErasing "
-                   "0.1), trivialaugment-mix (+ MixUp/CutMix), or a .py file defining `transform` and optionally "
-                   "`batch_transform`")
+                   "0.1), trivialaugment-mix (+ MixUp/CutMix), resize-randomcrop (Resize + RandomCrop + flip), or a "
+                   ".py file defining `transform` and optionally `batch_transform`")
     b.add_argument("--compile", action="store_true", help="train the model through torch.compile (its own rate "
                    "too), to see what share of a compiled model's rate the loader keeps")
     b.add_argument("--json", help="write all numbers to this JSON file")

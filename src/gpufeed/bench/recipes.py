@@ -16,7 +16,7 @@ from torchvision.transforms import v2
 
 from ..augment.normalize import IMAGENET_MEAN, IMAGENET_STD
 
-BUILT_IN = ("standard", "trivialaugment", "trivialaugment-mix")
+BUILT_IN = ("standard", "trivialaugment", "trivialaugment-mix", "resize-randomcrop")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ def load_recipe(spec: str, image_size: int = 224, num_classes: int = 1000) -> Be
     tail = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
     if spec == "standard":
         return BenchRecipe(spec, v2.Compose(head + tail))
+    if spec == "resize-randomcrop":  # the older ImageNet recipe: the crop taken from the resized image as it is
+        return BenchRecipe(spec, v2.Compose([v2.Resize(round(image_size * 256 / 224)), v2.RandomCrop(image_size),
+                                             v2.RandomHorizontalFlip()] + tail))
     # torchvision's reference recipe for TrivialAugment (random erasing 0.1; MixUp 0.2 / CutMix 1.0)
     transform = v2.Compose(head + [v2.TrivialAugmentWide()] + tail + [v2.RandomErasing(p=0.1)])
     mix = None
