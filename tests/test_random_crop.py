@@ -29,23 +29,44 @@ def test_the_recipe_is_read_as_each_torchvision_api_holds_it():
     """v2 keeps the padding as (left, right, top, bottom), the older API as given; both mean the same crop."""
     for make in (v2, T):
         crop = _crop_of(make.Compose([make.RandomCrop(32, padding=[1, 2, 3, 4], fill=(10, 20, 30))]))
-        assert crop == RandomCrop(padding=(1, 2, 3, 4), fill=(10, 20, 30))
+        assert crop == RandomCrop(padding=(1, 2, 3, 4), fill=(10, 20, 30), two_steps=make is T)
         crop = _crop_of(make.Compose([make.RandomCrop(32, padding=[5, 6], padding_mode="reflect")]))
-        assert crop == RandomCrop(padding=(5, 6, 5, 6), padding_mode="reflect")
+        assert crop == RandomCrop(padding=(5, 6, 5, 6), padding_mode="reflect", two_steps=make is T)
     r = read_transform(v2.Compose([v2.Resize(256), v2.RandomCrop(224, pad_if_needed=True, fill=7),
                                    v2.RandomHorizontalFlip(0.3), *TO_FLOAT]))
     assert (r.train, r.image_size, r.resize_size, r.hflip) == (True, 224, 256, 0.3)
     assert r.crop == RandomCrop(pad_if_needed=True, fill=(7, 7, 7), resize=True)
     assert read_transform(v2.Compose([v2.RandomResizedCrop(32)])).crop is None
+    assert _crop_of(T.RandomCrop(32, padding=2)).two_steps and not _crop_of(v2.RandomCrop(32, padding=2)).two_steps
+
+
+def test_a_subclass_of_v2s_random_crop_is_read_as_v2():
+    """A class of the same name (other names are refused as ops gpufeed does not run) that v2 made."""
+    mine = type("RandomCrop", (v2.RandomCrop,), {"__module__": "my_transforms"})
+    assert _crop_of(mine(32, padding=[1, 2, 3, 4])) == RandomCrop(padding=(1, 2, 3, 4))
+
+
+def test_the_fill_is_the_one_torchvision_looks_up_for_the_input_there():
+    """v2 keeps a fill per input type: a PIL image gets its own, else "others", else 0; after ToImage, the
+    tv_tensors.Image one. A fill the padding never uses is not read."""
+    from torchvision import tv_tensors
+
+    assert _crop_of(v2.RandomCrop(32, padding=2, fill={tv_tensors.Image: 127})).fill == (0, 0, 0)
+    assert _crop_of(v2.RandomCrop(32, padding=2, fill={"others": 9, tv_tensors.Mask: 0})).fill == (9, 9, 9)
+    assert _crop_of(v2.RandomCrop(32, padding=2, fill={Image.Image: (1, 2, 3)})).fill == (1, 2, 3)
+    after = v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=2, fill={tv_tensors.Image: 127, tv_tensors.Mask: 0}),
+                        v2.ToDtype(torch.float32, scale=True)])
+    assert _crop_of(after).fill == (127, 127, 127)
+    assert _crop_of(v2.RandomCrop(32, fill=300)).fill == _crop_of(v2.RandomCrop(32, padding=1, fill=0.5,
+                                                                               padding_mode="reflect")).fill
 
 
 @pytest.mark.parametrize("transform, message", [
     (v2.RandomCrop((32, 30)), "square output"),
     (v2.Compose([v2.RandomHorizontalFlip(), v2.RandomCrop(32)]), "geometric ops must be"),
     (v2.Compose([v2.Resize(32), v2.CenterCrop(24), v2.RandomCrop(16)]), "geometric ops must be"),
-    (v2.RandomCrop(32, fill=0.5), "fill must be 3 whole numbers"),
-    (v2.RandomCrop(32, fill={Image.Image: 1, torch.Tensor: 2}), "fill differs by input type"),
-    (T.RandomCrop(32, padding=2, pad_if_needed=True, padding_mode="edge"), "pads in two steps"),
+    (v2.RandomCrop(32, padding=2, fill=0.5), "fill must be 3 whole numbers"),
+    (T.RandomCrop(32, padding=[1, 2, 3]), "padding takes 1, 2 or 4 numbers"),
 ])
 def test_a_crop_gpufeed_would_not_make_as_torchvision_does_is_refused(transform, message):
     with pytest.raises(ValueError, match=message):
@@ -139,3 +160,29 @@ def test_an_image_smaller_than_the_crop_is_that_files_failure(tmp_path):
     assert sum(len(labels) for _, labels in loader) == 4
     assert [os.path.basename(p) for p, _ in loader.stats["skipped"]] == ["02.png"]
     loader.close()
+
+
+@pytest.mark.parametrize("padding_mode", ["reflect", "symmetric", "edge", "constant"])
+def test_the_older_api_pads_what_pad_if_needed_adds_after_the_padding(tmp_path, padding_mode):
+    """torchvision.transforms.RandomCrop pads its padding, then the width, then the height pad_if_needed
+    lacks, each with the mode: on images smaller than the crop, exactly those pixels."""
+    root = _pngs(tmp_path, [(14, 12), (16, 16), (20, 11), (13, 19)])
+    pipeline = T.Compose([T.RandomCrop(24, padding=2, pad_if_needed=True, fill=40, padding_mode=padding_mode),
+                          T.ToTensor()])
+    loader = ImageLoader(root, transform=pipeline, batch_size=4, num_workers=1, device="cpu", seed=3)
+    paths = sorted(os.path.join(root, "c", f) for f in os.listdir(root / "c"))
+    (images, _), = list(loader)
+    compared = 0
+    for image, index in zip(images, loader.batch_indices, strict=True):
+        pil = Image.open(paths[index]).convert("RGB")
+        at = loader.augment.random_crop(*pil.size, seed=3, epoch=0, index=index)
+        pil = F.pad(pil, [2], fill=40, padding_mode=padding_mode)
+        if pil.size[0] < 24:
+            pil = F.pad(pil, [24 - pil.size[0], 0], fill=40, padding_mode=padding_mode)
+        if pil.size[1] < 24:
+            pil = F.pad(pil, [0, 24 - pil.size[1]], fill=40, padding_mode=padding_mode)
+        expected = F.pil_to_tensor(F.crop(pil, at.top, at.left, 24, 24))
+        assert torch.equal(image.mul(255).round().to(torch.uint8), expected), (paths[index], at)
+        compared += 1
+    loader.close()
+    assert compared == 4

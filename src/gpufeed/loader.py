@@ -283,8 +283,10 @@ class ImageLoader:
 
     def set_image_size(self, image_size: int, *, resize_size: int | None = None) -> None:
         """Make ``image_size`` squares from the next iteration on (progressive resizing): the training crop
-        resizes to it; validation resizes the shorter side to ``resize_size`` (default: in the loader's ratio of
-        resize to crop, ``round(image_size x 256 / 224)`` unless it was made with another) and centre-crops it.
+        resizes to it (a RandomCrop takes a window of that size, its padding unchanged); validation, and a
+        Resize before a RandomCrop, resize the shorter side to ``resize_size`` (default: in the loader's ratio
+        of resize to crop, ``round(image_size x 256 / 224)`` unless it was made with another); validation
+        centre-crops it.
         An op the size cannot take (GaussianBlur wider than the image) raises here, naming both. At most ``max_image_size`` (the ``image_size`` the loader was made
         with), whose shared memory and GPU batches hold any smaller size: nothing is allocated and the same
         worker processes go on. An iteration under way keeps its size; an epoch broken off goes on at the

@@ -153,9 +153,10 @@ def decode_random_crop_into(decoder: "CpuDecoder", data: bytes, path: str, crop:
     """Training with RandomCrop: decode ``data`` (a ``size`` = (width, height) image as displayed after
     ``orientation``) and write into ``out`` ((S, S, 3) uint8) what torchvision's [``Resize``] + ``RandomCrop``
     [+ ``RandomHorizontalFlip``] give on the PIL image for the draw ``at``: Pillow's antialiased bilinear
-    resize of the whole image (a resize of the crop's area alone differs in a level here and there), the
-    padding as torchvision pads PIL images (the fill, or ``np.pad``'s edge, reflect or symmetric), the crop,
-    the flip."""
+    resize of the whole image (a resize of the crop's area alone differs in a level here and there; JPEGs 4x
+    the resized size or more are shrunk in the DCT domain first, a level or two from torchvision's pixels),
+    the padding as torchvision pads PIL images (the fill, or ``np.pad``'s edge, reflect or symmetric; in two
+    steps for ``crop.two_steps``), the crop, the flip."""
     s = out.shape[0]
     if crop.resize:
         extent = (at.width, at.height)
@@ -173,7 +174,12 @@ def decode_random_crop_into(decoder: "CpuDecoder", data: bytes, path: str, crop:
         padded[top : top + at.height, left : left + at.width] = image
         window = padded[at.top : at.top + s, at.left : at.left + s]
     else:
-        padded = np.pad(image, ((top, bottom), (left, right), (0, 0)), mode=crop.padding_mode)
+        steps = [at.padding]
+        if crop.two_steps and at.padding != crop.padding:  # the padding, then what pad_if_needed adds
+            steps = [crop.padding, tuple(a - b for a, b in zip(at.padding, crop.padding))]
+        padded = image
+        for left, top, right, bottom in steps:
+            padded = np.pad(padded, ((top, bottom), (left, right), (0, 0)), mode=crop.padding_mode)
         window = padded[at.top : at.top + s, at.left : at.left + s]
     out[:] = window[:, ::-1] if at.flip else window
 

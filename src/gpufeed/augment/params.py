@@ -136,13 +136,17 @@ PADDING_MODES = ("constant", "edge", "reflect", "symmetric")
 class RandomCrop:
     """torchvision's ``RandomCrop(image_size, padding, pad_if_needed, fill, padding_mode)``, after
     ``Resize(resize_size)`` when ``resize``: the training crop taken from the (resized) image as it is, no
-    resampling. ``padding``: (left, top, right, bottom) pixels; ``fill``: the constant padding's RGB."""
+    resampling. ``padding``: (left, top, right, bottom) pixels; ``fill``: the constant padding's RGB;
+    ``two_steps``: what ``pad_if_needed`` adds is padded after ``padding``, as ``torchvision.transforms``
+    pads it (v2 pads both at once: the same pixels but where reflect or symmetric padding reflects the
+    first padding)."""
 
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)
     pad_if_needed: bool = False
     fill: tuple[int, int, int] = (0, 0, 0)
     padding_mode: str = "constant"
     resize: bool = False
+    two_steps: bool = False
 
     def __post_init__(self) -> None:
         if len(self.padding) != 4 or any(not isinstance(p, int) or p < 0 for p in self.padding):

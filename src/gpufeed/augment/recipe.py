@@ -27,10 +27,14 @@ Without ``Normalize`` the images stay in [0, 1] (mean 0, std 1).
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+from PIL import Image
+from torchvision import tv_tensors
+from torchvision.transforms import v2
 
 from .ops import (AugMix, AutoAugment, Blur, Erasing, Grayscale, Jitter, PixelOp, RandAugment, Sharpen,
                   TrivialAugment, VerticalFlip)
@@ -86,8 +90,8 @@ def read_transform(transform: Any) -> Recipe:
     if crop == ["RandomResizedCrop"]:
         recipe = _training(ops[names.index("RandomResizedCrop")], flip)
     elif crop in (["RandomCrop"], ["Resize", "RandomCrop"]):
-        recipe = _random_crop(ops[names.index("Resize")] if "Resize" in crop else None,
-                              ops[names.index("RandomCrop")], flip)
+        at = names.index("RandomCrop")
+        recipe = _random_crop(ops[names.index("Resize")] if "Resize" in crop else None, ops[at], flip, names[:at])
     elif geometry == ["Resize", "CenterCrop"]:
         recipe = _validation(ops[names.index("Resize")], ops[names.index("CenterCrop")])
     else:
@@ -268,41 +272,42 @@ def _validation(resize: Any, crop: Any) -> Recipe:
     return Recipe(train=False, image_size=size, resize_size=resize_size)
 
 
-def _random_crop(resize: Any | None, crop: Any, flip: Any | None) -> Recipe:
+def _random_crop(resize: Any | None, crop: Any, flip: Any | None, before: list[str]) -> Recipe:
     """[Resize +] RandomCrop: its padding as (left, top, right, bottom), whichever torchvision API made it
-    (``transforms.v2`` keeps it parsed as left, right, top, bottom; ``transforms`` as given)."""
+    (``transforms.v2`` keeps it parsed as left, right, top, bottom; ``transforms`` as given, and pads what
+    ``pad_if_needed`` adds in a second step); its fill for the input it gets after the ops ``before`` it."""
     size = _square(crop.size, "RandomCrop")
-    padding, mode = crop.padding, str(crop.padding_mode)
+    padding, mode, newer = crop.padding, str(crop.padding_mode), isinstance(crop, v2.RandomCrop)
     if padding is None:
         padding = (0, 0, 0, 0)
-    elif type(crop).__module__.startswith("torchvision.transforms.v2"):
+    elif newer:
         left, right, top, bottom = padding
         padding = (left, top, right, bottom)
     else:
-        given = [padding] if isinstance(padding, int) else list(padding)
+        given = [padding] if isinstance(padding, numbers.Number) else list(padding)
         if len(given) not in (1, 2, 4):
             raise ValueError(f"transform: RandomCrop padding takes 1, 2 or 4 numbers, got {padding}")
         padding = given * 4 if len(given) == 1 else given * 2 if len(given) == 2 else given
-        if crop.pad_if_needed and any(padding) and mode != "constant":  # it pads twice, reflecting the padding
-            raise ValueError(f"transform: torchvision.transforms.RandomCrop pads in two steps with padding, "
-                             f"pad_if_needed and padding_mode={mode!r}; use torchvision.transforms.v2.RandomCrop")
+    padded = mode == "constant" and (any(padding) or crop.pad_if_needed)
     try:
         crop = RandomCrop(padding=tuple(int(p) for p in padding), pad_if_needed=bool(crop.pad_if_needed),
-                          fill=_fill(crop.fill), padding_mode=mode, resize=resize is not None)
+                          fill=_fill(crop.fill, before) if padded else (0, 0, 0), padding_mode=mode,
+                          resize=resize is not None, two_steps=not newer)
         return Recipe(train=True, image_size=size, resize_size=size if resize is None else _resize_size(resize),
                       hflip=float(flip.p) if flip is not None else 0.0, crop=crop)
     except ValueError as e:
         raise ValueError(f"transform: {e}") from None
 
 
-def _fill(fill: Any) -> tuple:
-    """RandomCrop's fill as one value per channel (v2 keeps a value per input type: they must agree)."""
+def _fill(fill: Any, before: list[str]) -> tuple:
+    """RandomCrop's fill as one value per channel. v2 may keep one per input type: the one for what the crop
+    gets after the ops ``before`` it (a PIL image, or the tensor ToImage or PILToTensor made), else the
+    "others" one, else 0, as torchvision looks it up."""
     if isinstance(fill, dict):
-        values = list(fill.values())
-        if any(v != values[0] for v in values):
-            raise ValueError(f"RandomCrop fill differs by input type ({fill}); give one fill")
-        fill = values[0]
-    fill = [0] if fill is None else [fill] if isinstance(fill, (int, float)) else list(fill)
+        made = [n for n in before if n in _UINT8_OPS]
+        kind = Image.Image if not made else tv_tensors.Image if made[-1] == "ToImage" else torch.Tensor
+        fill = fill.get(kind, fill.get("others"))
+    fill = [0] if fill is None else [fill] if isinstance(fill, numbers.Number) else list(fill)
     fill = fill * 3 if len(fill) == 1 else fill
     return tuple(int(v) if float(v).is_integer() else v for v in fill)
 
