@@ -67,6 +67,7 @@ def test_the_fill_is_the_one_torchvision_looks_up_for_the_input_there():
     (v2.Compose([v2.Resize(32), v2.CenterCrop(24), v2.RandomCrop(16)]), "geometric ops must be"),
     (v2.RandomCrop(32, padding=2, fill=0.5), "fill must be 3 whole numbers"),
     (T.RandomCrop(32, padding=[1, 2, 3]), "padding takes 1, 2 or 4 numbers"),
+    (v2.Compose([v2.Resize((256, 300)), v2.RandomCrop(224)]), r"^transform: Resize must take one size"),
 ])
 def test_a_crop_gpufeed_would_not_make_as_torchvision_does_is_refused(transform, message):
     with pytest.raises(ValueError, match=message):

@@ -276,7 +276,7 @@ def _random_crop(resize: Any | None, crop: Any, flip: Any | None, before: list[s
     """[Resize +] RandomCrop: its padding as (left, top, right, bottom), whichever torchvision API made it
     (``transforms.v2`` keeps it parsed as left, right, top, bottom; ``transforms`` as given, and pads what
     ``pad_if_needed`` adds in a second step); its fill for the input it gets after the ops ``before`` it."""
-    size = _square(crop.size, "RandomCrop")
+    size, resize_size = _square(crop.size, "RandomCrop"), None if resize is None else _resize_size(resize)
     padding, mode, newer = crop.padding, str(crop.padding_mode), isinstance(crop, v2.RandomCrop)
     if padding is None:
         padding = (0, 0, 0, 0)
@@ -293,7 +293,7 @@ def _random_crop(resize: Any | None, crop: Any, flip: Any | None, before: list[s
         crop = RandomCrop(padding=tuple(int(p) for p in padding), pad_if_needed=bool(crop.pad_if_needed),
                           fill=_fill(crop.fill, before) if padded else (0, 0, 0), padding_mode=mode,
                           resize=resize is not None, two_steps=not newer)
-        return Recipe(train=True, image_size=size, resize_size=size if resize is None else _resize_size(resize),
+        return Recipe(train=True, image_size=size, resize_size=resize_size or size,
                       hflip=float(flip.p) if flip is not None else 0.0, crop=crop)
     except ValueError as e:
         raise ValueError(f"transform: {e}") from None
