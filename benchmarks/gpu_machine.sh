@@ -127,8 +127,8 @@ if step ab; then
     for m in ${AB_MODELS:-none resnet50 resnet18}; do
       for tree in baseline current; do
         src=$PWD/src; [ $tree = baseline ] && src=$BASELINE/src
-        PYTHONPATH=$SITE$src $B --epochs ${EPOCHS:-3} --model $m --pipelines gpufeed-gpu ${AB_RECIPE:+--recipe $AB_RECIPE} \
-          --json /tmp/ab/$m-$tree-$r.json \
+        PYTHONPATH=$SITE$src $B --epochs ${EPOCHS:-3} --model $m --pipelines gpufeed-gpu \
+          ${AB_RECIPE:+--recipe $AB_RECIPE} --json /tmp/ab/$m-$tree-$r.json \
           >> "$OUT/ab.txt" 2>&1
       done
     done

@@ -107,7 +107,8 @@ def _pngs(root, sizes):
     rng = np.random.default_rng(3)
     (root / "c").mkdir(parents=True)
     for i, (w, h) in enumerate(sizes):
-        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8) // 2 + np.linspace(0, 120, w, dtype=np.uint8)[None, :, None]
+        ramp = np.linspace(0, 120, w, dtype=np.uint8)[None, :, None]
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8) // 2 + ramp
         Image.fromarray(pixels).save(root / "c" / f"{i:02d}.png")
     return root
 

@@ -121,8 +121,8 @@ class ImageLoader:
     torchvision ``Compose`` the script would give a Dataset, read for its settings in place of ``train``,
     ``image_size``, ``resize_size``, ``mean`` and ``std`` (``augment.recipe``: RandomResizedCrop with its
     scale and ratio or [Resize +] RandomCrop with its padding, RandomHorizontalFlip(p), Resize + CenterCrop,
-    to-tensor ops, Normalize, and the per-sample ops in ``recipe.SUPPORTED``; any other op raises, naming it). The settings are kept, grouped and
-    validated, in ``loader.augment`` (at the size in effect),
+    to-tensor ops, Normalize, and the per-sample ops in ``recipe.SUPPORTED``; any other op raises, naming it).
+    The settings are kept, grouped and validated, in ``loader.augment`` (at the size in effect),
     ``loader.normalize``, ``loader.decoding`` and ``loader.errors``.
 
     Progressive resizing: ``loader.set_image_size(160)`` between epochs makes smaller batches from the next

@@ -161,7 +161,7 @@ def gpu_may_take(spec: "PipelineSpec", data: bytes, header: tuple[int, int, bool
     from .decode.jpeg_check import gpu_safe_jpeg
 
     width, height, fast = header
-    return (spec.augment.train and spec.augment.crop is None and fast and orientation == 1 and len(data) <= spec.gpu_bytes_capacity
+    return (spec.augment.box_crop and fast and orientation == 1 and len(data) <= spec.gpu_bytes_capacity
             and width * height * 3 <= spec.gpu_buffer_bytes and max(width, height) <= GPU_MAX_SIDE
             and gpu_safe_jpeg(data))
 

@@ -164,24 +164,30 @@ def decode_random_crop_into(decoder: "CpuDecoder", data: bytes, path: str, crop:
         image = np.asarray(Image.fromarray(image).resize(extent, Image.BILINEAR))
     else:
         image = apply_orientation(decoder.decode(data, path, fast=fast), orientation)
-    left, top, right, bottom = at.padding
-    x, y = at.left - left, at.top - top  # the crop's corner in the unpadded image
+    x, y = at.left - at.padding[0], at.top - at.padding[1]  # the crop's corner in the unpadded image
     if 0 <= x and 0 <= y and x + s <= at.width and y + s <= at.height:  # inside: no padding to make
         window = image[y : y + s, x : x + s]
-    elif crop.padding_mode == "constant":
-        padded = np.empty((at.height + top + bottom, at.width + left + right, 3), np.uint8)
-        padded[:] = crop.fill
-        padded[top : top + at.height, left : left + at.width] = image
-        window = padded[at.top : at.top + s, at.left : at.left + s]
     else:
-        steps = [at.padding]
-        if crop.two_steps and at.padding != crop.padding:  # the padding, then what pad_if_needed adds
-            steps = [crop.padding, tuple(a - b for a, b in zip(at.padding, crop.padding))]
-        padded = image
-        for left, top, right, bottom in steps:
-            padded = np.pad(padded, ((top, bottom), (left, right), (0, 0)), mode=crop.padding_mode)
-        window = padded[at.top : at.top + s, at.left : at.left + s]
+        window = _padded(image, crop, at.padding)[at.top : at.top + s, at.left : at.left + s]
     out[:] = window[:, ::-1] if at.flip else window
+
+
+def _padded(image: np.ndarray, crop: RandomCrop, padding: tuple[int, int, int, int]) -> np.ndarray:
+    """(H, W, 3) uint8 padded by ``padding`` (left, top, right, bottom) as torchvision pads a PIL image: the
+    fill, or ``np.pad``'s mode; with ``crop.two_steps`` the crop's own padding first, then the rest."""
+    left, top, right, bottom = padding
+    if crop.padding_mode == "constant":
+        h, w = image.shape[:2]
+        out = np.empty((h + top + bottom, w + left + right, 3), np.uint8)
+        out[:] = crop.fill
+        out[top : top + h, left : left + w] = image
+        return out
+    steps = [padding]
+    if crop.two_steps and padding != crop.padding:  # the padding, then what pad_if_needed adds
+        steps = [crop.padding, tuple(a - b for a, b in zip(padding, crop.padding))]
+    for left, top, right, bottom in steps:
+        image = np.pad(image, ((top, bottom), (left, right), (0, 0)), mode=crop.padding_mode)
+    return image
 
 
 def _decode_for_resize(decoder: "CpuDecoder", data: bytes, path: str, size: tuple[int, int],

@@ -43,10 +43,12 @@ class SampleRandom:
         self._state = _splitmix64(_splitmix64(_splitmix64(seed & _MASK) ^ (epoch & _MASK)) ^ (index & _MASK))
 
     @staticmethod
-    def streams(seed: int, epoch: int, indices: Sequence[int], ahead: int = 8) -> list[SampleRandom]:
+    def streams(seed: int, epoch: int, indices: Sequence[int], ahead: int | None = None) -> list[SampleRandom]:
         """``SampleRandom(seed, epoch, i)`` for each ``i`` of ``indices``, each stream's first ``ahead`` uniforms
         computed for all of them at once with numpy: the same numbers, for a fraction of the Python that a
-        batch's draws cost one sample at a time in the process that trains. Indices in [0, 2**63)."""
+        batch's draws cost one sample at a time in the process that trains. Indices in [0, 2**63); ``ahead``
+        None: 8, what most per-sample ops' draws take at most."""
+        ahead = 8 if ahead is None else ahead
         if ahead < 0:
             raise ValueError(f"ahead must be >= 0, got {ahead}")
         with np.errstate(over="ignore"):
@@ -227,9 +229,15 @@ class AugmentSpec:
             return self
         return replace(self, image_size=image_size, resize_size=resize_size)
 
+    @property
+    def box_crop(self) -> bool:
+        """Whether the crop is a resampled box (training's RandomResizedCrop, ``draw``): the one crop the GPU
+        decoders' fused kernel makes; validation's and RandomCrop's the CPU workers make."""
+        return self.train and self.crop is None
+
     def draw(self, width: int, height: int, *, seed: int, epoch: int, index: int) -> CropBox:
         """The training crop box for sample ``index`` of ``epoch`` in an image of ``width`` x ``height``."""
-        if not self.train or self.crop is not None:
+        if not self.box_crop:
             raise ValueError("this recipe does not crop by a resampled box: "
                              + ("RandomCrop (random_crop)" if self.train else "validation (resize_crop)"))
         rnd = SampleRandom(seed, epoch, index)

@@ -36,8 +36,8 @@ class PixelOp(Protocol):
     gives a batch with each sample's choice applied (a new tensor; the one given is left as it is)."""
 
     salt: ClassVar[int]  # apart from every other op's stream (and the crop's)
-    # (optional) how many uniforms one sample's draw usually takes, computed ahead for a batch at once; 8
-    # where it is missing. Draws that take more go on one at a time, with the same numbers
+    # (optional) how many uniforms one sample's draw usually takes, computed ahead for a batch at once
+    # (``SampleRandom.streams``' default where it is missing); draws that take more go on one at a time
 
     def draw(self, rnd: SampleRandom, size: int) -> Any: ...
 
@@ -68,7 +68,7 @@ class SampleOps:
     @staticmethod
     def draws(op: PixelOp | Erasing, indices: Sequence[int], seed: int, epoch: int, size: int) -> list[Any]:
         """``op``'s choice for each sample of ``indices`` in the loader's ``seed`` and ``epoch``."""
-        streams = SampleRandom.streams(seed ^ op.salt, epoch, indices, getattr(op, "uniforms", 8))
+        streams = SampleRandom.streams(seed ^ op.salt, epoch, indices, getattr(op, "uniforms", None))
         return [op.draw(rnd, size) for rnd in streams]
 
     def __call__(self, images: torch.Tensor, indices: Sequence[int], seed: int, epoch: int) -> torch.Tensor:
