@@ -2,7 +2,7 @@
 # Everything the GPU machine checks and times, in one call: logs and JSON under $OUT, a short table last.
 #   bash benchmarks/gpu_machine.sh                      the GPU tests, decode backends, the sweep, gpufeed bench
 #   STEPS="tests bench" bash benchmarks/gpu_machine.sh  a subset, in this order: tests ddp decode sweep bench cpu
-#       memory formats recipe compile paced stages progressive runahead order ab
+#       memory formats recipe compile paced stages progressive runahead order ops ab
 #   BASELINE=DIR STEPS=ab bash benchmarks/gpu_machine.sh
 #       gpufeed bench of another checkout (DIR/src, e.g. `git archive REV | tar -x -C DIR`) and of this one,
 #       alternating, ROUNDS times for AB_MODELS (none resnet50 resnet18; none: loader only): a change measured
@@ -23,6 +23,8 @@
 #   STEPS=runahead: where an end-to-end step's time goes, for each of RUNAHEAD (";"-separated argument lists of
 #       benchmarks/runahead.py; default ResNet-18, then ResNet-50 with the trivialaugment-mix recipe).
 #   STEPS=order: whether the engine decoders write before their stream's queued work (benchmarks/engine_order.py).
+#   STEPS=ops: each per-sample op's cost per batch, with the auto-augment family's Triton kernels and without
+#       (GPUFEED_OPS_KERNELS=0), alternating (benchmarks/sample_ops.py).
 # Narrowing variables: TESTS (pytest paths), EPOCHS, LOADER_EPOCHS (loader-only bench), LOADER_PIPES,
 # MODEL_PIPES, MODELS, SWEEP_ARGS, ROUNDS, DDP_WORKERS, DDP_PIPES, DDP_N (images, 20000), MEMORY_EPOCHS,
 # MEMORY_DECODES; ONE_GPU="taskset -c 0-15" (say) runs
@@ -41,7 +43,7 @@ export PYTHONPATH=$SITE$PWD/src:$PWD PYTHONUNBUFFERED=1
 python3 setup.py -q build_ext --inplace > "$OUT/build_ext.txt" 2>&1 || echo "cropped-decode extension not built (see info.txt)"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,utilization.gpu --format=csv; python3 -m gpufeed info; cat "$OUT/build_ext.txt"; } > "$OUT/info.txt" 2>&1
 rm -f "$OUT/build_ext.txt"
-grep -i "decode\|gpu 0" "$OUT/info.txt"
+grep -i "decode\|gpu 0\|auto-augment" "$OUT/info.txt"
 STEPS=" ${STEPS:-tests decode sweep bench} "
 step() { [[ "$STEPS" == *" $1 "* ]]; }
 DATA=/tmp/synth10k
@@ -119,6 +121,11 @@ if step runahead; then
   done
 fi
 step order && timeout 120 ${ONE_GPU:-} python3 benchmarks/engine_order.py > "$OUT/order.txt" 2>&1
+if step ops; then
+  for k in 0 1 0 1; do
+    GPUFEED_OPS_KERNELS=$k timeout 120 ${ONE_GPU:-} python3 benchmarks/sample_ops.py --tv-images 8 >> "$OUT/ops.txt" 2>&1
+  done
+fi
 if step ab; then
   [ -d "${BASELINE:-}/src" ] || { echo "ab: BASELINE=DIR with DIR/src is needed"; exit 2; }
   (cd "$BASELINE" && python3 setup.py -q build_ext --inplace > /dev/null 2>&1)
@@ -166,6 +173,7 @@ step stages && grep -E "^\||alone:|Error" "$OUT/stages.txt"
 step progressive && grep -E "^\||PIDs|Error" "$OUT/progressive.txt"
 step runahead && grep -E "^\||own rate|alone:|Error" "$OUT/runahead.txt"
 step order && grep -E "^\||Error" "$OUT/order.txt"
+step ops && grep -E "^\| (op|Trivial|RandAug|AutoAug|AugMix|all)|on CUDA|Error" "$OUT/ops.txt"
 step ab && grep -E "^\| (model|none|resnet|---)" "$OUT/ab.txt"
 step ddp && grep -E "^\||^gpufeed bench|FAILED|Error" "$OUT/ddp.txt" | cut -c1-230
 step formats && grep -E "^\||Error" "$OUT/formats.txt" | cut -c1-200

@@ -5,9 +5,11 @@ on one image at a time on one CPU core (uint8, as a DataLoader worker runs it be
 
 For each op, and for all of them in one recipe: gpufeed's ms per batch through ``SampleOps`` (a normalised
 float batch in, its draws in Python and the uint8 round trip included; the device synchronised; the median
-of ``--rounds``), of which the draws alone (each sample's random choices, host time in the process that
-trains), its images/s, and torchvision's ms per image on one core (the mean over ``--tv-images`` images).
-The last column is how many CPU cores torchvision would need to keep up with gpufeed's rate.
+of ``--rounds``), the calling thread's CPU time in that call before the device is synchronised (the host
+time the training's process pays), of which the draws alone (each sample's random choices), its images/s,
+and torchvision's ms per image on one core (the mean over ``--tv-images`` images). The last column is how
+many CPU cores torchvision would need to keep up with gpufeed's rate. ``GPUFEED_OPS_KERNELS=0`` times the
+PyTorch passes in place of the Triton kernels on CUDA.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 import torch
 from torchvision.transforms import v2
 
-from gpufeed.augment.ops import SampleOps
+from gpufeed.augment.ops import SampleOps, kernels
 from gpufeed.augment.recipe import read_transform
 from gpufeed.bench.run import machine_description
 
@@ -44,19 +46,21 @@ def recipes(size: int) -> dict[str, list]:
     return ops
 
 
-def gpufeed_ms(transforms: list, images: torch.Tensor, rounds: int) -> tuple[float, float]:
-    """Median ms for SampleOps on the normalised batch ``images`` (on its device), and for its draws alone,
-    over ``rounds`` epochs."""
+def gpufeed_ms(transforms: list, images: torch.Tensor, rounds: int) -> tuple[float, float, float]:
+    """Median ms for SampleOps on the normalised batch ``images`` (on its device), the CPU time of the
+    calling thread in it before the device is synchronised (the host time a training's process pays), and
+    its draws alone, over ``rounds`` epochs."""
     size = images.shape[-1]
     recipe = read_transform(v2.Compose([v2.RandomResizedCrop(size), *transforms]))
     ops = SampleOps(pixel=recipe.pixel, mean=MEAN, std=STD)
     indices = list(range(len(images)))
-    times, draws = [], []
+    times, host, draws = [], [], []
     for epoch in range(rounds + 1):  # the first: a warm-up (kernels, the magnitude tables)
         if images.is_cuda:
             torch.cuda.synchronize(images.device)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         ops(images, indices, 0, epoch)
+        host.append(time.thread_time() - cpu)
         if images.is_cuda:
             torch.cuda.synchronize(images.device)
         times.append(time.perf_counter() - start)
@@ -64,7 +68,7 @@ def gpufeed_ms(transforms: list, images: torch.Tensor, rounds: int) -> tuple[flo
         for op in ops.pixel:
             ops.draws(op, indices, 0, epoch, size)
         draws.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times[1:]), 1e3 * statistics.median(draws[1:])
+    return tuple(1e3 * statistics.median(x[1:]) for x in (times, host, draws))
 
 
 def torchvision_ms(transforms: list, pixels: torch.Tensor) -> float:
@@ -99,13 +103,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{time.strftime('%Y-%m-%d')}, {m['cpu_cores']} CPU cores, GPU {m['gpu']}, torch {m['torch']}, device "
           f"{device}; python3 benchmarks/sample_ops.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"batch {args.batch} x 3 x {args.size} x {args.size}")
-    print("| op | gpufeed ms per batch | of which draws | gpufeed images/s | torchvision ms per image, 1 core "
-          "| cores to keep up |\n|---|---|---|---|---|---|")
+    print(f"auto-augment colour and point operations on CUDA: {kernels.describe()}")
+    print("| op | gpufeed ms per batch | host CPU ms | of which draws | gpufeed images/s "
+          "| torchvision ms per image, 1 core | cores to keep up |\n|---|---|---|---|---|---|---|")
     for name, transforms in recipes(args.size).items():
-        ours, draws = gpufeed_ms(transforms, images, args.rounds)
+        ours, host, draws = gpufeed_ms(transforms, images, args.rounds)
         theirs = torchvision_ms(transforms, pixels[: args.tv_images])
         rate = args.batch / ours * 1e3
-        print(f"| {name} | {ours:,.2f} | {draws:,.3f} | {rate:,.0f} | {theirs:.3f} | {rate * theirs / 1e3:,.1f} |")
+        print(f"| {name} | {ours:,.2f} | {host:,.2f} | {draws:,.3f} | {rate:,.0f} | {theirs:.3f} "
+              f"| {rate * theirs / 1e3:,.1f} |")
 
 
 if __name__ == "__main__":

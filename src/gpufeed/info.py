@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import sys
 
@@ -137,12 +138,45 @@ def collect_info() -> dict[str, str]:
     info["decode: nvjpeg hardware engines (GPU)"] = _probe_gpu_decode("nvjpeg")
     info["decode: nvimgcodec (GPU)"] = _probe_gpu_decode("nvimgcodec")
     info["decode: torchvision (GPU)"] = _probe_gpu_decode("torchvision")
+    info["per-sample auto-augment ops (GPU)"] = _probe_ops_kernels()
     info.update(data_access())
     from .placement import create_gpu_decoders
 
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     info["ImageLoader decode='auto' uses"] = create_gpu_decoders("auto", device)[1]
     return info
+
+
+def _probe_ops_kernels() -> str:
+    """Every colour and point operation of the auto-augment family once on a small CUDA batch, through what
+    runs them here, compared with the PyTorch passes."""
+    import torch
+
+    from .augment.ops import apply_operations, kernels
+
+    if not torch.cuda.is_available():
+        return "no CUDA device (PyTorch passes on the CPU)"
+    names = sorted(kernels.CODES)
+    images = torch.randint(0, 256, (len(names), 3, 16, 16), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(0))
+    steps = [(name, 4.0 if name == "Posterize" else 0.5 if name == "Solarize" else 0.3) for name in names]
+    ours = apply_operations(images.cuda(), steps).cpu()
+    used = kernels.describe()  # after the run: a kernel that failed to compile says so
+    if not kernels.usable(images.cuda()):
+        return used
+    before = os.environ.get("GPUFEED_OPS_KERNELS")
+    os.environ["GPUFEED_OPS_KERNELS"] = "0"
+    try:
+        reference = apply_operations(images.cuda(), steps).cpu()
+    finally:
+        if before is None:
+            del os.environ["GPUFEED_OPS_KERNELS"]
+        else:
+            os.environ["GPUFEED_OPS_KERNELS"] = before
+    differ = int((ours != reference).sum())
+    return f"{used}: " + ("works (the PyTorch passes' pixels)" if differ == 0 else
+                          f"{differ} of {ours.numel()} values differ from the PyTorch passes by up to "
+                          f"{int((ours.int() - reference.int()).abs().max())} levels")
 
 
 def format_info(info: dict[str, str]) -> str:

@@ -19,7 +19,7 @@ import torch
 from torchvision.transforms.v2 import functional as F
 
 from ..params import SampleRandom
-from . import pixels
+from . import kernels, pixels
 from .pixels import BATCHED_GEOMETRY, each_group, on
 
 Step = tuple[str, float]  # (operation, signed magnitude)
@@ -297,18 +297,42 @@ _NO_MAGNITUDE = {"AutoContrast": pixels.autocontrast, "Equalize": pixels.equaliz
 def apply_operations(images: torch.Tensor, steps: Sequence[Step], interpolation: str = "nearest") -> torch.Tensor:
     """(B, 3, S, S) uint8 -> the same with sample i's step ``steps[i]`` applied: one pass per operation for all
     the samples that drew it, whatever their magnitudes."""
-    h, w = images.shape[-2:]
+    if kernels.usable(images) and images.shape[-3] == 3:
+        return _through_kernels(images, steps, interpolation)
 
     def run(x: torch.Tensor, key: str, members: list[int]) -> torch.Tensor:
-        if key == "affine":  # every shear, translation and rotation of the batch through one grid
-            return pixels.affine(x, [pixels.inverse_matrix(*steps[i], w, h) for i in members], interpolation)
         if key == "blend":
             return pixels.blends(x, [steps[i][0] for i in members], [1.0 + steps[i][1] for i in members])
         if key == "point":
             return pixels.point_ops(x, [steps[i][0] for i in members], [steps[i][1] for i in members])
-        return _batched(x, key, [steps[i][1] for i in members], interpolation)
+        return _geometry(x, key, [steps[i] for i in members], interpolation)
 
     return each_group(images, [_group(name, m) for name, m in steps], run, skip="Identity")
+
+
+def _through_kernels(images: torch.Tensor, steps: Sequence[Step], interpolation: str) -> torch.Tensor:
+    """``apply_operations`` on CUDA: every colour and point operation in the Triton kernels' one pass over
+    the batch (``kernels``), then the geometry operations' own passes over their samples. A step is one
+    operation, so the two touch different samples."""
+    rows = [kernels.params(name, m) for name, m in steps]
+    out = images
+    if any(r[0] != kernels.KEEP for r in rows):
+        try:
+            out = kernels.apply(images, rows)
+        except RuntimeError:  # the kernels failed to compile (and said why once): the PyTorch passes
+            return apply_operations(images, steps, interpolation)
+    geometry = [_group(name, m) if name in _GEOMETRY else "Identity" for name, m in steps]
+    return each_group(out, geometry, lambda x, key, members: _geometry(x, key, [steps[i] for i in members],
+                                                                        interpolation), skip="Identity")
+
+
+def _geometry(images: torch.Tensor, key: str, steps: Sequence[Step], interpolation: str) -> torch.Tensor:
+    """One pass of ``apply_operations`` that is not a blend or point pass: every shear, translation and
+    rotation of the batch through one grid, or ``_batched``."""
+    h, w = images.shape[-2:]
+    if key == "affine":
+        return pixels.affine(images, [pixels.inverse_matrix(name, m, w, h) for name, m in steps], interpolation)
+    return _batched(images, key, [m for _, m in steps], interpolation)
 
 
 def _group(name: str, magnitude: float) -> str:

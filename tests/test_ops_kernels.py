@@ -1,0 +1,124 @@
+"""The auto-augment family's Triton kernels (augment.ops.kernels) against the PyTorch passes they replace on
+CUDA: run here on the CPU through Triton's interpreter, every colour and point operation at several
+magnitudes, on images of one tile and of two, and on images too small to sharpen; and the fallbacks."""
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from gpufeed.augment.ops import apply_operations, kernels
+
+triton = pytest.importorskip("triton")
+
+def compare(device: str, sizes) -> dict:
+    """Every colour and point operation at several magnitudes (and a few the kernels leave to the geometry
+    passes), through the kernels and through the PyTorch passes, on random images with narrow, flat and
+    nearly flat channels: per operation, samples, samples the operation changed, values compared, values
+    that differ, and the largest difference; and the number of rows each call of the kernels took."""
+    from gpufeed.augment.ops.auto import STANDARD, WIDE
+
+    calls = []
+    launch = kernels.apply
+    kernels.apply = lambda images, rows: calls.append(len(rows)) or launch(images, rows)
+    try:
+        g = torch.Generator().manual_seed(0)
+        report = {}
+        for size in sizes:
+            steps = []
+            for name in kernels.CODES:
+                for space in (WIDE, STANDARD):
+                    fn, signed = space.get(name, (None, False))
+                    mags = [0.0] if fn is None else [float(m) for m in fn(31, size)[[0, 5, 17, 30]]]
+                    steps += [(name, s * m) for m in mags for s in ((1, -1) if signed else (1,))]
+            steps += [("Identity", 0.0), ("Rotate", 30.0), ("TranslateX", 3.0)]
+            images = torch.randint(0, 256, (len(steps), 3, size, size), dtype=torch.uint8, generator=g)
+            images[::3] = images[::3] // 8 + 90  # a narrow range
+            images[1::7, 1] = 42  # a channel of one value
+            images[2::11, 2] = 250
+            images[2::11, 2, 0, 0] = 3  # all but one pixel at the brightest: equalize's step of 0
+            images = images.to(device)
+            ours = apply_operations(images, steps)
+            os.environ["GPUFEED_OPS_KERNELS"] = "0"
+            try:
+                reference = apply_operations(images, steps)
+            finally:
+                del os.environ["GPUFEED_OPS_KERNELS"]
+            for i, (name, _) in enumerate(steps):
+                d = (ours[i].int() - reference[i].int()).abs()
+                r = report.setdefault(name, {"samples": 0, "changed": 0, "values": 0, "differ": 0, "max": 0})
+                r["samples"] += 1
+                r["changed"] += int(not torch.equal(reference[i], images[i]))
+                r["values"] += d.numel()
+                r["differ"] += int((d > 0).sum())
+                r["max"] = max(r["max"], int(d.max()))
+        return {"calls": calls, "report": report}
+    finally:
+        kernels.apply = launch
+
+
+def check(result: dict, sizes, blends_exact: bool) -> None:
+    """The kernels ran once per size on every sample, every operation was compared on changed images, and
+    the pixels are the PyTorch passes' (the blends within one level where ``blends_exact`` is False)."""
+    report = result["report"]
+    assert len(result["calls"]) == len(sizes) and all(n > 50 for n in result["calls"]), result["calls"]
+    assert set(report) == set(kernels.CODES) | {"Identity", "Rotate", "TranslateX"}
+    for name, r in report.items():
+        assert r["samples"] >= len(sizes), name
+        if name in ("Color", "Contrast") and not blends_exact:
+            assert r["max"] <= 1 and r["differ"] <= 0.01 * r["values"], (name, r)
+        else:
+            assert r["differ"] == 0, (name, r)
+    assert sum(r["changed"] for r in report.values()) > 0.7 * sum(r["samples"] for r in report.values())
+
+
+def test_the_kernels_give_the_pytorch_passes_pixels_in_triton_s_interpreter():
+    """In a child process: Triton reads TRITON_INTERPRET when its kernels are defined. The interpreter rounds
+    a fused multiply-add twice (CUDA once), so the blends may differ by a level there."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env.pop("GPUFEED_OPS_KERNELS", None)
+    code = ("import json; from tests.test_ops_kernels import compare; "
+            "print(json.dumps(compare('cpu', (2, 3, 17, 40))))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-3000:]
+    check(json.loads(out.stdout.strip().splitlines()[-1]), (2, 3, 17, 40), blends_exact=False)
+
+
+def test_a_kernel_that_cannot_run_turns_itself_off_with_one_warning(monkeypatch):
+    """Compiled (not interpreted) Triton on CPU tensors fails as a missing compiler or driver would: the
+    PyTorch passes' pixels come back, one warning says why, and ``describe`` names the failure."""
+    monkeypatch.setattr(kernels, "_INTERPRET", True)  # let a CPU tensor reach the compiled kernel
+    monkeypatch.setattr(kernels, "_failed", None)
+    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
+    images = torch.randint(0, 256, (3, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    steps = [("Brightness", 0.5), ("Equalize", 0.0), ("Sharpness", -0.4)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = apply_operations(images, steps)
+        again = apply_operations(images, steps)
+    assert [str(w.message) for w in caught if "Triton colour kernels failed" in str(w.message)] != []
+    assert len([w for w in caught if "Triton" in str(w.message)]) == 1
+    assert kernels._failed is not None and kernels.describe().startswith("PyTorch passes (the Triton kernels failed")
+    monkeypatch.setenv("GPUFEED_OPS_KERNELS", "0")
+    monkeypatch.setattr(kernels, "_failed", None)
+    reference = apply_operations(images, steps)
+    assert torch.equal(out, reference) and torch.equal(again, reference)
+    assert not torch.equal(reference, images)
+
+
+def test_the_kernels_are_used_only_where_they_can_run(monkeypatch):
+    monkeypatch.setattr(kernels, "_failed", None)
+    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
+    cpu = torch.zeros(1, 3, 4, 4, dtype=torch.uint8)
+    assert not kernels.usable(cpu)  # a CPU tensor, compiled Triton
+    assert kernels.describe() == f"two Triton kernels per step (triton {triton.__version__})"
+    monkeypatch.setenv("GPUFEED_OPS_KERNELS", "0")
+    monkeypatch.setattr(kernels, "_INTERPRET", True)
+    assert not kernels.usable(cpu) and kernels.describe() == "PyTorch passes (GPUFEED_OPS_KERNELS=0)"
+    monkeypatch.setattr(kernels, "triton", None)
+    assert kernels.describe() == "PyTorch passes (Triton not installed)"
