@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
-import numpy as np
 import torch
 
 from ..params import SampleRandom
@@ -48,14 +47,10 @@ class Erasing:
         size = images.shape[-1]
         if not any(choices):  # no sample of the batch drew a box
             return images.clone()
-        # each sample's rows and columns inside its box, made here and uploaded at once: (n, 2, S) bool
-        spans = np.zeros((len(choices), 2, size), dtype=np.bool_)
-        for i, box in enumerate(choices):
-            if box:
-                top, left, h, w = box
-                spans[i, 0, top : top + h] = spans[i, 1, left : left + w] = True
-        spans = on(images.device, spans, torch.bool)
-        inside = spans[:, 0, None, :, None] & spans[:, 1, None, None, :]  # (n, 1, S, S)
+        b = on(images.device, [box or (0, 0, 0, 0) for box in choices], torch.int64).view(-1, 4, 1, 1)
+        at = torch.arange(size, device=images.device)
+        rows = (at.view(1, size, 1) >= b[:, 0]) & (at.view(1, size, 1) < b[:, 0] + b[:, 2])
+        cols = (at.view(1, 1, size) >= b[:, 1]) & (at.view(1, 1, size) < b[:, 1] + b[:, 3])
         # one fill value for every channel goes as a number (no upload); one per channel as a tensor
         value = self.value[0] if len(self.value) == 1 else on(images.device, self.value, images.dtype).view(1, -1, 1, 1)
-        return torch.where(inside, value, images)
+        return torch.where((rows & cols).unsqueeze(1), value, images)
