@@ -24,7 +24,10 @@ BATCHED_GEOMETRY = _get_inverse_affine_matrix is not None
 
 def on(device: torch.device, values, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``values`` as a tensor on ``device``: through page-locked memory without waiting on CUDA, since a copy
-    from ordinary memory would first wait for all the work queued on the stream (the training's)."""
+    from ordinary memory would first wait for all the work queued on the stream (the training's). Keep
+    ``values`` small (parameters, not masks or images): a CPU copy past PyTorch's grain (32,768 elements)
+    wakes its intra-op threads, whose spinning takes the cores the workers decode on (BENCHMARKS.md,
+    "Training recipes")."""
     t = torch.tensor(values, dtype=dtype)
     if device.type != "cuda":
         return t
