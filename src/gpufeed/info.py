@@ -160,23 +160,26 @@ def _probe_ops_kernels() -> str:
     images = torch.randint(0, 256, (len(names), 3, 16, 16), dtype=torch.uint8,
                            generator=torch.Generator().manual_seed(0))
     steps = [(name, 4.0 if name == "Posterize" else 0.5 if name == "Solarize" else 0.3) for name in names]
-    ours = apply_operations(images.cuda(), steps).cpu()
-    used = kernels.describe()  # after the run: a kernel that failed to compile says so
-    if not kernels.usable(images.cuda()):
-        return used
     before = os.environ.get("GPUFEED_OPS_KERNELS")
-    os.environ["GPUFEED_OPS_KERNELS"] = "0"
     try:
+        ours = apply_operations(images.cuda(), steps).cpu()
+        used = kernels.describe()  # after the run: a launch that failed says so
+        if not kernels.usable(images.cuda()):
+            return used
+        os.environ["GPUFEED_OPS_KERNELS"] = "0"
         reference = apply_operations(images.cuda(), steps).cpu()
+    except Exception as e:  # a probe reports, it does not raise
+        return f"FAILED ({type(e).__name__}: {e})"
     finally:
         if before is None:
-            del os.environ["GPUFEED_OPS_KERNELS"]
+            os.environ.pop("GPUFEED_OPS_KERNELS", None)
         else:
             os.environ["GPUFEED_OPS_KERNELS"] = before
     differ = int((ours != reference).sum())
+    largest = int((ours.int() - reference.int()).abs().max())
     return f"{used}: " + ("works (the PyTorch passes' pixels)" if differ == 0 else
-                          f"{differ} of {ours.numel()} values differ from the PyTorch passes by up to "
-                          f"{int((ours.int() - reference.int()).abs().max())} levels")
+                          f"{differ} of {ours.numel()} values differ from the PyTorch passes by up to {largest} "
+                          f"level{'s' if largest > 1 else ''}")
 
 
 def format_info(info: dict[str, str]) -> str:

@@ -79,13 +79,15 @@ def test_autocontrast_and_equalize_give_torchvisions_pixels_on_cuda():
 
 def test_the_triton_kernels_give_the_pytorch_passes_pixels_on_cuda():
     """Every colour and point operation of the auto-augment family through the Triton kernels and through the
-    PyTorch passes on CUDA, at 3 x 3 (nothing to sharpen), 64 x 64 and 224 x 224: the same pixels."""
+    PyTorch passes on CUDA, at 3 x 3 (nothing to sharpen), 6 x 9, 33 x 31 (two tiles, padded lanes), 64 x 64
+    and 224 x 224: the same pixels."""
     pytest.importorskip("triton")
     from gpufeed.augment.ops import kernels
 
     from ..test_ops_kernels import check, compare
 
     assert kernels.usable(torch.zeros(1, device="cuda")), kernels.describe()
-    result = compare("cuda", (3, 64, 224))
+    sizes = ((3, 3), (6, 9), (33, 31), (64, 64), (224, 224))
+    result = compare("cuda", sizes)
     print(result)
-    check(result, (3, 64, 224), blends_exact=True)
+    check(result, sizes)

@@ -311,15 +311,18 @@ def apply_operations(images: torch.Tensor, steps: Sequence[Step], interpolation:
 
 
 def _through_kernels(images: torch.Tensor, steps: Sequence[Step], interpolation: str) -> torch.Tensor:
-    """``apply_operations`` on CUDA: every colour and point operation in the Triton kernels' one pass over
-    the batch (``kernels``), then the geometry operations' own passes over their samples. A step is one
+    """``apply_operations`` on CUDA: every colour and point operation in one launch of the Triton kernels
+    over the batch (``kernels``), then the geometry operations' own passes over their samples. A step is one
     operation, so the two touch different samples."""
+    unknown = sorted({name for name, _ in steps if name not in OPERATIONS and name != "Identity"})
+    if unknown:
+        raise ValueError(f"no auto-augment operation {unknown[0]!r}; the operations are {', '.join(OPERATIONS)}")
     rows = [kernels.params(name, m) for name, m in steps]
     out = images
     if any(r[0] != kernels.KEEP for r in rows):
         try:
             out = kernels.apply(images, rows)
-        except RuntimeError:  # the kernels failed to compile (and said why once): the PyTorch passes
+        except kernels.KernelsFailed:  # a launch failed (said once, and the kernels are off): the PyTorch passes
             return apply_operations(images, steps, interpolation)
     geometry = [_group(name, m) if name in _GEOMETRY else "Identity" for name, m in steps]
     return each_group(out, geometry, lambda x, key, members: _geometry(x, key, [steps[i] for i in members],

@@ -5,15 +5,19 @@ a scatter). The training's process spends that host time under the interpreter l
 (BENCHMARKS.md, "Training recipes").
 
 Each operation is computed as ``pixels`` computes it (torchvision's arithmetic, in float32, with its
-fused multiply-adds and correctly rounded divisions), so the two give the same pixels.
+fused multiply-adds and correctly rounded divisions), so the two give the same pixels. One exception:
+Contrast's grey sum is exact here (integers), while PyTorch's float32 sum is exact only below 2^24, that is
+up to about 256 x 256 pixels; above, the two means may differ in the last bits, and a pixel by a level.
 
 Triton is optional: without it, on a CPU tensor, or with ``GPUFEED_OPS_KERNELS=0`` in the environment,
-``usable`` is False and ``pixels`` runs. A kernel that fails to compile the first time turns itself off with
-one warning that says why. ``gpufeed info`` says which runs.
+``usable`` is False and ``pixels`` runs. A launch that fails (a compiler or driver missing a piece, a new
+specialisation that does not build) turns the kernels off for the process with one warning that says why.
+``gpufeed info`` says which runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
@@ -38,6 +42,10 @@ CODES = {"Brightness": BRIGHTNESS, "Color": COLOR, "Contrast": CONTRAST, "Sharpn
 _BLOCK = 1024  # pixels per program
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (the tests' CPU check)
 _failed: str | None = None
+
+
+class KernelsFailed(RuntimeError):
+    """A launch of the kernels failed; they are off from now on (``describe`` says why)."""
 
 
 def _switched_off() -> bool:
@@ -75,7 +83,7 @@ def params(name: str, magnitude: float) -> tuple[int, float, float, float, float
 
 def apply(images: torch.Tensor, rows: Sequence[tuple[int, float, float, float, float]]) -> torch.Tensor:
     """(n, 3, H, W) uint8 -> a new contiguous batch with sample i through ``rows[i]`` (``params``' five
-    numbers). Raises RuntimeError (and turns the kernels off) if Triton fails to compile them."""
+    numbers). Raises KernelsFailed (and turns the kernels off) if a launch fails."""
     global _failed
     src = images.contiguous()
     n, c, h, w = src.shape
@@ -91,14 +99,15 @@ def apply(images: torch.Tensor, rows: Sequence[tuple[int, float, float, float, f
     hw = h * w
     inv_hw = float(np.float32(1.0) / np.float32(hw))  # rounded once in float32, as torch's mean rounds it
     try:
-        if any(r[0] in (CONTRAST, AUTOCONTRAST, EQUALIZE) for r in rows):
-            _stats[(n,)](src, table, stats, luts, hw, inv_hw, BLOCK=_BLOCK)
-        _apply[(n, triton.cdiv(hw, _BLOCK))](src, out, table, stats, luts, h, w, BLOCK=_BLOCK)
+        with torch.cuda.device(src.device) if src.is_cuda else contextlib.nullcontext():  # on the tensor's GPU
+            if any(r[0] in (CONTRAST, AUTOCONTRAST, EQUALIZE) for r in rows):
+                _stats[(n,)](src, table, stats, luts, hw, inv_hw, BLOCK=_BLOCK)
+            _apply[(n, triton.cdiv(hw, _BLOCK))](src, out, table, stats, luts, h, w, BLOCK=_BLOCK)
     except Exception as e:  # a compiler or driver missing a piece: the PyTorch passes from now on
         _failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         warnings.warn(f"gpufeed: the Triton colour kernels failed ({_failed}); the per-sample ops run as "
-                      "PyTorch passes (more host time per batch)", RuntimeWarning, stacklevel=2)
-        raise RuntimeError(_failed) from e
+                      "PyTorch passes (more host time per batch)", RuntimeWarning)
+        raise KernelsFailed(_failed) from e
     return out
 
 
@@ -106,11 +115,20 @@ if triton is not None:
     # the codes as Triton constants (a kernel reads no other globals)
     _BRIGHTNESS, _COLOR, _CONTRAST, _SHARPNESS = (tl.constexpr(c) for c in (BRIGHTNESS, COLOR, CONTRAST, SHARPNESS))
     _POINT, _AUTOCONTRAST, _EQUALIZE = (tl.constexpr(c) for c in (POINT, AUTOCONTRAST, EQUALIZE))
+    _FUSED = tl.constexpr(not _INTERPRET)  # the interpreter's fma rounds twice: there, float64 and one rounding
+
+    @triton.jit
+    def _fma(a, b, c):
+        """a x b + c rounded once, as CUDA's fused multiply-add (PyTorch's kernels) rounds it."""
+        if _FUSED:
+            return tl.fma(a, b, c)
+        else:
+            return (tl.cast(a, tl.float64) * tl.cast(b, tl.float64) + tl.cast(c, tl.float64)).to(tl.float32)
 
     @triton.jit
     def _grey(r, g, b):
         # torchvision's luma for uint8 images, floored: r x 0.2989, then + 0.587 g and + 0.114 b as fused adds
-        return tl.floor(tl.fma(b, 0.114, tl.fma(g, 0.587, r * 0.2989)))
+        return tl.floor(_fma(b, 0.114, _fma(g, 0.587, r * 0.2989)))
 
     @triton.jit
     def _to_uint8(v):
@@ -125,14 +143,15 @@ if triton is not None:
         base = src + i.to(tl.int64) * 3 * hw
         offs = tl.arange(0, BLOCK)
         if code == _CONTRAST:
-            total = tl.zeros([BLOCK], tl.int32)  # whole levels: an exact sum, as torchvision's float sum is
+            total = tl.zeros([BLOCK], tl.int32)  # whole levels, summed exactly (see the module's note)
             for start in range(0, hw, BLOCK):
                 m = start + offs < hw
                 r = tl.load(base + start + offs, mask=m, other=0).to(tl.float32)
                 g = tl.load(base + hw + start + offs, mask=m, other=0).to(tl.float32)
                 b = tl.load(base + 2 * hw + start + offs, mask=m, other=0).to(tl.float32)
                 total += _grey(r, g, b).to(tl.int32)
-            tl.store(stats + i * 8, tl.sum(total, 0).to(tl.float32) * inv_hw)  # torch's mean: sum x (1/count)
+            # int64: past 2^31 from about 8.4 million pixels; torch's mean is sum x (1/count)
+            tl.store(stats + i * 8, tl.sum(total.to(tl.int64), 0).to(tl.float32) * inv_hw)
         if code == _AUTOCONTRAST:
             for ch in tl.static_range(3):
                 low = tl.full([BLOCK], 255, tl.int32)
@@ -172,7 +191,7 @@ if triton is not None:
                     box += tl.load(base + idx + dy * w + dx, mask=inner, other=0).to(tl.int32)
         blurred = (box + 6) // 13
         x = c.to(tl.float32)
-        return _to_uint8(tl.fma(blurred.to(tl.float32) - x, w1, x))
+        return _to_uint8(_fma(blurred.to(tl.float32) - x, w1, x))
 
     @triton.jit
     def _apply(src, out, table, stats, luts, h, w, BLOCK: tl.constexpr):
@@ -194,12 +213,12 @@ if triton is not None:
             o0, o1, o2 = _to_uint8(f0 * w0), _to_uint8(f1 * w0), _to_uint8(f2 * w0)
         if code == _COLOR:
             g = _grey(f0, f1, f2)
-            o0, o1, o2 = (_to_uint8(tl.fma(g, w1, f0 * w0)), _to_uint8(tl.fma(g, w1, f1 * w0)),
-                          _to_uint8(tl.fma(g, w1, f2 * w0)))
+            o0, o1, o2 = (_to_uint8(_fma(g, w1, f0 * w0)), _to_uint8(_fma(g, w1, f1 * w0)),
+                          _to_uint8(_fma(g, w1, f2 * w0)))
         if code == _CONTRAST:
             mean = tl.load(stats + i * 8)
-            o0, o1, o2 = (_to_uint8(tl.fma(mean, w1, f0 * w0)), _to_uint8(tl.fma(mean, w1, f1 * w0)),
-                          _to_uint8(tl.fma(mean, w1, f2 * w0)))
+            o0, o1, o2 = (_to_uint8(_fma(mean, w1, f0 * w0)), _to_uint8(_fma(mean, w1, f1 * w0)),
+                          _to_uint8(_fma(mean, w1, f2 * w0)))
         if code == _SHARPNESS:
             y, x = idx // w, idx % w
             inner = m & (y > 0) & (y < h - 1) & (x > 0) & (x < w - 1)
