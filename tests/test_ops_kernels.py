@@ -156,3 +156,26 @@ def test_an_unknown_operation_is_refused_naming_it_on_both_paths(monkeypatch, ke
     assert kernels.usable(images) is kernels_on
     with pytest.raises(ValueError, match="no auto-augment operation 'Brightnes'; the operations are Identity, "):
         apply_operations(images, [("Brightness", 0.5), ("Brightnes", 0.5)])
+
+
+def test_the_kernels_compile_for_a_hopper_gpu_without_one():
+    """Compiled (not interpreted) for sm_90 with Triton's own compiler, as a GPU would build them: what the
+    interpreter does not check (types across branches, constants). The arithmetic the pixels rest on is
+    there: fused multiply-adds and correctly rounded divisions, and nothing in float64 (the interpreter's
+    stand-in for the multiply-add)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    pointers = {"src": "*u8", "table": "*fp32", "stats": "*fp32", "luts": "*u8"}
+    signatures = {kernels._stats: {**pointers, "hw": "i32", "inv_hw": "fp32", "BLOCK": "constexpr"},
+                  kernels._apply: {**pointers, "out": "*u8", "h": "i32", "w": "i32", "BLOCK": "constexpr"}}
+    ptx = {}
+    for fn, signature in signatures.items():
+        signature = {name: signature[name] for name in fn.arg_names}  # in the kernel's order
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs={"BLOCK": 1024}),
+                                  target=GPUTarget("cuda", 90, 32))
+        assert compiled.asm["cubin"]
+        ptx[fn.__name__] = compiled.asm["ptx"]
+    assert ".f64" not in ptx["_stats"] + ptx["_apply"]
+    assert ptx["_stats"].count("fma.rn.f32") >= 2  # the grey image's two fused adds
+    assert ptx["_apply"].count("fma.rn.f32") >= 10 and ptx["_apply"].count("div.rn.f32") >= 3
