@@ -140,6 +140,7 @@ if step ab; then
       done
     done
   done
+  rm -rf "$J/ab" && cp -r /tmp/ab "$J/ab"  # each run's epochs and CPU share come back in json.tgz
   python3 - /tmp/ab >> "$OUT/ab.txt" <<'PY'
 import glob, json, statistics, sys
 rows = {}
