@@ -179,3 +179,25 @@ def test_the_kernels_compile_for_a_hopper_gpu_without_one():
     assert ".f64" not in ptx["_stats"] + ptx["_apply"]
     assert ptx["_stats"].count("fma.rn.f32") >= 2  # the grey image's two fused adds
     assert ptx["_apply"].count("fma.rn.f32") >= 10 and ptx["_apply"].count("div.rn.f32") >= 3
+
+
+def test_a_loader_says_what_runs_its_auto_augment_ops(monkeypatch):
+    """``SampleOps.auto_augment_runner`` (``ImageLoader.stats["auto_augment_ops"]``, the bench's row): the
+    kernels' own account on a CUDA device where the recipe has an auto-augment op, None otherwise."""
+    from torchvision.transforms import v2
+
+    from gpufeed.augment.ops import SampleOps
+    from gpufeed.augment.recipe import read_transform
+
+    monkeypatch.setattr(kernels, "_failed", None)
+    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
+    mean, std = (0.5,) * 3, (0.25,) * 3
+    with_auto = SampleOps(pixel=read_transform(v2.Compose([v2.RandomResizedCrop(8), v2.RandAugment()])).pixel,
+                          mean=mean, std=std)
+    without = SampleOps(pixel=read_transform(v2.Compose([v2.RandomResizedCrop(8), v2.ColorJitter(0.2)])).pixel,
+                        mean=mean, std=std)
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert with_auto.auto_augment_runner(cuda) == f"two Triton kernels per step (triton {triton.__version__})"
+    assert with_auto.auto_augment_runner(cpu) is None and without.auto_augment_runner(cuda) is None
+    monkeypatch.setattr(kernels, "_failed", "RuntimeError: no ptxas")
+    assert with_auto.auto_augment_runner(cuda) == "PyTorch passes (the Triton kernels failed: RuntimeError: no ptxas)"

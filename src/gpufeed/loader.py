@@ -351,7 +351,8 @@ class ImageLoader:
         """Which backend decoded how many images so far (GPU path) and why this backend, the CPU share, the
         CPUs the workers run on (None: all of this process's), whether the batch ring is page-locked for
         CUDA copies (None before the workers start), the GPU memory budget in bytes (``placement.gpu_memory``;
-        0 for a CPU device); under ``on_error="skip"`` the number of skipped samples,
+        0 for a CPU device); what runs the auto-augment family's colour and point operations on CUDA (None
+        without them or on a CPU device); under ``on_error="skip"`` the number of skipped samples,
         (path, reason) for the first 10,000, and how many samples stood in for them (``repeated``)."""
         by = dict(self._gpu_stage.decoded_by) if self._gpu_stage is not None else {}
         pool = self._scheduler.pool
@@ -360,6 +361,7 @@ class ImageLoader:
                 "worker_cpus": sorted(self.worker_cpus) if self.worker_cpus is not None else None,
                 "ring_page_locked": pool.page_locked if pool is not None else None,
                 "gpu_memory_budget": self.gpu_memory.total if self.device.type == "cuda" else 0,
+                "auto_augment_ops": self.sample_ops.auto_augment_runner(self.device),
                 "skipped_count": self._skips.total, "skipped": list(self._skips.listed),
                 "repeated": self._skips.repeated}
 

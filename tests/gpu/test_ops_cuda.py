@@ -46,6 +46,7 @@ def test_a_loader_with_every_op_gives_on_cuda_what_the_cpu_gives(tmp_path):
     a, b = ImageLoader(root, transform=pipeline, **kw), ImageLoader(root, transform=pipeline, **kw)
     plain = ImageLoader(root, transform=v2.Compose(HEAD + TAIL), **kw)
     ops = a.sample_ops
+    assert a.stats["auto_augment_ops"].startswith("two Triton kernels") and plain.stats["auto_augment_ops"] is None
     compared = 0
     for (xa, _), (xb, _), (xp, _) in zip(a, b, plain, strict=True):
         assert xa.shape == (16, 3, 64, 64) and xa.is_cuda and torch.equal(xa, xb)

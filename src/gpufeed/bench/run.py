@@ -243,6 +243,9 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
         share = "" if stats["decode_backend"] == "cpu" else f", CPU share {stats['cpu_share']:.2f}"
         if stats.get("worker_cpus"):
             share += f", workers on CPUs {cpu_ranges(set(stats['worker_cpus']))}"
+        ops = stats.get("auto_augment_ops")
+        if ops:
+            share += ", auto-augment ops in " + ("Triton" if ops.startswith("two Triton") else "PyTorch passes")
         label = f"{name} ({stats['decode_backend']} decode{share})"
     gpu_added = [e["gpu_mem_peak_bytes"] - gpu_before for e in epochs
                  if e["gpu_mem_peak_bytes"] is not None and gpu_before is not None]

@@ -24,6 +24,7 @@ from .auto import (AugMix, AugMixChoice, AutoAugment, RandAugment, TrivialAugmen
                    apply_operations)
 from .basic import Blur, Grayscale, Jitter, JitterChoice, Sharpen, VerticalFlip
 from .erasing import Erasing
+from . import kernels
 from .pixels import on
 
 __all__ = ["AugMix", "AugMixChoice", "AutoAugment", "Blur", "Erasing", "Grayscale", "Jitter", "JitterChoice", "PixelOp",
@@ -57,6 +58,14 @@ class SampleOps:
 
     def __bool__(self) -> bool:
         return bool(self.pixel) or self.erasing is not None
+
+    def auto_augment_runner(self, device: torch.device) -> str | None:
+        """What runs the auto-augment family's colour and point operations on ``device`` (``kernels.describe``),
+        or None on a CPU device or without those ops."""
+        if device.type != "cuda" or not any(isinstance(op, (AugMix, AutoAugment, RandAugment, TrivialAugment))
+                                            for op in self.pixel):
+            return None
+        return kernels.describe()
 
     def check_size(self, size: int) -> None:
         """ValueError, naming the op, unless every op can work on S x S images (GaussianBlur's padding)."""
