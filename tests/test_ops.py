@@ -311,3 +311,25 @@ def test_augmix_gives_torchvisions_pixels_for_torchvisions_draws():
 def test_an_auto_augment_op_gpufeed_cannot_run_is_refused_naming_the_value(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_pixel_ops_on_a_cpu_device_start_from_the_workers_uint8(synth_root, monkeypatch):
+    """Where a CPU device's workers normalise (here from 2 workers), a recipe with pixel ops has them hand over
+    uint8 crops instead, and the ops start from those: the same bits as normalising first and going back."""
+    from gpufeed import placement
+
+    monkeypatch.setattr(placement, "WORKERS_NORMALISE_FROM", 2)
+    kw = dict(batch_size=8, device="cpu", num_workers=2, seed=3)
+    with_ops = ImageLoader(synth_root, transform=v2.Compose(HEAD + [v2.TrivialAugmentWide(), v2.ColorJitter(0.4)] + TAIL
+                                                            + [v2.RandomErasing(p=0.5)]), **kw)
+    plain = ImageLoader(synth_root, transform=v2.Compose(HEAD + TAIL), **kw)
+    erasing_only = ImageLoader(synth_root, transform=v2.Compose(HEAD + TAIL + [v2.RandomErasing(p=0.5)]), **kw)
+    assert with_ops.spec.normalize is None  # uint8 from the workers
+    assert plain.spec.normalize is not None and erasing_only.spec.normalize is not None  # normalised there
+    compared = 0
+    for (xa, _), (xp, _) in zip(with_ops, plain, strict=True):
+        assert torch.equal(xa, with_ops.sample_ops(xp, plain.batch_indices, 3, 0)) and not torch.equal(xa, xp)
+        compared += 1
+    assert compared == 5
+    for loader in (with_ops, plain, erasing_only):
+        loader.close()

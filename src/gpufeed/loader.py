@@ -217,8 +217,9 @@ class ImageLoader:
                                  gpu_bytes_capacity=placement.GPU_BYTES_CAPACITY if gpu_path else 0,
                                  gpu_buffer_bytes=self.gpu_memory.buffer_bytes, on_error=on_error,
                                  exif_orientation=exif_orientation,
+                                 # pixel ops start from uint8 (SampleOps.from_pixels): no normalising and back
                                  normalize=self.normalize.for_workers() if (
-                                     self.device.type == "cpu"
+                                     self.device.type == "cpu" and not self.sample_ops.pixel
                                      and self.num_workers >= placement.WORKERS_NORMALISE_FROM) else None)
         self.worker_cpus = placement.worker_cpus(gpu_path, local_ranks)
         self._skips = SkipLog()
@@ -416,6 +417,17 @@ class _PerSample:
                  batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
         if self.ops:
             images = self.ops(images, batch.indices, batch.seed, batch.epoch)
+        return self._mixed(images, labels, batch)
+
+    def from_pixels(self, pixels: torch.Tensor, labels: torch.Tensor, batch: HostBatch,
+                    normalize: Normalize) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same for (B, 3, S, S) uint8 crops not yet normalised (``SampleOps.from_pixels``)."""
+        images = self.ops.from_pixels(pixels, batch.indices, batch.seed, batch.epoch, dtype=normalize.dtype,
+                                      channels_last=normalize.channels_last)
+        return self._mixed(images, labels, batch)
+
+    def _mixed(self, images: torch.Tensor, labels: torch.Tensor,
+               batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
         if self.mix is not None:
             images, labels = self.mix(images, labels, batch.seed, batch.epoch, batch.indices[0])
         return images, labels
@@ -430,6 +442,10 @@ class _Normalized:
 
     def __call__(self, batch: HostBatch) -> _Delivered:
         images = batch.images
+        if images.device.type == "cpu" and images.dtype == torch.uint8 and self.per_sample.ops.pixel:
+            # a CPU device with pixel ops: they take the (B, S, S, 3) crops as they are (copied out of the ring)
+            out = self.per_sample.from_pixels(images.permute(0, 3, 1, 2), batch.labels, batch, self.normalize)
+            return _Delivered(*out, batch.indices, batch.consumed)
         # a CPU device's workers normalised the batch already; for CUDA it is uint8 until the device
         out = self.normalize.finished(images) if images.dtype == torch.float32 else self.normalize.images(images)
         return _Delivered(*self.per_sample(out, batch.labels, batch), batch.indices, batch.consumed)

@@ -84,25 +84,37 @@ class SampleOps:
         """(B, 3, S, S) normalised images (any float dtype and memory format, any device) -> a new batch with
         each sample's ops applied; ``indices[i]``: sample i's source index, in the loader's ``seed`` and
         ``epoch``."""
-        out, size = images, images.shape[-1]
-        if self.pixel:
-            out = self._pixels(out, indices, seed, epoch)
-        if self.erasing is not None:
-            out = self.erasing.apply(out, self.draws(self.erasing, indices, seed, epoch, size))
-        return out
+        out = images
+        if self.pixel:  # back to the crop's uint8 pixels (rounded, as the PIL pipeline holds its crop)
+            mean, std = self._device_constants(images.device)
+            pixels = (images.float() * std + mean).mul_(255).round_().clamp_(0, 255).to(torch.uint8)
+            channels_last = images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
+            out = self._pixels(pixels, indices, seed, epoch, images.dtype, channels_last)
+        return self._erased(out, indices, seed, epoch)
+
+    def from_pixels(self, pixels: torch.Tensor, indices: Sequence[int], seed: int, epoch: int, *,
+                    dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+        """(B, 3, S, S) uint8 crops, before normalising (any strides) -> the batch ``__call__`` gives for
+        them once normalised, in ``dtype`` and the asked layout, without normalising first and going back
+        (a CPU device's batches with pixel ops: the workers hand over uint8)."""
+        out = self._pixels(pixels.contiguous(), indices, seed, epoch, dtype, channels_last)
+        return self._erased(out, indices, seed, epoch)
+
+    def _erased(self, images: torch.Tensor, indices: Sequence[int], seed: int, epoch: int) -> torch.Tensor:
+        if self.erasing is None:
+            return images
+        return self.erasing.apply(images, self.draws(self.erasing, indices, seed, epoch, images.shape[-1]))
 
     def _device_constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if device not in self._constants:  # once per device, not a copy per batch
             self._constants[device] = (on(device, self._mean).view(1, 3, 1, 1), on(device, self._std).view(1, 3, 1, 1))
         return self._constants[device]
 
-    def _pixels(self, images: torch.Tensor, indices: Sequence[int], seed: int, epoch: int) -> torch.Tensor:
-        """One uint8 round trip for all the pixel ops, in the recipe's order."""
-        mean, std = self._device_constants(images.device)
-        pixels = (images.float() * std + mean).mul_(255).round_().clamp_(0, 255).to(torch.uint8)
+    def _pixels(self, pixels: torch.Tensor, indices: Sequence[int], seed: int, epoch: int, dtype: torch.dtype,
+                channels_last: bool) -> torch.Tensor:
+        """(B, 3, S, S) uint8 through every pixel op in the recipe's order, then normalised into ``dtype``."""
+        mean, std = self._device_constants(pixels.device)
         for op in self.pixel:
-            pixels = op.apply(pixels, self.draws(op, indices, seed, epoch, images.shape[-1]))
+            pixels = op.apply(pixels, self.draws(op, indices, seed, epoch, pixels.shape[-1]))
         out = (pixels.float().div_(255) - mean) / std
-        channels_last = images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
-        return out.to(dtype=images.dtype,
-                      memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        return out.to(dtype=dtype, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
