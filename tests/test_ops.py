@@ -11,6 +11,7 @@ from gpufeed import ImageLoader
 from gpufeed.augment.ops import (AugMix, AugMixChoice, AutoAugment, Erasing, RandAugment, SampleOps, TrivialAugment,
                                  apply_operation, apply_operations)
 from gpufeed.augment.ops.auto import OPERATIONS, STANDARD, WIDE
+from gpufeed.augment.fused import normalize_constants
 from gpufeed.augment.recipe import read_transform
 
 from .stats import assert_same_distribution, assert_same_frequencies
@@ -238,7 +239,8 @@ def test_the_pixel_ops_share_one_round_trip_to_uint8():
     pixels = torch.randint(0, 256, (12, 3, 16, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(8))
     out = SampleOps(pixel=recipe.pixel, mean=[0.5] * 3, std=[0.25] * 3)((pixels / 255 - mean) / std, range(12), 2, 0)
     want = sharpen.apply(jitter.apply(pixels, SampleOps.draws(jitter, range(12), 2, 0, 16)), [True] * 12)
-    assert torch.equal(out, (want / 255 - mean) / std) and math.isfinite(float(out.sum()))
+    scale, shift = (torch.tensor(v).view(1, 3, 1, 1) for v in normalize_constants([0.5] * 3, [0.25] * 3))
+    assert torch.equal(out, want * scale + shift) and math.isfinite(float(out.sum()))  # as Normalize computes it
 
 
 def _torchvision_augmix(t, images, apply=False):

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol, Sequence
 
 import torch
 
+from ..fused import normalize_constants
 from ..params import SampleRandom
 from .auto import (AugMix, AugMixChoice, AutoAugment, RandAugment, TrivialAugment, apply_operation,
                    apply_operations)
@@ -54,7 +55,7 @@ class SampleOps:
                  std: Sequence[float]) -> None:
         self.pixel, self.erasing = tuple(pixel), erasing
         self._mean, self._std = tuple(mean), tuple(std)
-        self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._constants: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.pixel) or self.erasing is not None
@@ -86,7 +87,7 @@ class SampleOps:
         ``epoch``."""
         out = images
         if self.pixel:  # back to the crop's uint8 pixels (rounded, as the PIL pipeline holds its crop)
-            mean, std = self._device_constants(images.device)
+            mean, std, _, _ = self._device_constants(images.device)
             pixels = (images.float() * std + mean).mul_(255).round_().clamp_(0, 255).to(torch.uint8)
             channels_last = images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
             out = self._pixels(pixels, indices, seed, epoch, images.dtype, channels_last)
@@ -105,16 +106,19 @@ class SampleOps:
             return images
         return self.erasing.apply(images, self.draws(self.erasing, indices, seed, epoch, images.shape[-1]))
 
-    def _device_constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _device_constants(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """(mean, std, scale, shift), each (1, 3, 1, 1) float32 on ``device``: uint8 v normalises to
+        v x scale + shift, as ``Normalize`` computes it."""
         if device not in self._constants:  # once per device, not a copy per batch
-            self._constants[device] = (on(device, self._mean).view(1, 3, 1, 1), on(device, self._std).view(1, 3, 1, 1))
+            scale, shift = normalize_constants(self._mean, self._std)
+            self._constants[device] = tuple(on(device, v).view(1, 3, 1, 1) for v in (self._mean, self._std, scale, shift))
         return self._constants[device]
 
     def _pixels(self, pixels: torch.Tensor, indices: Sequence[int], seed: int, epoch: int, dtype: torch.dtype,
                 channels_last: bool) -> torch.Tensor:
         """(B, 3, S, S) uint8 through every pixel op in the recipe's order, then normalised into ``dtype``."""
-        mean, std = self._device_constants(pixels.device)
+        _, _, scale, shift = self._device_constants(pixels.device)
         for op in self.pixel:
             pixels = op.apply(pixels, self.draws(op, indices, seed, epoch, pixels.shape[-1]))
-        out = (pixels.float().div_(255) - mean) / std
+        out = (pixels * scale).add_(shift)  # float32: the cast in the product, two passes over the batch
         return out.to(dtype=dtype, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
