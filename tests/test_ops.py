@@ -315,23 +315,48 @@ def test_an_auto_augment_op_gpufeed_cannot_run_is_refused_naming_the_value(make,
         make()
 
 
-def test_pixel_ops_on_a_cpu_device_start_from_the_workers_uint8(synth_root, monkeypatch):
+@pytest.mark.parametrize("dtype, channels_last", [(torch.float32, False), (torch.bfloat16, True)])
+def test_pixel_ops_on_a_cpu_device_start_from_the_workers_uint8(synth_root, monkeypatch, dtype, channels_last):
     """Where a CPU device's workers normalise (here from 2 workers), a recipe with pixel ops has them hand over
-    uint8 crops instead, and the ops start from those: the same bits as normalising first and going back."""
+    uint8 crops instead, and the ops start from those (``from_pixels``, every batch): the same bits as
+    normalising first and going back; and a sample no op changed is the plain loader's."""
     from gpufeed import placement
 
     monkeypatch.setattr(placement, "WORKERS_NORMALISE_FROM", 2)
-    kw = dict(batch_size=8, device="cpu", num_workers=2, seed=3)
-    with_ops = ImageLoader(synth_root, transform=v2.Compose(HEAD + [v2.TrivialAugmentWide(), v2.ColorJitter(0.4)] + TAIL
+    kw = dict(batch_size=8, device="cpu", num_workers=2, seed=3, channels_last=channels_last)
+    tail = [v2.ToImage(), v2.ToDtype(dtype, scale=True), v2.Normalize([0.5] * 3, [0.25] * 3)]
+    with_ops = ImageLoader(synth_root, transform=v2.Compose(HEAD + [v2.TrivialAugmentWide(), v2.ColorJitter(0.4)] + tail
                                                             + [v2.RandomErasing(p=0.5)]), **kw)
-    plain = ImageLoader(synth_root, transform=v2.Compose(HEAD + TAIL), **kw)
-    erasing_only = ImageLoader(synth_root, transform=v2.Compose(HEAD + TAIL + [v2.RandomErasing(p=0.5)]), **kw)
-    assert with_ops.spec.normalize is None  # uint8 from the workers
-    assert plain.spec.normalize is not None and erasing_only.spec.normalize is not None  # normalised there
+    no_op = ImageLoader(synth_root, transform=v2.Compose(HEAD + [v2.RandAugment(num_ops=0)] + tail), **kw)
+    plain = ImageLoader(synth_root, transform=v2.Compose(HEAD + tail), **kw)
+    assert with_ops.spec.normalize is None and no_op.spec.normalize is None  # uint8 from the workers
+    assert plain.spec.normalize is not None  # normalised there
+    calls = []
+    for loader in (with_ops, no_op):
+        ops = loader.sample_ops
+        ops.from_pixels = lambda *a, _f=ops.from_pixels, **k: calls.append(1) or _f(*a, **k)
     compared = 0
-    for (xa, _), (xp, _) in zip(with_ops, plain, strict=True):
+    for (xa, _), (xn, _), (xp, _) in zip(with_ops, no_op, plain, strict=True):
+        assert xa.dtype == dtype and xa.is_contiguous(memory_format=torch.channels_last) == channels_last
         assert torch.equal(xa, with_ops.sample_ops(xp, plain.batch_indices, 3, 0)) and not torch.equal(xa, xp)
+        assert torch.equal(xn, xp)
         compared += 1
-    assert compared == 5
-    for loader in (with_ops, plain, erasing_only):
+    assert compared == 5 and len(calls) == 10
+    for loader in (with_ops, no_op, plain):
         loader.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_imagenet_normalisation_taken_back_gives_every_level(dtype):
+    """The round trip ``SampleOps.__call__`` makes (and ``from_pixels`` skips) gives every uint8 level of each
+    channel back with ImageNet's constants: the two paths give the same bits."""
+    from gpufeed.augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+
+    levels = torch.arange(256, dtype=torch.uint8).view(1, 16, 16, 1).expand(1, 16, 16, 3).contiguous()
+    normalised = Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype=dtype).images(levels)
+    recipe = read_transform(v2.Compose([v2.RandomResizedCrop(16), v2.RandAugment(num_ops=0), v2.ToImage(),
+                                        v2.ToDtype(dtype, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]))
+    ops = SampleOps(pixel=recipe.pixel, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    taken_back = ops(normalised, [0], 0, 0)
+    from_pixels = ops.from_pixels(levels.permute(0, 3, 1, 2), [0], 0, 0, dtype=dtype, channels_last=False)
+    assert taken_back.dtype == dtype and torch.equal(taken_back, from_pixels) and torch.equal(from_pixels, normalised)

@@ -435,7 +435,8 @@ class _PerSample:
 
 class _Normalized:
     """CPU path, the Prefetcher's transform: the (B, S, S, 3) uint8 batch normalised on the device (CUDA), or
-    the batch the workers normalised, copied out of the ring (a CPU device); then the per-sample ops."""
+    the batch the workers normalised, copied out of the ring (a CPU device); then the per-sample ops. A CPU
+    device's batch with pixel ops stays uint8 from the workers, and the ops start from it."""
 
     def __init__(self, normalize: Normalize, per_sample: _PerSample) -> None:
         self.normalize, self.per_sample = normalize, per_sample
@@ -443,7 +444,7 @@ class _Normalized:
     def __call__(self, batch: HostBatch) -> _Delivered:
         images = batch.images
         if images.device.type == "cpu" and images.dtype == torch.uint8 and self.per_sample.ops.pixel:
-            # a CPU device with pixel ops: they take the (B, S, S, 3) crops as they are (copied out of the ring)
+            # a CPU device with pixel ops: they take the (B, S, S, 3) crops as they are (from_pixels copies them)
             out = self.per_sample.from_pixels(images.permute(0, 3, 1, 2), batch.labels, batch, self.normalize)
             return _Delivered(*out, batch.indices, batch.consumed)
         # a CPU device's workers normalised the batch already; for CUDA it is uint8 until the device
