@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import platform
 import sys
 
@@ -152,7 +151,7 @@ def _probe_ops_kernels() -> str:
     runs them here, compared with the PyTorch passes."""
     import torch
 
-    from .augment.ops import apply_operations, kernels
+    from .augment.ops import apply_operations, apply_passes, kernels
 
     if not torch.cuda.is_available():
         return "no CUDA device (PyTorch passes on the CPU)"
@@ -160,21 +159,14 @@ def _probe_ops_kernels() -> str:
     images = torch.randint(0, 256, (len(names), 3, 16, 16), dtype=torch.uint8,
                            generator=torch.Generator().manual_seed(0))
     steps = [(name, 4.0 if name == "Posterize" else 0.5 if name == "Solarize" else 0.3) for name in names]
-    before = os.environ.get("GPUFEED_OPS_KERNELS")
     try:
         ours = apply_operations(images.cuda(), steps).cpu()
         used = kernels.describe()  # after the run: a launch that failed says so
         if not kernels.usable(images.cuda()):
             return used
-        os.environ["GPUFEED_OPS_KERNELS"] = "0"
-        reference = apply_operations(images.cuda(), steps).cpu()
+        reference = apply_passes(images.cuda(), steps).cpu()
     except Exception as e:  # a probe reports, it does not raise
         return f"FAILED ({type(e).__name__}: {e})"
-    finally:
-        if before is None:
-            os.environ.pop("GPUFEED_OPS_KERNELS", None)
-        else:
-            os.environ["GPUFEED_OPS_KERNELS"] = before
     differ = int((ours != reference).sum())
     largest = int((ours.int() - reference.int()).abs().max())
     return f"{used}: " + ("works (the PyTorch passes' pixels)" if differ == 0 else

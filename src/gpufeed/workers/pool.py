@@ -330,8 +330,9 @@ def _shutdown(workers: list[_Worker], tasks: Any, blocks: list, unpin: list, ali
     alive_w.close()  # any worker still busy exits now (it ignores SIGTERM)
     for w in workers:
         if not w.wait(1.0):
-            w.kill()
-        w.process.join(0.1)
+            w.kill()  # and reaps it
+        else:
+            w.process.join(0.1)  # reaped where this process is its parent (spawn)
         w.close()
     tasks.cancel_join_thread()
     for block in blocks:

@@ -24,7 +24,7 @@ import torch
 from ..fused import normalize_constants
 from ..params import SampleRandom
 from .auto import (AugMix, AugMixChoice, AutoAugment, RandAugment, TrivialAugment, apply_operation,
-                   apply_operations)
+                   apply_operations, apply_passes)
 from .basic import Blur, Grayscale, Jitter, JitterChoice, Sharpen, VerticalFlip
 from .erasing import Erasing
 from . import kernels
@@ -32,7 +32,7 @@ from .pixels import on
 
 __all__ = ["AugMix", "AugMixChoice", "AutoAugment", "Blur", "Erasing", "Grayscale", "Jitter", "JitterChoice", "PixelOp",
            "RandAugment", "SampleOps", "Sharpen", "TrivialAugment", "VerticalFlip", "apply_operation",
-           "apply_operations"]
+           "apply_operations", "apply_passes"]
 
 
 class PixelOp(Protocol):

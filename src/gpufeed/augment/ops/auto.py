@@ -285,7 +285,11 @@ def apply_operation(images: torch.Tensor, name: str, magnitude: float, interpola
         return F.equalize(images)
     if name == "Invert":
         return F.invert(images)
-    raise ValueError(f"no auto-augment operation {name!r}; the operations are {', '.join(OPERATIONS)}")
+    raise _unknown(name)
+
+
+def _unknown(name: str) -> ValueError:
+    return ValueError(f"no auto-augment operation {name!r}; the operations are {', '.join(OPERATIONS)}")
 
 
 _BLENDS = {"Brightness": F.adjust_brightness, "Color": F.adjust_saturation, "Contrast": F.adjust_contrast,
@@ -295,10 +299,16 @@ _NO_MAGNITUDE = {"AutoContrast": pixels.autocontrast, "Equalize": pixels.equaliz
 
 
 def apply_operations(images: torch.Tensor, steps: Sequence[Step], interpolation: str = "nearest") -> torch.Tensor:
-    """(B, 3, S, S) uint8 -> the same with sample i's step ``steps[i]`` applied: one pass per operation for all
-    the samples that drew it, whatever their magnitudes."""
+    """(B, 3, S, S) uint8 -> the same with sample i's step ``steps[i]`` applied: through the Triton kernels
+    where they run (``kernels.usable``), else ``apply_passes``."""
     if kernels.usable(images) and images.shape[-3] == 3:
         return _through_kernels(images, steps, interpolation)
+    return apply_passes(images, steps, interpolation)
+
+
+def apply_passes(images: torch.Tensor, steps: Sequence[Step], interpolation: str = "nearest") -> torch.Tensor:
+    """``apply_operations`` as PyTorch passes on any device: one pass per operation for all the samples that
+    drew it, whatever their magnitudes."""
 
     def run(x: torch.Tensor, key: str, members: list[int]) -> torch.Tensor:
         if key == "blend":
@@ -316,14 +326,14 @@ def _through_kernels(images: torch.Tensor, steps: Sequence[Step], interpolation:
     operation, so the two touch different samples."""
     unknown = sorted({name for name, _ in steps if name not in OPERATIONS and name != "Identity"})
     if unknown:
-        raise ValueError(f"no auto-augment operation {unknown[0]!r}; the operations are {', '.join(OPERATIONS)}")
+        raise _unknown(unknown[0])
     rows = [kernels.params(name, m) for name, m in steps]
     out = images
     if any(r[0] != kernels.KEEP for r in rows):
         try:
             out = kernels.apply(images, rows)
         except kernels.KernelsFailed:  # a launch failed (said once, and the kernels are off): the PyTorch passes
-            return apply_operations(images, steps, interpolation)
+            return apply_passes(images, steps, interpolation)
     geometry = [_group(name, m) if name in _GEOMETRY else "Identity" for name, m in steps]
     return each_group(out, geometry, lambda x, key, members: _geometry(x, key, [steps[i] for i in members],
                                                                         interpolation), skip="Identity")

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .pixels import on
+from .pixels import on, point_parameters
 
 try:
     import triton
@@ -73,12 +73,9 @@ def params(name: str, magnitude: float) -> tuple[int, float, float, float, float
     """(code, w0, w1, threshold, bit mask) for one step: the blend's weights ``f`` and ``1 - f`` rounded
     from float64 to float32 as torchvision's scalars are (``pixels._blend``), Solarize's threshold (256 for
     none, 0 for Invert) and Posterize's mask (``pixels.point_ops``)."""
-    code = CODES.get(name, KEEP)
     f = 1.0 + magnitude
-    bits = int(magnitude)
-    mask = ((1 << bits) - 1) << (8 - bits) if name == "Posterize" and bits < 8 else 0xFF
-    threshold = 255.0 * magnitude if name == "Solarize" else 0.0 if name == "Invert" else 256.0
-    return code, f, 1.0 - f, threshold, float(mask)
+    threshold, mask = point_parameters(name, magnitude)
+    return CODES.get(name, KEEP), f, 1.0 - f, threshold, float(mask)
 
 
 def apply(images: torch.Tensor, rows: Sequence[tuple[int, float, float, float, float]]) -> torch.Tensor:

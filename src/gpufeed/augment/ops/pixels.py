@@ -116,13 +116,19 @@ def blends(images: torch.Tensor, kinds: Sequence[str], factors: Sequence[float])
     return _blend(images, factors, other)
 
 
+def point_parameters(name: str, magnitude: float) -> tuple[float, int]:
+    """(threshold, bit mask) of one point operation: values at or above the threshold are inverted
+    (Solarize's ``255 x magnitude``, 0 for Invert, 256 for none), then masked (Posterize keeps
+    ``int(magnitude)`` bits)."""
+    threshold = 255.0 * magnitude if name == "Solarize" else 0.0 if name == "Invert" else 256.0
+    bits = int(magnitude)
+    return threshold, ((1 << bits) - 1) << (8 - bits) if name == "Posterize" and bits < 8 else 0xFF
+
+
 def point_ops(images: torch.Tensor, names: Sequence[str], magnitudes: Sequence[float]) -> torch.Tensor:
     """Sample i through ``names[i]`` ("Posterize" to ``int(magnitudes[i])`` bits, "Solarize" above
     ``255 x magnitudes[i]``, "Invert"): one pass for all three, as torchvision's ops compute them."""
-    thresholds = [255.0 * m if n == "Solarize" else 0.0 if n == "Invert" else 256.0  # 256: nothing inverted
-                  for n, m in zip(names, magnitudes)]
-    masks = [((1 << int(m)) - 1) << (8 - int(m)) if n == "Posterize" and int(m) < 8 else 0xFF
-             for n, m in zip(names, magnitudes)]
+    thresholds, masks = zip(*(point_parameters(n, m) for n, m in zip(names, magnitudes)))
     threshold = on(images.device, thresholds).view(-1, 1, 1, 1)  # float32, as torchvision's comparison rounds it
     out = torch.where(images >= threshold, images.bitwise_not(), images)
     return out.bitwise_and_(on(images.device, masks, torch.uint8).view(-1, 1, 1, 1))
