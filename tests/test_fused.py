@@ -82,6 +82,15 @@ for fmt in (torch.contiguous_format, torch.channels_last):
     resized_crop_triton(flat, meta, 16, sc, sh, out, block=64)
     assert not torch.isnan(out).any(), "unwritten output"
     assert torch.allclose(out, ref, atol=1e-4), (out - ref).abs().max()
+# uint8 out, scale 1 and shift 0: the crop's pixels, each the nearest level (not truncated), as the reference
+one, zero = [1.0] * 3, [0.0] * 3
+exact = resized_crop_reference(flat, meta, 16, torch.tensor(one), torch.tensor(zero), torch.empty(4, 3, 16, 16))
+ref8 = resized_crop_reference(flat, meta, 16, torch.tensor(one), torch.tensor(zero), torch.empty(4, 3, 16, 16, dtype=torch.uint8))
+out8 = torch.zeros(4, 3, 16, 16, dtype=torch.uint8)
+resized_crop_triton(flat, meta, 16, one, zero, out8, block=64)
+for got in (ref8, out8):
+    assert (got.float() - exact).abs().max() <= 0.5 + 1e-3, (got.float() - exact).abs().max()
+assert (exact - exact.floor() > 0.6).sum() > 50  # enough values that truncating would have missed
 print("ok")
 """
 

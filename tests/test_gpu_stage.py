@@ -60,10 +60,11 @@ def _pool_batch(root, capacity=1 << 20, size=16, cpu_rows=0, **spec_kw):
     return src, pool, view
 
 
-def _stage_output(root, decoder, budget=None, cpu_rows=0, job_images=None, size=16, **spec_kw):
+def _stage_output(root, decoder, budget=None, cpu_rows=0, job_images=None, size=16, stage_kw=(), **spec_kw):
     src, pool, view = _pool_batch(root, size=size, cpu_rows=cpu_rows, **spec_kw)
     kw = dict(device=torch.device("cpu"), image_size=size, mean=MEAN, std=STD, dtype=torch.float32,
               channels_last=False, max_pixels=10**8, buffer_bytes=budget or BUFFER)
+    kw.update(stage_kw)
     stage = GpuDecodeAugment(decoder if isinstance(decoder, list) else [decoder], **kw)
     if job_images:
         stage.job_images = job_images
@@ -138,6 +139,21 @@ def test_rows_that_do_not_fit_the_pixel_room_are_resized_by_the_worker(textured)
     rows = torch.from_numpy(stage.kinds == KIND_ROWS)
     torch.testing.assert_close(images[rows], gpu[rows], atol=1e-4, rtol=0)
     assert 0 < (images[~rows] - gpu[~rows]).abs().mean() < 0.05
+
+
+def test_a_uint8_stage_gives_the_crops_pixels_each_the_nearest_level(textured):
+    """dtype uint8 (a recipe with pixel ops): the kernel's crops not normalised, each value the nearest level,
+    for the JPEGs the GPU decodes and the CPU's share alike, contiguous even where channels_last is asked."""
+    exact, labels, _ = _stage_output(textured, CpuStandIn(), size=32, cpu_rows=6,
+                                     stage_kw=dict(mean=(0.0,) * 3, std=(1 / 255,) * 3))  # scale 1, shift 0
+    pixels, labels8, stage = _stage_output(textured, CpuStandIn(), size=32, cpu_rows=6,
+                                           stage_kw=dict(dtype=torch.uint8, channels_last=True))
+    assert {KIND_BYTES, KIND_ROWS, KIND_PIXELS} == set(stage.kinds.tolist())
+    assert pixels.dtype == torch.uint8 and pixels.shape == (12, 3, 32, 32) and pixels.is_contiguous()
+    assert torch.equal(labels, labels8)
+    diff = pixels.float() - exact
+    assert diff.abs().max() <= 0.5 + 1e-4
+    assert (diff > 0.1).sum() > 100  # rounded up where the nearest level is above (a cast would truncate)
 
 
 def test_stage_with_a_cpu_share_keeps_labels_aligned(coloured):

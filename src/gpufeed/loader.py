@@ -226,11 +226,12 @@ class ImageLoader:
         self.batch_indices: list[int] = []  # the source indices of the batch last yielded
         self._share = placement.ShareControl(cpu_share if gpu_path else 1.0)
         skips = self._skips if on_error == "skip" else None
-        per_sample = self._per_sample = _PerSample(self.sample_ops, None)
+        per_sample = self._per_sample = _PerSample(self.sample_ops, None, self.normalize)
         self.batch_transform = batch_transform  # read now (the property below)
         if gpu_path:
-            self._gpu_stage = GpuDecodeAugment(
-                gpu_decoders, device=self.device, image_size=image_size, mean=mean, std=std, dtype=dtype,
+            self._gpu_stage = GpuDecodeAugment(  # pixel ops start from the crops' uint8 pixels (_PerSample)
+                gpu_decoders, device=self.device, image_size=image_size, mean=mean, std=std,
+                dtype=torch.uint8 if self.sample_ops.pixel else dtype,
                 channels_last=channels_last, max_pixels=max_pixels, buffer_bytes=self.gpu_memory.buffer_bytes,
                 skips=skips, output_batches=(batch_size, self.gpu_memory.batches))
             self.decode_backend = self._gpu_stage.name
@@ -410,24 +411,18 @@ class _PerSample:
     mix keyed by the batch's first sample). On CUDA this runs in the Prefetcher's thread on its side stream, so
     the kernels overlap the training and their Python stays off the training thread."""
 
-    def __init__(self, ops: SampleOps, mix: BatchMix | None) -> None:
-        self.ops, self.mix = ops, mix
+    def __init__(self, ops: SampleOps, mix: BatchMix | None, normalize: Normalize) -> None:
+        self.ops, self.mix, self.normalize = ops, mix, normalize
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor,
                  batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.ops:
+        """``images``: (B, 3, S, S) normalised, or, where the recipe has pixel ops, the crops' uint8 pixels
+        (any strides), which those ops start from (``SampleOps.from_pixels``: no normalising and back)."""
+        if images.dtype == torch.uint8:
+            images = self.ops.from_pixels(images, batch.indices, batch.seed, batch.epoch, dtype=self.normalize.dtype,
+                                          channels_last=self.normalize.channels_last)
+        elif self.ops:
             images = self.ops(images, batch.indices, batch.seed, batch.epoch)
-        return self._mixed(images, labels, batch)
-
-    def from_pixels(self, pixels: torch.Tensor, labels: torch.Tensor, batch: HostBatch,
-                    normalize: Normalize) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same for (B, 3, S, S) uint8 crops not yet normalised (``SampleOps.from_pixels``)."""
-        images = self.ops.from_pixels(pixels, batch.indices, batch.seed, batch.epoch, dtype=normalize.dtype,
-                                      channels_last=normalize.channels_last)
-        return self._mixed(images, labels, batch)
-
-    def _mixed(self, images: torch.Tensor, labels: torch.Tensor,
-               batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
         if self.mix is not None:
             images, labels = self.mix(images, labels, batch.seed, batch.epoch, batch.indices[0])
         return images, labels
@@ -435,21 +430,21 @@ class _PerSample:
 
 class _Normalized:
     """CPU path, the Prefetcher's transform: the (B, S, S, 3) uint8 batch normalised on the device (CUDA), or
-    the batch the workers normalised, copied out of the ring (a CPU device); then the per-sample ops. A CPU
-    device's batch with pixel ops stays uint8 from the workers, and the ops start from it."""
+    the batch the workers normalised, copied out of the ring (a CPU device); then the per-sample ops. Where
+    the recipe has pixel ops the batch stays uint8 and they start from it."""
 
     def __init__(self, normalize: Normalize, per_sample: _PerSample) -> None:
         self.normalize, self.per_sample = normalize, per_sample
 
     def __call__(self, batch: HostBatch) -> _Delivered:
         images = batch.images
-        if images.device.type == "cpu" and images.dtype == torch.uint8 and self.per_sample.ops.pixel:
-            # a CPU device with pixel ops: they take the (B, S, S, 3) crops as they are (from_pixels copies them)
-            out = self.per_sample.from_pixels(images.permute(0, 3, 1, 2), batch.labels, batch, self.normalize)
-            return _Delivered(*out, batch.indices, batch.consumed)
-        # a CPU device's workers normalised the batch already; for CUDA it is uint8 until the device
-        out = self.normalize.finished(images) if images.dtype == torch.float32 else self.normalize.images(images)
-        return _Delivered(*self.per_sample(out, batch.labels, batch), batch.indices, batch.consumed)
+        if images.dtype == torch.float32:  # a CPU device's workers normalised it
+            images = self.normalize.finished(images)
+        elif self.per_sample.ops.pixel:  # (B, S, S, 3) uint8 crops, taken as they are
+            images = images.permute(0, 3, 1, 2)
+        else:
+            images = self.normalize.images(images)
+        return _Delivered(*self.per_sample(images, batch.labels, batch), batch.indices, batch.consumed)
 
 
 class _Decoded:

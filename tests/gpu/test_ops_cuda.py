@@ -92,3 +92,25 @@ def test_the_triton_kernels_give_the_pytorch_passes_pixels_on_cuda():
     result = compare("cuda", sizes)
     print(result)
     check(result, sizes)
+
+
+def test_pixel_ops_start_from_the_gpu_stages_crops_each_the_nearest_level(tmp_path):
+    """With pixel ops the GPU stage hands over uint8 crops (rounded, not normalised and taken back): an op
+    that changes nothing (RandomVerticalFlip(p=0)) gives the plain loader's batch within half a level."""
+    from gpufeed.synth import create_synthetic_dataset
+
+    root = create_synthetic_dataset(tmp_path, n=48, num_classes=4, seed=3, workers=2)
+    kw = dict(batch_size=16, device="cuda", num_workers=2, seed=5, decode="auto", cpu_share=0.0)  # one decoder
+    with_op = ImageLoader(root, transform=v2.Compose(HEAD + [v2.RandomVerticalFlip(0.0)] + TAIL), **kw)
+    plain = ImageLoader(root, transform=v2.Compose(HEAD + TAIL), **kw)
+    assert with_op.decode_backend != "cpu", with_op.decode_reason
+    half_level = 0.5 / (255 * 0.224) + 1e-4
+    compared = 0
+    for (xa, _), (xp, _) in zip(with_op, plain, strict=True):
+        assert xa.dtype == xp.dtype == torch.float32 and xa.is_cuda
+        diff = (xa - xp).abs()
+        assert float(diff.max()) <= half_level and float(diff.max()) > 0
+        compared += 1
+    assert compared == 3
+    for loader in (with_op, plain):
+        loader.close()

@@ -10,7 +10,9 @@ channels_last outputs come from the same kernel. Each output pixel averages
 ``taps x taps`` bilinear samples spread over its footprint in the source
 (``taps = ceil(box / S)``, at most 4): bilinear when enlarging, an area-like
 antialiasing filter when shrinking, as roi_align's adaptive sampling does.
-Normalisation is folded in: ``out = mean_of_samples * scale[c] + shift[c]``.
+Normalisation is folded in: ``out = mean_of_samples * scale[c] + shift[c]``. A uint8 output is
+rounded to the nearest level (half up) and clamped: with scale 1 and shift 0, the crop's own pixels for
+a recipe's pixel ops, which start from uint8 (``augment.ops``).
 
 ``resized_crop_reference`` computes the same function with plain torch ops
 (used on the CPU, without Triton, and by the tests); ``resized_crop_triton``
@@ -51,7 +53,10 @@ def resized_crop_reference(
         g = lambda yy, xx: img[yy[:, :, None, None], xx[None, None, :, :]]  # (S, k, S, k, 3)
         val = (g(y0, x0) * (1 - wx) + g(y0, x1) * wx) * (1 - wy) + (g(y1, x0) * (1 - wx) + g(y1, x1) * wx) * wy
         pix = val.mean(dim=(1, 3))  # (S, S, 3)
-        out[b] = (pix * scale + shift).permute(2, 0, 1).to(out.dtype)
+        val = pix * scale + shift
+        if out.dtype == torch.uint8:
+            val = val.add(0.5).floor_().clamp_(0, 255)
+        out[b] = val.permute(2, 0, 1).to(out.dtype)
     return out
 
 
@@ -82,11 +87,18 @@ if triton is not None:
         return i0, tl.minimum(i0 + 1, last), f - f0
 
     @triton.jit
+    def _out(v, out_ptr, ROUND: tl.constexpr):
+        """One channel's value in the output's dtype: rounded half up and clamped for uint8 (``ROUND``)."""
+        if ROUND:
+            v = tl.minimum(tl.maximum(tl.floor(v + 0.5), 0.0), 255.0)
+        return v.to(out_ptr.dtype.element_ty)
+
+    @triton.jit
     def _resized_crop_kernel(
         src_ptr, meta_ptr, out_ptr,
         scale0, scale1, scale2, shift0, shift1, shift2,
         S, stride_b, stride_c, stride_y, stride_x,
-        MAX_K: tl.constexpr, BLOCK: tl.constexpr,
+        MAX_K: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr,
     ):
         b = tl.program_id(1)
         idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -127,10 +139,9 @@ if triton is not None:
                 acc2 += _bilinear(p00 + 2, p01 + 2, p10 + 2, p11 + 2, w00, w01, w10, w11, mask)
         inv = 1.0 / (k * k)
         dst = out_ptr + b.to(tl.int64) * stride_b + (idx // S) * stride_y + ox_i * stride_x
-        ty_out = out_ptr.dtype.element_ty
-        tl.store(dst, (acc0 * inv * scale0 + shift0).to(ty_out), mask=mask)
-        tl.store(dst + stride_c, (acc1 * inv * scale1 + shift1).to(ty_out), mask=mask)
-        tl.store(dst + 2 * stride_c, (acc2 * inv * scale2 + shift2).to(ty_out), mask=mask)
+        tl.store(dst, _out(acc0 * inv * scale0 + shift0, out_ptr, ROUND), mask=mask)
+        tl.store(dst + stride_c, _out(acc1 * inv * scale1 + shift1, out_ptr, ROUND), mask=mask)
+        tl.store(dst + 2 * stride_c, _out(acc2 * inv * scale2 + shift2, out_ptr, ROUND), mask=mask)
 
 
 def resized_crop_triton(
@@ -145,6 +156,7 @@ def resized_crop_triton(
     _resized_crop_kernel[grid](
         flat, meta, out, *[float(s) for s in scale], *[float(s) for s in shift],
         size, out.stride(0), out.stride(1), out.stride(2), out.stride(3), MAX_K=MAX_TAPS, BLOCK=block,
+        ROUND=out.dtype == torch.uint8,
     )
     return out
 

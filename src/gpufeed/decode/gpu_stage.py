@@ -69,7 +69,9 @@ def _slices(sizes: Sequence[int], budget: int) -> list[range]:
 
 
 class GpuDecodeAugment:
-    """HostBatch (GPU path) -> ((B, 3, S, S) ``dtype`` normalised on ``device``, (B,) int64 labels).
+    """HostBatch (GPU path) -> ((B, 3, S, S) ``dtype`` normalised on ``device``, (B,) int64 labels). ``dtype``
+    torch.uint8: the crops' pixels, each the nearest level, contiguous and not normalised (``mean``, ``std``
+    and ``channels_last`` unused): a recipe's pixel ops start from them (``SampleOps.from_pixels``).
 
     S: the size the batch was made at (``batch.slot.size``), at most ``image_size``, the size output batches
     are allocated for (a smaller one uses the head of one: progressive resizing allocates nothing).
@@ -88,8 +90,9 @@ class GpuDecodeAugment:
         self.name = self.decoders[0].name
         self.job_images = self.decoders[0].job_images
         self.cpu = CpuDecoder(max_pixels=max_pixels)
-        self.device, self.size, self.dtype, self.channels_last = device, image_size, dtype, channels_last
-        self.scale, self.shift = normalize_constants(mean, std)
+        pixels = dtype == torch.uint8
+        self.device, self.size, self.dtype, self.channels_last = device, image_size, dtype, channels_last and not pixels
+        self.scale, self.shift = ([1.0] * 3, [0.0] * 3) if pixels else normalize_constants(mean, std)
         if buffer_bytes < image_size * image_size * 3:
             raise ValueError(f"buffer_bytes must hold one {image_size} x {image_size} x 3 image, got {buffer_bytes}")
         self.buffer_bytes = buffer_bytes

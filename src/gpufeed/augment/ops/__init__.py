@@ -8,10 +8,10 @@ with its own magnitude (``pixels``).
 
 The pixel ops (``basic``: ColorJitter, RandomGrayscale, GaussianBlur, RandomAdjustSharpness,
 RandomVerticalFlip; ``auto``: TrivialAugmentWide, RandAugment, AutoAugment, AugMix) work on uint8 images in
-torchvision's recipes (on PIL images, before ``ToTensor``): they start from the uint8 crops (a CPU device's
-workers hand those over, ``from_pixels``) or from the normalised batch taken back to uint8 pixels once for
-all of them (rounded, as the PIL pipeline holds its crop; ``__call__``), and the result is normalised as
-``Normalize`` normalises.
+torchvision's recipes (on PIL images, before ``ToTensor``): the loader hands them the uint8 crops (from the
+GPU stage or the workers, ``from_pixels``); a normalised batch given to ``__call__`` is first taken back to
+uint8 pixels once for all of them (rounded, as the PIL pipeline holds its crop). The result is normalised
+as ``Normalize`` normalises.
 RandomErasing (``erasing``) follows ``Normalize`` in those recipes and erases the normalised batch.
 """
 
@@ -99,8 +99,8 @@ class SampleOps:
                     dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
         """(B, 3, S, S) uint8 crops, before normalising (any strides) -> the batch ``__call__`` gives for
         them once normalised, in ``dtype`` and the asked layout, without normalising first and going back
-        (a CPU device's batches with pixel ops: the workers hand over uint8). The same bits where the round
-        trip gives every level back (ImageNet's constants, in float32, bfloat16 and float16); where it does
+        (the loader's batches with pixel ops: the GPU stage and the workers hand over uint8). The same bits
+        where the round trip gives every level back (ImageNet's constants, in float32, bfloat16 and float16); where it does
         not (bfloat16 with some other constants), these are the crop's own pixels."""
         out = self._pixels(pixels.contiguous(), indices, seed, epoch, dtype, channels_last)
         return self._erased(out, indices, seed, epoch)
