@@ -6,7 +6,8 @@
 #   BASELINE=DIR STEPS=ab bash benchmarks/gpu_machine.sh
 #       gpufeed bench of another checkout (DIR/src, e.g. `git archive REV | tar -x -C DIR`) and of this one,
 #       alternating, ROUNDS times for AB_MODELS (none resnet50 resnet18; none: loader only): a change measured
-#       in one run. AB_RECIPE (e.g. trivialaugment-mix) times that recipe (--recipe) rather than the plain one.
+#       in one run. AB_RECIPE (e.g. trivialaugment-mix) times that recipe (--recipe) rather than the plain one;
+#       AB_COMPILE=1 the models through torch.compile (--compile).
 #   STEPS=ddp bash benchmarks/gpu_machine.sh
 #       every GPU of the machine under torchrun (DDP), for MODELS, with each DDP_WORKERS per rank.
 #   STEPS=cpu: gpufeed with device="cpu" against the usual DataLoader, loader only, all cores.
@@ -134,25 +135,27 @@ if step ab; then
     for m in ${AB_MODELS:-none resnet50 resnet18}; do
       for tree in baseline current; do
         src=$PWD/src; [ $tree = baseline ] && src=$BASELINE/src
-        PYTHONPATH=$SITE$src $B --epochs ${EPOCHS:-3} --model $m --pipelines gpufeed-gpu \
-          ${AB_RECIPE:+--recipe $AB_RECIPE} --json /tmp/ab/$m-$tree-$r.json \
+        PYTHONPATH=$SITE$src timeout 300 $B --epochs ${EPOCHS:-3} --model $m --pipelines gpufeed-gpu \
+          ${AB_RECIPE:+--recipe $AB_RECIPE} ${AB_COMPILE:+--compile} --json /tmp/ab/$m-$tree-$r.json \
           >> "$OUT/ab.txt" 2>&1
       done
     done
   done
   rm -rf "$J/ab" && cp -r /tmp/ab "$J/ab"  # each run's epochs and CPU share come back in json.tgz
   python3 - /tmp/ab >> "$OUT/ab.txt" <<'PY'
-import glob, json, statistics, sys
+import glob, json, re, statistics, sys
 rows = {}
 for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
     model, tree, _ = f.rsplit("/", 1)[1][:-5].rsplit("-", 2)
     r = [x for x in json.load(open(f))["rows"] if x["pipeline"].startswith("gpufeed-gpu")][0]
-    rows.setdefault((model, tree), []).append((r["images_per_s"], r["of_ceiling"]))
-print("| model | tree | images/s per run | median | of own rate per run |\n|---|---|---|---|---|")
+    share = re.search(r"CPU share ([0-9.]+)", r["pipeline"])
+    rows.setdefault((model, tree), []).append((r["images_per_s"], r["of_ceiling"], share and share.group(1)))
+print("| model | tree | images/s per run | median | of own rate per run | CPU share |\n|---|---|---|---|---|---|")
 for (model, tree), v in sorted(rows.items()):
-    rates = [x for x, _ in v]
-    ceil = "-" if v[0][1] is None else ", ".join(f"{100 * c:.1f}%" for _, c in v)
-    print(f"| {model} | {tree} | {', '.join(f'{x:,.0f}' for x in rates)} | {statistics.median(rates):,.0f} | {ceil} |")
+    rates = [x for x, _, _ in v]
+    ceil = "-" if v[0][1] is None else ", ".join(f"{100 * c:.1f}%" for _, c, _ in v)
+    print(f"| {model} | {tree} | {', '.join(f'{x:,.0f}' for x in rates)} | {statistics.median(rates):,.0f} | {ceil} "
+          f"| {', '.join(str(s) for _, _, s in v)} |")
 PY
 fi
 step sweep && grep -E "^\||CPU cores" "$OUT/sweep.txt"

@@ -132,10 +132,41 @@ def test_share_control_gives_the_workers_what_they_keep_up_with_and_leaves_cores
         auto.update(0.5)
     assert auto.value == 0.0
     fixed = ShareControl(0.3)
+    fixed.taken(False)
     fixed.update(0.0)
     assert fixed.value == 0.3
     with pytest.raises(ValueError, match=r"cpu_share must be 'auto' or a fraction in \[0, 1\], got -0.1"):
         ShareControl(-0.1)
+
+
+def test_share_control_moves_work_to_the_cpu_while_the_training_never_waits_for_the_loader():
+    """A window in which the training took every batch ready: up one step, though the workers were late and
+    crowded the cores; one wait in the window and the load rules decide again."""
+    idle = _ScriptedIdle(16)
+    auto = ShareControl("auto", idle)
+    start, step = auto.value, 1 / 32
+    for window in range(3):
+        for _ in range(3):
+            auto.taken(False)
+            auto.update(0.02)  # late
+        idle.readings = [0.0]  # every core busy
+        auto.taken(False)
+        auto.update(0.02)
+        assert auto.value == pytest.approx(start + (window + 1) * step)
+    for waited in (False, True, False):
+        auto.taken(waited)
+        auto.update(0.02)
+    idle.readings = [0.0]
+    auto.update(0.02)
+    assert auto.value == pytest.approx(start + 3 * step - 4 * step)  # crowded: four steps down
+    idle.readings = [8.0]
+    auto.update(0.0)  # nothing taken in the window: not ahead, so the load rules (cores to spare: up)
+    assert auto.value == pytest.approx(start)
+    idle.readings = [16.0] * 40
+    for _ in range(40):
+        auto.taken(False)
+        auto.update(0.5)
+    assert auto.value == 1.0
 
 
 def test_workers_keep_off_the_kept_cores_on_the_gpu_path_only(monkeypatch):

@@ -117,3 +117,24 @@ def test_a_staged_transform_runs_one_batch_deep_and_every_start_is_finished():
     with pytest.raises(ValueError, match="finish failed at 2"):
         list(prefetch((torch.full((4,), i) for i in range(6)), "cuda", transform=t))
     assert {k for what, k in t.log if what == "start"} <= {k for what, k in t.log if what == "finish"}
+
+
+@pytest.mark.gpu
+def test_on_take_says_whether_the_consumer_waited_for_a_batch():
+    """A slow source: the consumer finds none ready; a slow consumer: every batch after the first is ready."""
+    import time
+
+    from gpufeed import Prefetcher
+
+    def slow(n):
+        for i in range(n):
+            time.sleep(0.05)
+            yield torch.full((4,), i)
+
+    waits = []
+    assert len(list(Prefetcher(slow(6), "cuda", depth=2, on_take=waits.append))) == 6
+    assert waits == [True] * 6
+    waits.clear()
+    for _ in Prefetcher((torch.full((4,), i) for i in range(6)), "cuda", depth=2, on_take=waits.append):
+        time.sleep(0.05)
+    assert len(waits) == 6 and waits[1:] == [False] * 5

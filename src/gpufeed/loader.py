@@ -251,7 +251,7 @@ class ImageLoader:
                                     drop_last=drop_last, share=self._share, skips=self._skips, path=self.source.path,
                                     cuda=self.device.type == "cuda", readahead=getattr(self.source, "readahead", None))
         self._prefetcher = Prefetcher(device=self.device, depth=prefetch_depth, transform=transform,
-                                      on_issued=on_issued)
+                                      on_issued=on_issued, on_take=self._share.taken)
 
     # -- public API ---------------------------------------------------------
     @property

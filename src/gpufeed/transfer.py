@@ -21,6 +21,9 @@ Stream contract (CUDA):
   recorded on the current stream then completes when they have run, after which the producer may reuse
   the item's host memory (the loader hands ring slots back this way).
 
+- ``on_take(waited)``, if given, is called in the consumer's thread as it takes each batch (CUDA):
+  ``waited`` says whether none was ready, i.e. whether the consumer waited for this Prefetcher.
+
 - Threads: on CUDA a background thread pulls from the iterable and issues
   the copies and the transform (GPU decode, for the GPU path), up to
   ``depth`` batches ahead; the consumer thread only waits on events. A
@@ -69,7 +72,7 @@ class Prefetcher:
 
     ``transform(batch) -> batch`` runs on the device, on the side stream, after
     the copy (e.g. normalise, cast, channels_last). ``depth``: batches in
-    flight ahead of the consumer. ``on_issued``: see the module docstring.
+    flight ahead of the consumer. ``on_issued``, ``on_take``: see the module docstring.
     Iterating it iterates ``iterable``; ``iterate(other)`` runs the same
     stream and settings over another iterable (one at a time).
     """
@@ -82,6 +85,7 @@ class Prefetcher:
         depth: int = 2,
         transform: Callable[[Any], Any] | None = None,
         on_issued: Callable[[Any], None] | None = None,
+        on_take: Callable[[bool], None] | None = None,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
@@ -91,7 +95,7 @@ class Prefetcher:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.depth = depth
         self.transform = transform
-        self.on_issued = on_issued
+        self.on_issued, self.on_take = on_issued, on_take
         self._stream: torch.cuda.Stream | None = None
 
     def __len__(self) -> int:
@@ -131,11 +135,14 @@ class Prefetcher:
         thread.start()
         try:
             while True:
+                waited = handoff.empty()
                 item = handoff.get()
                 if item is _END:
                     return
                 if isinstance(item, _Failure):
                     raise item.error  # carries the producer-side traceback
+                if self.on_take is not None:
+                    self.on_take(waited)
                 event, batch = item
                 consumer = torch.cuda.current_stream(self.device)
                 consumer.wait_event(event)
