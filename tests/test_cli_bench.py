@@ -47,7 +47,7 @@ def test_bench_smoke_writes_table_json_and_chart(tmp_path, synth_root, capsys):
     assert set(rows) == {"baseline", "baseline+prefetch", "gpufeed (cpu decode)"}
     assert rows["gpufeed (cpu decode)"]["loader_stats"]["decode_backend"] == "cpu"
     for r in rows.values():
-        assert [e["images"] for e in r["epochs"]] == [40, 40]
+        assert [e["images"] for e in r["epochs"]] == [40, 40] and all(e["cpu_share"] is None for e in r["epochs"])
         assert r["images_per_s"] > 0 and r["peak_rss_bytes"] > 0
         # PSS: shared pages split among the processes that map them, never above RSS
         assert all(0 < e["peak_pss_bytes"] <= e["peak_rss_bytes"] for e in r["epochs"])
@@ -90,6 +90,7 @@ def test_bench_row_names_the_gpu_decoder_share_and_worker_cpus(monkeypatch):
                            Monitor(None), lambda *a: Bar())
     assert row["pipeline"] == "gpufeed-gpu (nvjpeg-hw decode, CPU share 0.25, workers on CPUs 3-7,9)"
     assert row["loader_stats"]["worker_cpus"] == [3, 4, 5, 6, 7, 9]
+    assert [e["cpu_share"] for e in row["epochs"]] == [0.25, 0.25]  # each epoch's, as it ended
 
 
 def test_bench_under_torchrun_sums_the_ranks(tmp_path, synth_root):

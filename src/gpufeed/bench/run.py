@@ -192,6 +192,12 @@ def _make_loader(name: str, root: str, cfg: BenchConfig, device: torch.device,
     return loader
 
 
+def _cpu_share(loader: Iterable) -> float | None:
+    """The CPU workers' share of gpufeed's GPU-path batches as an epoch ends (None for the others)."""
+    stats = getattr(loader, "stats", None)
+    return stats["cpu_share"] if stats is not None and stats["decode_backend"] != "cpu" else None
+
+
 def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, step: Callable | None,
                  monitor: Monitor, progress: Callable[[str], Any], recipe: BenchRecipe | None = None) -> dict[str, Any]:
     if device.type == "cuda":
@@ -229,7 +235,8 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
                        "cpu_cores_busy": monitor.cores_busy,
                        "peak_rss_bytes": monitor.peak_rss, "start_rss_bytes": monitor.start_rss,
                        "peak_pss_bytes": monitor.peak_pss, "start_pss_bytes": monitor.start_pss,
-                       "gpu_mem_start_bytes": monitor.gpu_mem_start, "gpu_mem_peak_bytes": monitor.gpu_mem_peak})
+                       "gpu_mem_start_bytes": monitor.gpu_mem_start, "gpu_mem_peak_bytes": monitor.gpu_mem_peak,
+                       "cpu_share": _cpu_share(loader)})
     stats = getattr(loader, "stats", None)
     close = getattr(loader, "close", None)
     if close:

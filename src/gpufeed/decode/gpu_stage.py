@@ -211,8 +211,9 @@ class GpuDecodeAugment:
 
     def _after_consumer(self) -> None:
         """Order the current (side) stream after the work queued so far on the consumer's stream: a reused
-        output batch, which nothing refers to any more, had all its readers queued there."""
-        if self.consumer is not None and self.device.type == "cuda":
+        output batch, which nothing refers to any more, had all its readers queued there. Not for uint8
+        outputs: the pixel ops read them on this stream, and the consumer gets their own batch."""
+        if self.consumer is not None and self.device.type == "cuda" and self.dtype != torch.uint8:
             side = torch.cuda.current_stream(self.device)
             if self.consumer != side:
                 side.wait_stream(self.consumer)
