@@ -167,6 +167,14 @@ def test_share_control_moves_work_to_the_cpu_while_the_training_never_waits_for_
         auto.taken(False)
         auto.update(0.5)
     assert auto.value == 1.0
+    # no cores kept from the workers (under 8): they share the training's cores, so the load rules decide
+    idle = _ScriptedIdle(4)
+    shared = ShareControl("auto", idle, training_cores_kept=False)
+    for _ in range(3):
+        shared.taken(False)
+        idle.readings = [0.0]
+        shared.update(0.02)
+    assert shared.value == pytest.approx(start - 3 * step)
 
 
 def test_workers_keep_off_the_kept_cores_on_the_gpu_path_only(monkeypatch):

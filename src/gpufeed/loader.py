@@ -5,6 +5,7 @@
                                                               ▼
                                                           Prefetcher ─► Normalize on `device`, per-sample ops
                                                                         ─► (images, labels)
+                 (with pixel ops in the recipe the uint8 crops go to them, which normalise after)
 
     GPU decode:  Source ─► ShardedSampler ─► Scheduler ─► WorkerPool (read bytes, header, crop box; the CPU's
                                                               │       share decoded to rows; odd files finished)
@@ -13,6 +14,7 @@
                                                           Prefetcher ─► GpuDecodeAugment on the side stream
                                                                         (decode, one fused crop/resize/flip/
                                                                          normalise kernel), per-sample ops
+                 (with pixel ops in the recipe the kernel writes uint8 crops for them, which normalise after)
 
     The recipe's MixUp/CutMix runs after the per-sample ops; another batch transform runs on the consumer's
     stream, in the consumer's thread.
@@ -210,6 +212,7 @@ class ImageLoader:
         gpu_decoders, self.decode_reason = placement.create_gpu_decoders(
             decode, self.device, train=train, random_crop=self.augment.crop is not None, batch_size=batch_size)
         gpu_path = gpu_decoders is not None
+        # in ``dtype`` also where the GPU stage writes uint8 for pixel ops: their output batches are in flight instead
         self.gpu_memory = placement.gpu_memory(
             batch_size=batch_size, image_size=image_size, itemsize=torch.empty((), dtype=dtype).element_size(),
             prefetch_depth=prefetch_depth, gpu_decode=gpu_path, max_gpu_memory=max_gpu_memory)
@@ -224,7 +227,8 @@ class ImageLoader:
         self.worker_cpus = placement.worker_cpus(gpu_path, local_ranks)
         self._skips = SkipLog()
         self.batch_indices: list[int] = []  # the source indices of the batch last yielded
-        self._share = placement.ShareControl(cpu_share if gpu_path else 1.0)
+        self._share = placement.ShareControl(cpu_share if gpu_path else 1.0,
+                                             training_cores_kept=self.worker_cpus is not None)
         skips = self._skips if on_error == "skip" else None
         per_sample = self._per_sample = _PerSample(self.sample_ops, None, self.normalize)
         self.batch_transform = batch_transform  # read now (the property below)

@@ -13,6 +13,7 @@ This module imports no torch at load time: worker processes use the cost model.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Mapping, NamedTuple
 
 from .cores import IdleCores, usable_cores
@@ -253,7 +254,9 @@ class ShareControl:
     training's GPU least (an engine decode takes its streaming multiprocessors 9-13 us; BENCHMARKS.md,
     "What the loader's GPU work costs the training"). At the end of every ``IdleCores.WINDOW_S`` window of
     batches: when the training took every batch of the window ready (it never waited for the loader), the
-    share goes up one step, whatever the workers' load. Otherwise the loader sets the pace, and the workers
+    share goes up one step, whatever the workers' load, where cores are kept from the workers for the
+    training process (``training_cores_kept``: ``worker_cpus`` restricts them; below 8 cores the workers
+    share the training's cores, so the load rules alone decide). Otherwise the loader sets the pace, and the workers
     get what they keep up with while a quarter of the cores (``reserve``) stay idle for the training
     process: the share goes down one step per core missing from the reserve (at most ``MAX_DOWN_STEPS``),
     or one step if most batches were late (the workers finished them more than ``LATE_S`` after the GPU
@@ -266,13 +269,18 @@ class ShareControl:
 
     STEP, LATE_S, MAX_DOWN_STEPS, START = 1 / 32, 0.002, 4, 0.5
 
-    def __init__(self, setting: float | str, idle: IdleCores | None = None) -> None:
+    def __init__(self, setting: float | str, idle: IdleCores | None = None, *,
+                 training_cores_kept: bool = True) -> None:
         self.check(setting)
         self.auto = setting == "auto"
         self.value = self.START if self.auto else float(setting)
         self._idle = (idle or IdleCores()) if self.auto else None
         self.reserve = max(1.0, self._idle.capacity / 4) if self._idle is not None else 0.0
-        self._batches = self._late = self._taken = self._waited = 0
+        self._training_cores_kept = training_cores_kept
+        self._batches = self._late = 0
+        self._takes = self._lock = None  # (taken, waited) of the window: counted on the training's thread
+        if self.auto:
+            self._takes, self._lock = [0, 0], threading.Lock()
 
     @staticmethod
     def check(setting: object) -> None:
@@ -281,8 +289,10 @@ class ShareControl:
 
     def taken(self, waited: bool) -> None:
         """The training took a batch (its thread, ``Prefetcher``'s ``on_take``); ``waited``: none was ready."""
-        self._taken += 1
-        self._waited += waited
+        if self._lock is not None:
+            with self._lock:
+                self._takes[0] += 1
+                self._takes[1] += waited
 
     def update(self, collect_wait: float) -> None:
         """After each GPU-path batch: ``collect_wait`` seconds from asking for it to the workers finishing it
@@ -294,7 +304,9 @@ class ShareControl:
         idle = self._idle.poll()
         if idle is None:
             return
-        if self._taken and not self._waited:  # the loader is ahead of the training: the CPU costs it least
+        with self._lock:  # the window's takes, read and restarted at once
+            (taken, waited), self._takes = self._takes, [0, 0]
+        if self._training_cores_kept and taken and not waited:  # the loader is ahead: the CPU costs the GPU least
             self.value = min(1.0, self.value + self.STEP)
         elif idle < self.reserve:  # the workers crowd the cores the training process needs
             steps = min(self.MAX_DOWN_STEPS, max(1, round(self.reserve - idle)))
@@ -303,4 +315,4 @@ class ShareControl:
             self.value = max(0.0, self.value - self.STEP)
         elif idle >= self.reserve + 1:
             self.value = min(1.0, self.value + self.STEP)
-        self._batches = self._late = self._taken = self._waited = 0
+        self._batches = self._late = 0
