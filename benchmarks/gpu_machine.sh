@@ -7,7 +7,8 @@
 #       gpufeed bench of another checkout (DIR/src, e.g. `git archive REV | tar -x -C DIR`) and of this one,
 #       alternating, ROUNDS times for AB_MODELS (none resnet50 resnet18; none: loader only): a change measured
 #       in one run. AB_RECIPE (e.g. trivialaugment-mix) times that recipe (--recipe) rather than the plain one;
-#       AB_COMPILE=1 the models through torch.compile (--compile).
+#       AB_COMPILE=1 the models through torch.compile (--compile). A run past AB_TIMEOUT seconds (300) is
+#       stopped and missing from the table's runs.
 #   STEPS=ddp bash benchmarks/gpu_machine.sh
 #       every GPU of the machine under torchrun (DDP), for MODELS, with each DDP_WORKERS per rank.
 #   STEPS=cpu: gpufeed with device="cpu" against the usual DataLoader, loader only, all cores.
@@ -135,7 +136,7 @@ if step ab; then
     for m in ${AB_MODELS:-none resnet50 resnet18}; do
       for tree in baseline current; do
         src=$PWD/src; [ $tree = baseline ] && src=$BASELINE/src
-        PYTHONPATH=$SITE$src timeout 300 $B --epochs ${EPOCHS:-3} --model $m --pipelines gpufeed-gpu \
+        PYTHONPATH=$SITE$src timeout ${AB_TIMEOUT:-300} $B --epochs ${EPOCHS:-3} --model $m --pipelines gpufeed-gpu \
           ${AB_RECIPE:+--recipe $AB_RECIPE} ${AB_COMPILE:+--compile} --json /tmp/ab/$m-$tree-$r.json \
           >> "$OUT/ab.txt" 2>&1
       done

@@ -14,7 +14,8 @@ are used in turn, so batch k+1 decodes while batch k's kernel is still to run.
           ▲ GPU decoders write here directly (threads, own streams)
                             ▲ one H2D copy each, from the ring's page-locked pixel rooms
           ▲ a file the GPU refuses: CPU decode + crop here, copied in
-    ──► one fused crop/resize/flip/normalise kernel ──► (B, 3, S, S)
+    ──► one fused crop/resize/flip/normalise kernel ──► (B, 3, S, S) (uint8, not normalised, for a
+                                                        recipe's pixel ops: ``GpuDecodeAugment``)
 
 Streams: each decoder thread has its own stream, which first waits for the work queued so far on the side
 stream (the buffer's last reader, this batch's copies), on the host too where the decoder writes outside the
@@ -32,7 +33,8 @@ Memory: the two decode buffers (``buffer_bytes`` each) are allocated at construc
 batch whose images need more goes through in consecutive slices, and no image larger than a buffer comes
 here (``placement.gpu_may_take``). Output batches are reused once nothing but the stage refers to them
 (``_Outputs``), so their number stays what the prefetch depth keeps in flight. That is the loader's whole
-GPU budget (``placement.gpu_memory``); nvJPEG's decoders take their own memory once, when made.
+GPU budget (``placement.gpu_memory``); nvJPEG's decoders take their own memory once, when made, and a
+recipe's per-sample ops make their batches from PyTorch's caching allocator.
 """
 
 from __future__ import annotations
