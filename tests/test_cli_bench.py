@@ -73,13 +73,18 @@ def test_bench_row_names_the_gpu_decoder_share_and_worker_cpus(monkeypatch):
     import gpufeed.bench.run as run
     from gpufeed.bench.monitor import Monitor
 
-    class FakeGpuLoader:  # what ImageLoader(decode="gpu") reports, without a GPU
-        stats = {"decode_backend": "nvjpeg-hw", "cpu_share": 0.25, "worker_cpus": [3, 4, 5, 6, 7, 9]}
+    class FakeGpuLoader:  # what ImageLoader(decode="gpu") reports, without a GPU; the share moves each epoch
+        epochs = 0
+
+        @property
+        def stats(self):
+            return {"decode_backend": "nvjpeg-hw", "cpu_share": 0.25 * self.epochs, "worker_cpus": [3, 4, 5, 6, 7, 9]}
 
         def __len__(self):
             return 2
 
         def __iter__(self):
+            self.epochs += 1
             return iter([(torch.zeros(4, 3, 8, 8), torch.zeros(4, dtype=torch.int64))] * 2)
 
     class Bar:
@@ -88,9 +93,9 @@ def test_bench_row_names_the_gpu_decoder_share_and_worker_cpus(monkeypatch):
     monkeypatch.setattr(run, "_make_loader", lambda *a: FakeGpuLoader())
     row = run.run_pipeline("gpufeed-gpu", "unused", run.BenchConfig(epochs=2), torch.device("cpu"), None,
                            Monitor(None), lambda *a: Bar())
-    assert row["pipeline"] == "gpufeed-gpu (nvjpeg-hw decode, CPU share 0.25, workers on CPUs 3-7,9)"
+    assert row["pipeline"] == "gpufeed-gpu (nvjpeg-hw decode, CPU share 0.50, workers on CPUs 3-7,9)"
     assert row["loader_stats"]["worker_cpus"] == [3, 4, 5, 6, 7, 9]
-    assert [e["cpu_share"] for e in row["epochs"]] == [0.25, 0.25]  # each epoch's, as it ended
+    assert [e["cpu_share"] for e in row["epochs"]] == [0.25, 0.5]  # each epoch's, as it ended
 
 
 def test_bench_under_torchrun_sums_the_ranks(tmp_path, synth_root):

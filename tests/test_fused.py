@@ -88,9 +88,14 @@ exact = resized_crop_reference(flat, meta, 16, torch.tensor(one), torch.tensor(z
 ref8 = resized_crop_reference(flat, meta, 16, torch.tensor(one), torch.tensor(zero), torch.empty(4, 3, 16, 16, dtype=torch.uint8))
 out8 = torch.zeros(4, 3, 16, 16, dtype=torch.uint8)
 resized_crop_triton(flat, meta, 16, one, zero, out8, block=64)
-for got in (ref8, out8):
-    assert (got.float() - exact).abs().max() <= 0.5 + 1e-3, (got.float() - exact).abs().max()
+assert torch.equal(out8, ref8)
+assert (ref8.float() - exact).abs().max() <= 0.5 + 1e-3, (ref8.float() - exact).abs().max()
 assert (exact - exact.floor() > 0.6).sum() > 50  # enough values that truncating would have missed
+half = torch.tensor([10, 10, 10, 11, 11, 11], dtype=torch.uint8)  # a 1 x 2 image averaged to one pixel: 10.5
+row = torch.tensor([[0, 1, 2, 0, 0, 2, 1, 0]])
+one8 = torch.zeros(1, 3, 1, 1, dtype=torch.uint8)
+resized_crop_triton(half, row, 1, one, zero, one8, block=64)
+assert one8.flatten().tolist() == [11, 11, 11], one8  # half up (half to even would give 10)
 print("ok")
 """
 
@@ -102,6 +107,15 @@ def test_triton_kernel_indexing_in_the_interpreter():
     res = subprocess.run([sys.executable, "-c", _INTERPRETER_CHECK], env=env, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]
+
+
+def test_the_reference_rounds_a_uint8_output_half_up_and_clamps():
+    """A 1 x 2 image (10, 11) averaged to one pixel is 10.5: 11 (half up); a shift past 255 clamps."""
+    flat = torch.tensor([10, 10, 10, 11, 11, 11], dtype=torch.uint8)
+    row = torch.tensor([[0, 1, 2, 0, 0, 2, 1, 0]])
+    out = resized_crop_reference(flat, row, 1, torch.ones(3), torch.tensor([0.0, 250.0, -20.0]),
+                                 torch.zeros(1, 3, 1, 1, dtype=torch.uint8))
+    assert out.flatten().tolist() == [11, 255, 0]
 
 
 def test_slices_respect_the_budget():

@@ -114,3 +114,24 @@ def test_pixel_ops_start_from_the_gpu_stages_crops_each_the_nearest_level(tmp_pa
     assert compared == 3
     for loader in (with_op, plain):
         loader.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pixel_ops_on_the_cpu_paths_crops_on_cuda_give_the_plain_loaders_bits(tmp_path, dtype):
+    """decode="cpu" on CUDA with pixel ops: the workers' uint8 crops go to the ops unnormalised, and an op
+    that changes nothing gives the plain loader's batch bit for bit, in its dtype and channels_last."""
+    from gpufeed.synth import create_synthetic_dataset
+
+    root = create_synthetic_dataset(tmp_path, n=40, num_classes=4, seed=3, workers=2)
+    tail = [v2.ToImage(), v2.ToDtype(dtype, scale=True), TAIL[-1]]
+    kw = dict(batch_size=16, device="cuda", num_workers=2, seed=5, decode="cpu", channels_last=True)
+    with_op = ImageLoader(root, transform=v2.Compose(HEAD + [v2.RandomVerticalFlip(0.0)] + tail), **kw)
+    plain = ImageLoader(root, transform=v2.Compose(HEAD + tail), **kw)
+    compared = 0
+    for (xa, _), (xp, _) in zip(with_op, plain, strict=True):
+        assert xa.dtype == dtype and xa.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(xa, xp)
+        compared += 1
+    assert compared == 2  # 40 samples, the last part batch dropped
+    for loader in (with_op, plain):
+        loader.close()
