@@ -144,13 +144,13 @@ if step ab; then
   done
   rm -rf "$J/ab" && cp -r /tmp/ab "$J/ab"  # each run's epochs and CPU share come back in json.tgz
   python3 - /tmp/ab >> "$OUT/ab.txt" <<'PY'
-import glob, json, re, statistics, sys
+import glob, json, statistics, sys
 rows = {}
 for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
     model, tree, _ = f.rsplit("/", 1)[1][:-5].rsplit("-", 2)
     r = [x for x in json.load(open(f))["rows"] if x["pipeline"].startswith("gpufeed-gpu")][0]
-    share = re.search(r"CPU share ([0-9.]+)", r["pipeline"])
-    rows.setdefault((model, tree), []).append((r["images_per_s"], r["of_ceiling"], share and share.group(1)))
+    share = (r.get("loader_stats") or {}).get("cpu_share")  # as the run ended
+    rows.setdefault((model, tree), []).append((r["images_per_s"], r["of_ceiling"], share))
 print("| model | tree | images/s per run | median | of own rate per run | CPU share |\n|---|---|---|---|---|---|")
 for (model, tree), v in sorted(rows.items()):
     rates = [x for x, _, _ in v]

@@ -3,9 +3,9 @@ on one image at a time on one CPU core (uint8, as a DataLoader worker runs it be
 
     python3 benchmarks/sample_ops.py [--device cuda] [--batch 256] [--size 224] [--rounds 5] [--tv-images 64]
 
-For each op, and for all of them in one recipe: gpufeed's ms per batch through ``SampleOps`` (a normalised
-float batch in, its draws in Python and the uint8 round trip included; the device synchronised; the median
-of ``--rounds``), the calling thread's CPU time in that call before the device is synchronised (the host
+For each op, and for all of them in one recipe: gpufeed's ms per batch through ``SampleOps.from_pixels``
+(the uint8 crops in, as the loader hands them over, normalised after; its draws in Python included; the
+device synchronised; the median of ``--rounds``), the calling thread's CPU time in that call before the device is synchronised (the host
 time the training's process pays), of which the draws alone (each sample's random choices), its images/s,
 and torchvision's ms per image on one core (the mean over ``--tv-images`` images). The last column is how
 many CPU cores torchvision would need to keep up with gpufeed's rate. ``GPUFEED_OPS_KERNELS=0`` times the
@@ -47,9 +47,9 @@ def recipes(size: int) -> dict[str, list]:
 
 
 def gpufeed_ms(transforms: list, images: torch.Tensor, rounds: int) -> tuple[float, float, float]:
-    """Median ms for SampleOps on the normalised batch ``images`` (on its device), the CPU time of the
-    calling thread in it before the device is synchronised (the host time a training's process pays), and
-    its draws alone, over ``rounds`` epochs."""
+    """Median ms for SampleOps on the uint8 crops ``images`` (on their device), the CPU time of the calling
+    thread in it before the device is synchronised (the host time a training's process pays), and its draws
+    alone, over ``rounds`` epochs."""
     size = images.shape[-1]
     recipe = read_transform(v2.Compose([v2.RandomResizedCrop(size), *transforms]))
     ops = SampleOps(pixel=recipe.pixel, mean=MEAN, std=STD)
@@ -59,7 +59,7 @@ def gpufeed_ms(transforms: list, images: torch.Tensor, rounds: int) -> tuple[flo
         if images.is_cuda:
             torch.cuda.synchronize(images.device)
         start, cpu = time.perf_counter(), time.thread_time()
-        ops(images, indices, 0, epoch)
+        ops.from_pixels(images, indices, 0, epoch, dtype=torch.float32, channels_last=False)
         host.append(time.thread_time() - cpu)
         if images.is_cuda:
             torch.cuda.synchronize(images.device)
@@ -97,8 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     g = torch.Generator().manual_seed(0)
     pixels = torch.randint(0, 256, (args.batch, 3, args.size, args.size), dtype=torch.uint8, generator=g)
-    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
-    images = ((pixels / 255 - mean) / std).to(device)
+    images = pixels.to(device)
     m = machine_description()
     print(f"{time.strftime('%Y-%m-%d')}, {m['cpu_cores']} CPU cores, GPU {m['gpu']}, torch {m['torch']}, device "
           f"{device}; python3 benchmarks/sample_ops.py {' '.join(sys.argv[1:] if argv is None else argv)}")

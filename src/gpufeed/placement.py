@@ -277,9 +277,7 @@ class ShareControl:
         self.reserve = max(1.0, self._idle.capacity / 4) if self._idle is not None else 0.0
         self._training_cores_kept = training_cores_kept
         self._batches = self._late = 0
-        self._takes = self._lock = None  # (taken, waited) of the window: counted on the training's thread
-        if self.auto:
-            self._takes, self._lock = [0, 0], threading.Lock()
+        self._takes, self._lock = [0, 0], threading.Lock()  # the window's (taken, waited): the training's thread
 
     @staticmethod
     def check(setting: object) -> None:
@@ -288,10 +286,11 @@ class ShareControl:
 
     def taken(self, waited: bool) -> None:
         """The training took a batch (its thread, ``Prefetcher``'s ``on_take``); ``waited``: none was ready."""
-        if self._lock is not None:
-            with self._lock:
-                self._takes[0] += 1
-                self._takes[1] += waited
+        if self._idle is None:  # a fixed share
+            return
+        with self._lock:
+            self._takes[0] += 1
+            self._takes[1] += waited
 
     def update(self, collect_wait: float) -> None:
         """After each GPU-path batch: ``collect_wait`` seconds from asking for it to the workers finishing it
