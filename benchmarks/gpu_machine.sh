@@ -174,7 +174,7 @@ for f in sys.argv[1:]:  # GPU memory added since before the loader was made, pea
 PY
 step cpu && grep -E "^\||^gpufeed bench|CPUs, torch|FAILED|Error" "$OUT/cpu.txt" | cut -c1-200
 step memory && grep -E "^\||nvJPEG|decode=|growth|Error" "$OUT/memory.txt"
-step stages && grep -E "^\||alone:|Error" "$OUT/stages.txt"
+step stages && grep -E "^\||alone:|^  |launches|Error" "$OUT/stages.txt" | cut -c1-160
 step progressive && grep -E "^\||PIDs|Error" "$OUT/progressive.txt"
 step runahead && grep -E "^\||own rate|alone:|Error" "$OUT/runahead.txt"
 step order && grep -E "^\||Error" "$OUT/order.txt"

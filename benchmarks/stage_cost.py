@@ -10,7 +10,14 @@ the same process runs one stage of the GPU path on its own stream, ``--batch`` i
 - ``kernel``: the fused crop/resize/flip/normalise kernel over decoded images (RandomResizedCrop boxes) into
   a (B, 3, 224, 224) float32 channels_last batch;
 - ``engines+kernel``: both, as the loader runs them;
-- ``copies``: host-to-device copies of as many bytes as the CPU path's decoded crop rows would be.
+- ``copies``: host-to-device copies of as many bytes as the CPU path's decoded crop rows would be;
+- ``kernel8``: the fused kernel writing the crops' uint8 pixels (B, 3, 224, 224), as it does for a recipe with
+  pixel ops;
+- ``ops``: the trivialaugment-mix recipe's per-sample ops (``gpufeed bench --recipe trivialaugment-mix``:
+  TrivialAugmentWide, normalising into float32 channels_last, RandomErasing) from uint8 crops, drawn for a
+  new epoch each batch (``SampleOps.from_pixels``);
+- ``mix``: that recipe's MixUp/CutMix on a float32 channels_last batch (``BatchMix``);
+- ``recipe``: ``kernel8``, ``ops`` and ``mix``, as the loader runs them for that recipe.
 
 A stage name may end in options after ``:``, comma-separated: ``prio`` (its stream at high priority),
 ``plain`` (nvJPEG without ``NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION``: chroma upsampled by replication).
@@ -37,6 +44,10 @@ import numpy as np
 import torch
 
 from gpufeed.augment.fused import normalize_constants, resized_crop_triton
+from gpufeed.augment.mix import read_batch_transform
+from gpufeed.augment.ops import SampleOps
+from gpufeed.augment.recipe import read_transform
+from gpufeed.bench.recipes import load_recipe
 from gpufeed.bench.run import machine_description, make_train_step, model_rate
 from gpufeed.decode.base import DecodeJob
 from gpufeed.decode.cpu import CpuDecoder
@@ -75,6 +86,15 @@ class Stage:
             table[j] = (offsets[j], h, w, *_box(w, h, rng), rng.random() < 0.5)
         self.table = torch.from_numpy(table).to(device)
         self.out = torch.empty(len(images), SIZE, SIZE, 3, device=device).permute(0, 3, 1, 2)
+        self.crops = torch.empty(len(images), 3, SIZE, SIZE, dtype=torch.uint8, device=device)
+        self.batches = 0  # each batch of the ops draws for a new epoch
+        if kind in ("ops", "mix", "recipe"):
+            bench = load_recipe("trivialaugment-mix")
+            r = read_transform(bench.transform)
+            self.ops = SampleOps(pixel=r.pixel, erasing=r.erasing, mean=r.mean, std=r.std)
+            self.mix = read_batch_transform(bench.batch_transform)
+            self.labels = torch.randint(0, 1000, (len(images),), device=device)
+            self.indices = list(range(len(images)))
         self.scale, self.shift = normalize_constants((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
         outs = [self.flat[int(o) : int(o) + im.nbytes].view(im.shape) for o, im in zip(offsets, images)]
         self.job = DecodeJob.of(datas, outs)
@@ -100,22 +120,48 @@ class Stage:
                 ok = self.decoder.decode(self.job, self.stream)
                 if not ok.all():
                     raise RuntimeError(f"the engines decoded {int(ok.sum())} of {len(ok)}")
-            if "kernel" in self.kind:
+            if "kernel" in self.kind and self.kind != "kernel8":
                 resized_crop_triton(self.flat, self.table, SIZE, self.scale, self.shift, self.out)
             if self.kind == "copies":
                 self.dev.copy_(self.host, non_blocking=True)
+            if self.kind in ("kernel8", "recipe") or (self.kind == "ops" and self.batches == 0):
+                resized_crop_triton(self.flat, self.table, SIZE, self.scale, self.shift, self.crops)
+            images = self.out
+            if self.kind in ("ops", "recipe"):
+                images = self.ops.from_pixels(self.crops, self.indices, 0, self.batches, dtype=torch.float32,
+                                              channels_last=True)
+            if self.kind in ("mix", "recipe"):
+                self.mix(images, self.labels, 0, self.batches, self.batches)
+            self.batches += 1
 
-    def device_ms(self, n: int = 20) -> float:
-        """The batch's device time on CUDA events, nothing else running (median of ``n``)."""
-        times = []
+    def device_ms(self, n: int = 20) -> tuple[float, float]:
+        """(the batch's device time on CUDA events, the host CPU time queuing it took), nothing else running,
+        medians of ``n``, in ms."""
+        self.run()  # a first batch: Triton's compile, cached sizes
+        self.stream.synchronize()
+        times, host = [], []
         for _ in range(n):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record(self.stream)
+            c0 = time.thread_time()
             self.run()
+            host.append(1000 * (time.thread_time() - c0))
             b.record(self.stream)
             b.synchronize()
             times.append(a.elapsed_time(b))
-        return statistics.median(times)
+        return statistics.median(times), statistics.median(host)
+
+    def profile(self, n: int = 10) -> list[tuple[str, float, int]]:
+        """(kernel name, device ms per batch, launches per batch) of ``n`` batches, largest first."""
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                self.run()
+            self.stream.synchronize()
+        rows = [(e.key, e.device_time_total / 1000 / n, e.count // n) for e in prof.key_averages()
+                if e.device_time_total > 0]
+        return sorted(rows, key=lambda r: -r[1])
 
 
 class Paced(threading.Thread):
@@ -148,6 +194,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--stages", default="engines,kernel,engines+kernel,copies")
+    p.add_argument("--profile", action="store_true", help="each stage's kernels' device time (not the engines')")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("stage_cost.py needs a CUDA GPU")
@@ -175,7 +222,13 @@ def main() -> int:
     rows = []
     for kind in args.stages.split(","):
         stage = Stage(kind, datas, images, device)
-        ms = stage.device_ms()
+        ms, host = stage.device_ms()
+        if args.profile and "engines" not in kind:
+            kernels = stage.profile()
+            print(f"\n{kind}: {sum(k[1] for k in kernels):.3f} device ms per batch in {sum(k[2] for k in kernels)} "
+                  "launches; largest:")
+            for name, kms, count in kernels[:12]:
+                print(f"  {kms:7.3f} ms  {count:4d}x  {name[:110]}")
         paced = Paced(stage, args.rate, args.batch)
         paced.start()
         time.sleep(0.5)
@@ -186,17 +239,17 @@ def main() -> int:
         paced.join()
         if paced.error is not None:
             raise paced.error
-        rows.append((kind, rate, ms, got))
+        rows.append((kind, rate, ms, host, got))
     after = model_rate(step, x, y, args.seconds)
     alone = (before + after) / 2
     print(f"\n{args.model} alone: {before:,.0f} / {after:,.0f} images/s; stages paced at {args.rate:,.0f} images/s "
           f"in batches of {args.batch}")
-    print("| stage | training beside it, images/s | of alone | stage's device ms per batch, alone | stage ran, images/s "
-          "| training ms lost per 1,000 stage images |")
-    print("|---|---|---|---|---|---|")
-    for kind, rate, ms, got in rows:
+    print("| stage | training beside it, images/s | of alone | stage's device ms per batch, alone | host CPU ms per "
+          "batch, alone | stage ran, images/s | training ms lost per 1,000 stage images |")
+    print("|---|---|---|---|---|---|---|")
+    for kind, rate, ms, host, got in rows:
         lost = 1000 * (1 / rate - 1 / alone) * rate / max(got, 1e-9) * 1000  # per second of training
-        print(f"| {kind} | {rate:,.0f} | {100 * rate / alone:.1f}% | {ms:.2f} | {got:,.0f} | {lost:.1f} |")
+        print(f"| {kind} | {rate:,.0f} | {100 * rate / alone:.1f}% | {ms:.2f} | {host:.2f} | {got:,.0f} | {lost:.1f} |")
     return 0
 
 
