@@ -57,10 +57,14 @@ class SampleRandom:
             states = start[:, None] + np.arange(1, ahead + 1, dtype=np.uint64) * np.uint64(_GAMMA)
             uniforms = (_splitmix64_array(states) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
             last = states[:, -1] if ahead else start
+        # one list of every stream's uniforms, not a list and an iterator per stream: three objects the
+        # garbage collector tracks per sample would set off a collection for nearly every op of every batch
+        # in the process that trains (BENCHMARKS.md, "Training recipes")
+        drawn = uniforms.ravel().tolist()
         out = []
-        for state, drawn in zip(last.tolist(), uniforms.tolist()):
+        for k, state in enumerate(last.tolist()):
             rnd = _Ahead.__new__(_Ahead)
-            rnd._state, rnd._ahead = state, iter(drawn)
+            rnd._state, rnd._drawn, rnd._at, rnd._end = state, drawn, k * ahead, (k + 1) * ahead
             out.append(rnd)
         return out
 
@@ -101,13 +105,14 @@ class _Ahead(SampleRandom):
     """A ``SampleRandom`` whose next uniforms were computed ahead (``SampleRandom.streams``); past them it
     goes on from the state after the last."""
 
-    __slots__ = ("_ahead",)
+    __slots__ = ("_drawn", "_at", "_end")  # the batch's uniforms, this stream's next and end in them
 
     def uniform(self, low: float = 0.0, high: float = 1.0) -> float:
-        u = next(self._ahead, None)
-        if u is None:
+        at = self._at
+        if at == self._end:
             return SampleRandom.uniform(self, low, high)
-        return low + (high - low) * u  # (high - low) * (x * 2**-53) is (high - low) * x * 2**-53 exactly
+        self._at = at + 1
+        return low + (high - low) * self._drawn[at]  # (high - low) * (x * 2**-53) is (high - low) * x * 2**-53 exactly
 
 
 @dataclass(frozen=True)
