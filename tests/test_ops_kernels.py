@@ -1,6 +1,7 @@
 """The auto-augment family's Triton kernels (augment.ops.kernels) against the PyTorch passes they replace on
 CUDA: run here on the CPU through Triton's interpreter, every colour and point operation at several
-magnitudes, on images of one tile and of two, and on images too small to sharpen; and the fallbacks."""
+magnitudes, on images of one tile and of two, and on images too small to sharpen; the normalising and MixUp
+kernels bit for bit; and the fallbacks."""
 
 import json
 import os
@@ -75,17 +76,169 @@ def check(result: dict, sizes) -> None:
 SIZES = ((2, 2), (3, 3), (6, 9), (17, 17), (33, 31), (40, 40))  # 33 x 31, 40 x 40: two tiles, padded lanes
 
 
-def test_the_kernels_give_the_pytorch_passes_pixels_in_triton_s_interpreter():
-    """In a child process: Triton reads TRITON_INTERPRET when its kernels are defined (there its fused
-    multiply-add goes through float64, rounded once as CUDA's is)."""
+def interpreted(call: str) -> dict:
+    """``call`` (a function of this module, returning JSON) run in a child process under Triton's interpreter:
+    Triton reads TRITON_INTERPRET when its kernels are defined."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env.pop("GPUFEED_OPS_KERNELS", None)
-    code = ("import json; from tests.test_ops_kernels import compare; "
-            f"print(json.dumps(compare('cpu', {SIZES!r})))")
+    code = f"import json; import tests.test_ops_kernels as t; print(json.dumps(t.{call}))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode == 0, out.stderr[-3000:]
-    check(json.loads(out.stdout.strip().splitlines()[-1]), SIZES)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_kernels_give_the_pytorch_passes_pixels_in_triton_s_interpreter():
+    """In a child process (there the fused multiply-add goes through float64, rounded once as CUDA's is)."""
+    check(interpreted(f"compare('cpu', {SIZES!r})"), SIZES)
+
+
+NORMS = {"imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), "other": ((0.5, 0.3, 0.1), (0.21, 0.7, 0.05))}
+SHAPES = ((3, 3, 5, 7), (2, 3, 33, 31), (1, 3, 40, 40), (2, 3, 1, 9), (2, 3, 9, 1))  # 40 x 40 x 3: padded tiles
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_AS_INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """Values compared, values whose bits differ (as integers: -0.0 and NaN counted), and whether the shapes,
+    dtypes and strides agree."""
+    same_kind = a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
+    differ = int((a.view(_AS_INT[a.dtype]) != b.view(_AS_INT[b.dtype])).sum()) if same_kind else -1
+    return {"values": a.numel() if same_kind else 0, "differ": differ, "same_kind": same_kind}
+
+
+def normalized() -> dict:
+    """Per normalisation, shape, dtype and layout, ``SampleOps.from_pixels`` (no pixel ops: the normalising
+    alone) on random pixels (the first 256 every level) through the kernel against the same call with
+    ``GPUFEED_OPS_KERNELS=0`` (the PyTorch passes), and against the expression those passes compute;
+    and the number of the kernel's launches."""
+    from gpufeed.augment.ops import SampleOps
+
+    calls = []
+    launch = kernels.normalize
+    kernels.normalize = lambda *args: calls.append(1) or launch(*args)
+    report = {}
+    try:
+        g = torch.Generator().manual_seed(0)
+        for norm, (mean, std) in NORMS.items():
+            ops = SampleOps(mean=mean, std=std)
+            _, _, scale, shift = ops._device_constants(torch.device("cpu"))
+            for shape in SHAPES:
+                pixels = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+                pixels.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)[:pixels.numel()]
+                for name, dtype in DTYPES.items():
+                    for layout in ("channels_last", "contiguous"):
+                        kw = dict(dtype=dtype, channels_last=layout == "channels_last")
+                        ours = ops.from_pixels(pixels, range(shape[0]), 0, 0, **kw)
+                        os.environ["GPUFEED_OPS_KERNELS"] = "0"
+                        passes = ops.from_pixels(pixels, range(shape[0]), 0, 0, **kw)
+                        del os.environ["GPUFEED_OPS_KERNELS"]
+                        fmt = torch.channels_last if kw["channels_last"] else torch.contiguous_format
+                        expression = (pixels * scale).add_(shift).to(dtype=dtype, memory_format=fmt)
+                        key = f"{norm} {shape} {name} {layout}"
+                        report[key] = {"passes": same_bits(ours, passes), "expression": same_bits(ours, expression),
+                                       "fresh": ours.data_ptr() != passes.data_ptr() != pixels.data_ptr()}
+    finally:
+        kernels.normalize = launch
+    return {"calls": len(calls), "report": report}
+
+
+def test_the_normalising_kernel_gives_the_pytorch_passes_bits_in_triton_s_interpreter():
+    """float32, bfloat16 and float16, channels_last and contiguous, ImageNet's and other constants, odd sizes:
+    the same bits and strides as ``(pixels * scale).add_(shift).to(dtype, memory_format)``."""
+    result = interpreted("normalized()")
+    report = result["report"]
+    assert len(report) == len(NORMS) * len(SHAPES) * len(DTYPES) * 2
+    assert result["calls"] == len(report)  # the kernel made each batch (the passes: none)
+    for key, r in report.items():
+        for against in ("passes", "expression"):
+            assert r[against]["same_kind"] and r[against]["differ"] == 0, (key, against, r)
+            assert r[against]["values"] >= 54, (key, r)  # every value of the smallest batch
+        assert r["fresh"], key
+
+
+def rounded_at_ties() -> dict:
+    """The kernel's float32 -> bfloat16 and float16 rounding against PyTorch's ``.to``, with constants that
+    put many v x scale exactly halfway between two values of the dtype (either of them even), and some
+    negative; and how many of those values rounding down (truncation) or half away from zero would get wrong."""
+    report = {}
+    pixels = torch.arange(256, dtype=torch.uint8).view(1, 1, 16, 16).expand(4, 3, 16, 16).contiguous()
+    for name, dtype, bits in (("bfloat16", torch.bfloat16, 7), ("float16", torch.float16, 10)):
+        ulp = 2.0 ** -bits  # of the values in [1, 2)
+        scale = torch.tensor([1 + ulp / 2, 1 + 3 * ulp / 2, -(1 + 3 * ulp / 2)]).view(1, 3, 1, 1)
+        shift = torch.zeros(1, 3, 1, 1)
+        exact = (pixels * scale).add_(shift)  # float32, exact: at most 19 bits (and 0 * -s + 0 is +0.0)
+        reference = exact.to(dtype)
+        lower = exact.abs().to(torch.float64)  # each value's two neighbours in ``dtype``, from the exact value
+        exponent = torch.floor(torch.log2(lower.clamp(min=1)))
+        step = 2.0 ** (exponent - bits)
+        down = torch.floor(lower / step) * step
+        ties = (lower - down == step / 2) & (lower >= 1)
+        truncated = (down * exact.sign()).to(dtype)
+        away = ((down + step) * exact.sign()).to(dtype)
+        for layout in (False, True):
+            ours = kernels.normalize(pixels, scale, shift, dtype, layout)
+            report[f"{name} {layout}"] = {
+                **same_bits(ours, reference.contiguous(memory_format=torch.channels_last if layout else
+                                                        torch.contiguous_format)),
+                "ties": int(ties.sum()), "truncation_wrong": int((ties & (truncated != reference)).sum()),
+                "away_wrong": int((ties & (away != reference)).sum())}
+    return report
+
+
+def test_the_normalising_kernel_rounds_ties_to_even_as_pytorch_does_in_triton_s_interpreter():
+    """Where truncation (the interpreter's own bfloat16 cast) or rounding half away from zero would give
+    another value, the kernel gives PyTorch's."""
+    report = interpreted("rounded_at_ties()")
+    assert len(report) == 4
+    for key, r in report.items():
+        assert r["same_kind"] and r["values"] == 4 * 3 * 256 and r["differ"] == 0, (key, r)
+        assert r["ties"] >= 50 and r["truncation_wrong"] >= 10 and r["away_wrong"] >= 10, (key, r)
+
+
+def _plain(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
+    from gpufeed.augment.ops import SampleOps
+
+    ops = SampleOps(mean=mean, std=std)
+    pixels = torch.randint(0, 256, (2, 3, 6, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    _, _, scale, shift = ops._device_constants(pixels.device)
+    return ops, pixels, (pixels * scale).add_(shift)
+
+
+@pytest.mark.parametrize("where", ["cpu", "switched off"])
+def test_the_normalising_is_pytorch_s_on_the_cpu_or_with_the_kernels_off(monkeypatch, where):
+    """A CPU tensor with compiled Triton, or ``GPUFEED_OPS_KERNELS=0`` where the kernel could run: the
+    PyTorch passes, in the asked dtype and layout, and the kernel never called."""
+    monkeypatch.setattr(kernels, "_failed", None)
+    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
+    if where == "switched off":
+        monkeypatch.setattr(kernels, "_INTERPRET", True)
+        monkeypatch.setenv("GPUFEED_OPS_KERNELS", "0")
+    monkeypatch.setattr(kernels, "normalize", lambda *_: pytest.fail("the kernel ran"))
+    ops, pixels, expected = _plain()
+    for dtype in DTYPES.values():
+        out = ops.from_pixels(pixels, [0, 1], 0, 0, dtype=dtype, channels_last=True)
+        assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+        assert out.dtype == dtype and torch.equal(out, expected.to(dtype)), dtype
+        contiguous = ops.from_pixels(pixels, [0, 1], 0, 0, dtype=dtype, channels_last=False)
+        assert contiguous.is_contiguous() and torch.equal(contiguous, out)
+
+
+def test_a_normalising_kernel_that_cannot_run_turns_the_kernels_off_with_one_warning(monkeypatch):
+    """Compiled Triton on a CPU tensor fails as a missing compiler or driver would: the PyTorch passes' bits,
+    one warning naming the normalising kernel, and every kernel off."""
+    monkeypatch.setattr(kernels, "_INTERPRET", True)
+    monkeypatch.setattr(kernels, "_failed", None)
+    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
+    ops, pixels, expected = _plain(mean=(0.5, 0.3, 0.1), std=(0.21, 0.7, 0.05))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [ops.from_pixels(pixels, [0, 1], 0, 0, dtype=torch.bfloat16, channels_last=True) for _ in range(2)]
+    assert len([w for w in caught if "Triton normalising kernel failed" in str(w.message)]) == 1
+    assert len([w for w in caught if "Triton" in str(w.message)]) == 1
+    assert kernels._failed is not None and not kernels.usable(pixels)
+    reference = expected.to(dtype=torch.bfloat16, memory_format=torch.channels_last)
+    assert all(torch.equal(out, reference) and out.stride() == reference.stride() for out in outs)
 
 
 def test_a_kernel_that_cannot_run_turns_itself_off_with_one_warning(monkeypatch):
@@ -174,6 +327,137 @@ def test_the_kernels_compile_for_a_hopper_gpu_without_one():
     assert ".f64" not in ptx["_stats"] + ptx["_apply"]
     assert ptx["_stats"].count("fma.rn.f32") >= 2  # the grey image's two fused adds
     assert ptx["_apply"].count("fma.rn.f32") >= 10 and ptx["_apply"].count("div.rn.f32") >= 3
+
+
+LAMS = (0.3, 0.123456789, 0.9990001, 1.0, 0.0)
+MIX_SHAPES = ((4, 3, 5, 7), (3, 3, 33, 31), (1, 3, 4, 4), (2, 3, 40, 40))
+
+
+def mixed() -> dict:
+    """Per dtype, layout, shape and lam, ``BatchMix.apply``'s MixUp through the kernel against the same call
+    with ``GPUFEED_OPS_KERNELS=0`` (the PyTorch passes, in place) and against torchvision's sum; whether the
+    kernel's batch is a new one and the one given kept; and the number of the kernel's launches."""
+    from gpufeed.augment.mix import BatchMix, Mix
+
+    calls = []
+    launch = kernels.mixup
+    kernels.mixup = lambda *args: calls.append(1) or launch(*args)
+    mix = BatchMix((("MixUp", 1.0),), (1.0,), num_classes=4)
+    report = {}
+    try:
+        g = torch.Generator().manual_seed(0)
+        for name, dtype in DTYPES.items():
+            for layout in ("channels_last", "contiguous"):
+                fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+                for shape in MIX_SHAPES:
+                    for lam in LAMS:
+                        images = (torch.randn(shape, generator=g) * 3).to(dtype)
+                        images.view(-1)[:4] = torch.tensor([0.0, -0.0, 1e-40, -3.0])  # signed zeros, a subnormal
+                        images = images.contiguous(memory_format=fmt)
+                        labels = torch.arange(shape[0]) % 4
+                        given = images.clone(memory_format=torch.preserve_format)
+                        ours, _ = mix.apply(images, labels, Mix("MixUp", lam))
+                        kept = torch.equal(images.view(_AS_INT[dtype]), given.view(_AS_INT[dtype]))
+                        torchvision = given.roll(1, 0).mul_(1.0 - lam).add_(given.mul(lam))
+                        os.environ["GPUFEED_OPS_KERNELS"] = "0"
+                        passes, _ = mix.apply(given, labels, Mix("MixUp", lam))
+                        del os.environ["GPUFEED_OPS_KERNELS"]
+                        report[f"{name} {layout} {shape} {lam}"] = {
+                            "passes": same_bits(ours, passes),
+                            "torchvision": same_bits(ours, torchvision.contiguous(memory_format=fmt)),
+                            "kept": kept, "new": ours.data_ptr() != images.data_ptr(),
+                            "in_place": passes.data_ptr() == given.data_ptr()}
+    finally:
+        kernels.mixup = launch
+    return {"calls": len(calls), "report": report}
+
+
+def test_the_mixup_kernel_gives_the_pytorch_passes_bits_in_triton_s_interpreter():
+    """float32, bfloat16 and float16, channels_last and contiguous, a lone sample, lam 0 and 1: the bits and
+    strides of the in-place passes and of torchvision's ``rolled * (1 - lam) + images * lam``, in a new batch
+    (the batch given left as it was)."""
+    result = interpreted("mixed()")
+    report = result["report"]
+    assert len(report) == len(DTYPES) * 2 * len(MIX_SHAPES) * len(LAMS) and result["calls"] == len(report)
+    for key, r in report.items():
+        for against in ("passes", "torchvision"):
+            assert r[against]["same_kind"] and r[against]["differ"] == 0, (key, against, r)
+            assert r[against]["values"] >= 48, (key, r)  # every value of the smallest batch
+        assert r["new"] and r["kept"] and r["in_place"], (key, r)
+
+
+@pytest.mark.parametrize("where", ["cpu", "switched off", "failing"])
+def test_mixup_is_pytorch_s_in_place_where_the_kernel_does_not_run(monkeypatch, where):
+    """On a CPU tensor with compiled Triton, with ``GPUFEED_OPS_KERNELS=0``, or where the launch fails (one
+    warning, the kernels off): torchvision's bits, mixed in place in the batch given."""
+    from gpufeed.augment.mix import BatchMix, Mix
+
+    monkeypatch.setattr(kernels, "_failed", None)
+    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
+    if where != "cpu":
+        monkeypatch.setattr(kernels, "_INTERPRET", True)  # a CPU tensor reaches the compiled kernel: it fails
+    if where == "switched off":
+        monkeypatch.setenv("GPUFEED_OPS_KERNELS", "0")
+    if where != "failing":
+        monkeypatch.setattr(kernels, "mixup", lambda *_: pytest.fail("the kernel ran"))
+    images = torch.randn(3, 3, 6, 5, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    images = images.contiguous(memory_format=torch.channels_last)
+    expected = images.roll(1, 0).mul_(0.75).add_(images.mul(0.25))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, labels = BatchMix((("MixUp", 1.0),), (1.0,), num_classes=4).apply(images, torch.arange(3),
+                                                                               Mix("MixUp", 0.25))
+    assert out is images and torch.equal(out, expected) and out.stride() == (90, 1, 15, 3)
+    assert torch.equal(labels[0], torch.tensor([0.25, 0.0, 0.75, 0.0]))
+    failed = [w for w in caught if "Triton MixUp kernel failed" in str(w.message)]
+    assert len(failed) == (where == "failing")
+    assert len([w for w in caught if "Triton" in str(w.message)]) == len(failed)
+    assert (kernels._failed is not None) == (where == "failing")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_the_normalising_kernel_compiles_for_a_hopper_gpu_rounding_as_pytorch(dtype):
+    """Compiled for sm_90 without a GPU, in both layouts: launched with ``kernels._UNFUSED``, a product and a
+    sum each rounded (``mul.rn``, ``add.rn``; with Triton's default options, one fused multiply-add rounding
+    once), then the dtype's round-to-nearest-even conversion, the one PyTorch's CUDA cast uses."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = kernels._normalize
+    types = {"src": "*u8", "out": f"*{dtype}", "scale": "*fp32", "shift": "*fp32"}
+    signature = {name: types.get(name, "constexpr" if name.isupper() else "i32") for name in fn.arg_names}
+    for channels_last in (True, False):
+        source = ASTSource(fn=fn, signature=signature, constexprs={"CHANNELS_LAST": channels_last, "BLOCK": 1024})
+        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=kernels._UNFUSED).asm["ptx"]
+        fused = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+        assert "mul.rn.f32" in ptx and "add.rn.f32" in ptx and "fma" not in ptx and ".f64" not in ptx
+        assert ".ftz" not in ptx and "fma.rn.f32" in fused
+        if dtype != "fp32":
+            assert f"cvt.rn.{dtype.replace('fp', 'f')}.f32" in ptx
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_the_mixup_kernel_compiles_for_a_hopper_gpu_rounding_as_pytorch(dtype):
+    """As the normalising kernel: two products and a sum each rounded (with Triton's default options, in
+    float32, a fused multiply-add), each rounded into the dtype with its round-to-nearest-even conversion. The
+    compiler may add two bfloat16 or float16 values in their own precision: the same sum, as float32's 24
+    bits are at least twice theirs plus two (rounding twice gives the value rounding once does)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = kernels._mixup
+    types = {"src": f"*{dtype}", "out": f"*{dtype}", "w0": "fp32", "w1": "fp32", "BLOCK": "constexpr"}
+    source = ASTSource(fn=fn, signature={name: types.get(name, "i32") for name in fn.arg_names},
+                       constexprs={"BLOCK": 1024})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=kernels._UNFUSED).asm["ptx"]
+    fused = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    added = ("add.rn.f32",) if dtype == "fp32" else ("add.rn.f32", f"add.rn.{dtype.replace('fp', 'f')}")
+    assert ptx.count("mul.rn.f32") >= 2 and any(a in ptx for a in added)
+    assert "fma" not in ptx and ".f64" not in ptx and ".ftz" not in ptx  # subnormals kept, as PyTorch's are
+    if dtype == "fp32":  # (in the others each product is rounded into the dtype before the sum: nothing to fuse)
+        assert "fma.rn.f32" in fused
+    else:
+        assert ptx.count(f"cvt.rn.{dtype.replace('fp', 'f')}.f32") >= 3
 
 
 def test_a_loader_says_what_runs_its_auto_augment_ops(monkeypatch):

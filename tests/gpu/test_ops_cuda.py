@@ -135,3 +135,56 @@ def test_pixel_ops_on_the_cpu_paths_crops_on_cuda_give_the_plain_loaders_bits(tm
     assert compared == 2  # 40 samples, the last part batch dropped
     for loader in (with_op, plain):
         loader.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_the_normalising_kernel_gives_the_pytorch_passes_bits_on_cuda(monkeypatch, dtype):
+    """``SampleOps.from_pixels`` through the Triton kernel and with ``GPUFEED_OPS_KERNELS=0`` (the PyTorch
+    passes) on the GPU, where fused multiply-adds and the GPU's conversions could differ: the same bits (as
+    integers) and strides, channels_last and contiguous, with ImageNet's constants and others."""
+    from gpufeed.augment.ops import kernels
+
+    monkeypatch.setattr(kernels, "_failed", None)
+    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
+    calls, launch = [], kernels.normalize
+    monkeypatch.setattr(kernels, "normalize", lambda *args: calls.append(1) or launch(*args))
+    pixels = torch.randint(0, 256, (32, 3, 224, 224), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    pixels = pixels.cuda()
+    as_int = torch.int32 if dtype == torch.float32 else torch.int16
+    for mean, std in (((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), ((0.5, 0.3, 0.1), (0.21, 0.7, 0.05))):
+        ops = SampleOps(mean=mean, std=std)
+        for channels_last in (True, False):
+            ours = ops.from_pixels(pixels, range(32), 0, 0, dtype=dtype, channels_last=channels_last)
+            monkeypatch.setenv("GPUFEED_OPS_KERNELS", "0")
+            passes = ops.from_pixels(pixels, range(32), 0, 0, dtype=dtype, channels_last=channels_last)
+            monkeypatch.delenv("GPUFEED_OPS_KERNELS")
+            assert ours.dtype == passes.dtype == dtype and ours.stride() == passes.stride()
+            assert int((ours.view(as_int) != passes.view(as_int)).sum()) == 0 and ours.numel() == 32 * 3 * 224 * 224
+    assert len(calls) == 4 and kernels._failed is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_the_mixup_kernel_gives_the_pytorch_passes_bits_on_cuda(monkeypatch, dtype):
+    """``BatchMix.apply``'s MixUp through the Triton kernel (a new batch) and with ``GPUFEED_OPS_KERNELS=0``
+    (the PyTorch passes, in place) on the GPU: the same bits (as integers) and strides, in both layouts."""
+    from gpufeed.augment.mix import BatchMix, Mix
+    from gpufeed.augment.ops import kernels
+
+    monkeypatch.setattr(kernels, "_failed", None)
+    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
+    calls, launch = [], kernels.mixup
+    monkeypatch.setattr(kernels, "mixup", lambda *args: calls.append(1) or launch(*args))
+    mix = BatchMix((("MixUp", 1.0),), (1.0,), num_classes=10)
+    labels = torch.arange(32, device="cuda") % 10
+    as_int = torch.int32 if dtype == torch.float32 else torch.int16
+    g = torch.Generator().manual_seed(5)
+    for fmt in (torch.channels_last, torch.contiguous_format):
+        for lam in (0.3, 0.123456789, 1.0):
+            images = (torch.randn(32, 3, 224, 224, generator=g) * 3).to("cuda", dtype).contiguous(memory_format=fmt)
+            ours, _ = mix.apply(images, labels, Mix("MixUp", lam))
+            monkeypatch.setenv("GPUFEED_OPS_KERNELS", "0")
+            passes, _ = mix.apply(images.clone(memory_format=torch.preserve_format), labels, Mix("MixUp", lam))
+            monkeypatch.delenv("GPUFEED_OPS_KERNELS")
+            assert ours.data_ptr() != images.data_ptr() and ours.stride() == passes.stride() == images.stride()
+            assert int((ours.view(as_int) != passes.view(as_int)).sum()) == 0 and ours.numel() == 32 * 3 * 224 * 224
+    assert len(calls) == 6 and kernels._failed is None

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.nn.functional import one_hot
 
+from .ops import kernels
 from .params import SampleRandom
 
 __all__ = ["BatchMix", "Mix", "read_batch_transform"]
@@ -39,9 +40,10 @@ class Mix(NamedTuple):
 class BatchMix:
     """``choices``: (kind, alpha) pairs, one taken per batch with probabilities ``p``; ``num_classes``: the
     width of the one-hot labels. Called as ``(images, labels, seed, epoch, key) -> (images, labels)``:
-    images (B, C, H, W) any float dtype and memory format, any device, mixed in place (their layout kept);
-    labels (B,) int64 on the same device, returned (B, num_classes) float32. ``key`` names the batch within
-    the epoch (its first sample's source index), so its draw is the same in any run of that epoch."""
+    images (B, C, H, W) any float dtype and memory format, any device, returned mixed in their layout (the
+    batch given or a new one: ``apply``); labels (B,) int64 on the same device, returned (B, num_classes)
+    float32. ``key`` names the batch within the epoch (its first sample's source index), so its draw is the
+    same in any run of that epoch."""
 
     choices: tuple[tuple[str, float], ...]
     p: tuple[float, ...]
@@ -72,13 +74,14 @@ class BatchMix:
         return Mix(kind, float(1.0 - (x2 - x1) * (y2 - y1) / (width * height)), (x1, y1, x2, y2))
 
     def apply(self, images: torch.Tensor, labels: torch.Tensor, mix: Mix) -> tuple[torch.Tensor, torch.Tensor]:
-        """``mix`` on the batch, in place, giving what torchvision's transform computes with those parameters:
-        each sample paired with the one before it (the first with the last). The batch keeps its memory
-        format (a CUDA ``roll`` of the whole batch would return it contiguous)."""
+        """``mix`` on the batch, giving what torchvision's transform computes with those parameters: each
+        sample paired with the one before it (the first with the last). The images returned keep the batch's
+        memory format (a CUDA ``roll`` of the whole batch would return it contiguous): a new batch for MixUp
+        where its Triton kernel runs (``kernels.mixup``: one pass, not four), else the batch given, mixed in
+        place."""
         lam = mix.lam
-        if mix.kind == "MixUp":  # the same sum as torchvision's rolled * (1 - lam) + images * lam
-            rolled = torch.cat((images[-1:], images[:-1])).mul_(1.0 - lam)
-            images.mul_(lam).add_(rolled)
+        if mix.kind == "MixUp":
+            images = _mixup(images, lam)
         else:
             x1, y1, x2, y2 = mix.box
             images[..., y1:y2, x1:x2] = images[..., y1:y2, x1:x2].roll(1, 0)
@@ -89,6 +92,17 @@ class BatchMix:
                  key: int) -> tuple[torch.Tensor, torch.Tensor]:
         mix = self.draw(SampleRandom(seed ^ self.salt, epoch, key), images.shape[-2], images.shape[-1])
         return self.apply(images, labels, mix)
+
+
+def _mixup(images: torch.Tensor, lam: float) -> torch.Tensor:
+    """MixUp's images: through the Triton kernel where it runs (a new batch), else mixed in place."""
+    if kernels.usable(images) and kernels.mixes(images):
+        try:
+            return kernels.mixup(images, lam)
+        except kernels.KernelsFailed:  # said once, and the kernels are off: the PyTorch passes
+            pass
+    rolled = torch.cat((images[-1:], images[:-1])).mul_(1.0 - lam)  # the same sum as torchvision's
+    return images.mul_(lam).add_(rolled)  # rolled * (1 - lam) + images * lam
 
 
 def read_batch_transform(transform: Any) -> BatchMix | None:

@@ -120,9 +120,15 @@ class SampleOps:
 
     def _pixels(self, pixels: torch.Tensor, indices: Sequence[int], seed: int, epoch: int, dtype: torch.dtype,
                 channels_last: bool) -> torch.Tensor:
-        """(B, 3, S, S) uint8 through every pixel op in the recipe's order, then normalised into ``dtype``."""
+        """(B, 3, S, S) uint8 through every pixel op in the recipe's order, then normalised into a new batch of
+        ``dtype``: in one Triton kernel where it runs (``kernels.normalize``), else PyTorch passes, the same bits."""
         _, _, scale, shift = self._device_constants(pixels.device)
         for op in self.pixel:
             pixels = op.apply(pixels, self.draws(op, indices, seed, epoch, pixels.shape[-1]))
+        if kernels.usable(pixels) and kernels.normalizes(pixels, dtype):  # one pass, the same bits
+            try:
+                return kernels.normalize(pixels, scale, shift, dtype, channels_last)
+            except kernels.KernelsFailed:  # said once, and the kernels are off: the PyTorch passes
+                pass
         out = (pixels * scale).add_(shift)  # float32: the cast in the product, two passes over the batch
         return out.to(dtype=dtype, memory_format=torch.channels_last if channels_last else torch.contiguous_format)

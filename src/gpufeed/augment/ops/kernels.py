@@ -9,10 +9,15 @@ fused multiply-adds and correctly rounded divisions), so the two give the same p
 Contrast's grey sum is exact here (integers), while PyTorch's float32 sum is exact only below 2^24, that is
 up to about 256 x 256 pixels; above, the two means may differ in the last bits, and a pixel by a level.
 
+``normalize`` takes a recipe's uint8 result to the normalised batch in one kernel, and ``mixup`` blends each
+sample with the one before it (MixUp, ``augment.mix``) in one, each with the bits of the PyTorch passes it
+replaces (for the first a multiply, an add, the layout's copy and the dtype's cast; for the second a copy,
+two multiplies and an add; each a pass over the batch).
+
 Triton is optional: without it, on a CPU tensor, or with ``GPUFEED_OPS_KERNELS=0`` in the environment,
-``usable`` is False and ``pixels`` runs. A launch that fails (a compiler or driver missing a piece, a new
-specialisation that does not build) turns the kernels off for the process with one warning that says why.
-``gpufeed info`` says which runs.
+``usable`` is False and the PyTorch passes run. A launch that fails (a compiler or driver missing a piece, a
+new specialisation that does not build) turns the kernels off for the process with one warning that says
+why. ``gpufeed info`` says which runs.
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ KEEP, BRIGHTNESS, COLOR, CONTRAST, SHARPNESS, POINT, AUTOCONTRAST, EQUALIZE = ra
 CODES = {"Brightness": BRIGHTNESS, "Color": COLOR, "Contrast": CONTRAST, "Sharpness": SHARPNESS,
          "Posterize": POINT, "Solarize": POINT, "Invert": POINT, "AutoContrast": AUTOCONTRAST, "Equalize": EQUALIZE}
 _BLOCK = 1024  # pixels per program
+_NORMALIZED = (torch.float32, torch.bfloat16, torch.float16)  # what ``normalize`` writes
+# two roundings, a product then a sum, as PyTorch's two passes round: no fused multiply-add
+_UNFUSED = {"enable_fp_fusion": False}
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (the tests' CPU check)
 _failed: str | None = None
 
@@ -81,7 +89,6 @@ def params(name: str, magnitude: float) -> tuple[int, float, float, float, float
 def apply(images: torch.Tensor, rows: Sequence[tuple[int, float, float, float, float]]) -> torch.Tensor:
     """(n, 3, H, W) uint8 -> a new contiguous batch with sample i through ``rows[i]`` (``params``' five
     numbers). Raises KernelsFailed (and turns the kernels off) if a launch fails."""
-    global _failed
     src = images.contiguous()
     n, c, h, w = src.shape
     if c != 3 or len(rows) != n:
@@ -101,11 +108,81 @@ def apply(images: torch.Tensor, rows: Sequence[tuple[int, float, float, float, f
                 _stats[(n,)](src, table, stats, luts, hw, inv_hw, BLOCK=_BLOCK)
             _apply[(n, triton.cdiv(hw, _BLOCK))](src, out, table, stats, luts, h, w, BLOCK=_BLOCK)
     except Exception as e:  # a compiler or driver missing a piece: the PyTorch passes from now on
-        _failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        warnings.warn(f"gpufeed: the Triton colour kernels failed ({_failed}); the per-sample ops run as "
-                      "PyTorch passes (more host time per batch)", RuntimeWarning)
-        raise KernelsFailed(_failed) from e
+        raise _turned_off("colour kernels", e) from e
     return out
+
+
+def normalizes(pixels: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether ``normalize`` takes ``pixels`` into ``dtype``: (n, 3, H, W) uint8 of 2 pixels or more (a
+    single pixel's strides are PyTorch's to choose), into float32, bfloat16 or float16."""
+    return (pixels.dtype == torch.uint8 and pixels.dim() == 4 and pixels.shape[1] == 3
+            and pixels.shape[2] * pixels.shape[3] > 1 and dtype in _NORMALIZED)
+
+
+def normalize(pixels: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype,
+              channels_last: bool) -> torch.Tensor:
+    """(n, 3, H, W) uint8 (any strides; ``normalizes``) and ``scale``, ``shift`` (1, 3, 1, 1) float32, all on
+    one device -> a new (n, 3, H, W) ``dtype`` batch on it, channels_last or contiguous: ``(pixels *
+    scale).add_(shift).to(dtype=dtype, memory_format=...)`` bit for bit (v x scale rounded to float32, + shift
+    rounded, then rounded to nearest even into ``dtype``), with its strides, in one pass. Raises
+    KernelsFailed (and turns the kernels off) if the launch fails."""
+    if not normalizes(pixels, dtype):
+        raise ValueError(f"the normalising kernel takes (n, 3, H, W) uint8 images of 2 pixels or more into one "
+                         f"of {_NORMALIZED}, got {pixels.dtype} {tuple(pixels.shape)} and {dtype}")
+    n, _, h, w = pixels.shape
+    src = pixels.flatten(2)  # a view for either layout (a copy for other strides): pixel k at k x stride(2)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty(pixels.shape, dtype=dtype, device=pixels.device, memory_format=fmt)
+    if n == 0:
+        return out
+    hw = h * w
+    # channels_last: a program writes a run of a sample's interleaved values; contiguous: of one channel's plane
+    grid = (triton.cdiv(3 * hw, _BLOCK), n, 1) if channels_last else (triton.cdiv(hw, _BLOCK), n, 3)
+    try:
+        with torch.cuda.device(src.device) if src.is_cuda else contextlib.nullcontext():  # on the tensor's GPU
+            _normalize[grid](src, out, scale.reshape(3), shift.reshape(3), hw, *src.stride(),
+                             CHANNELS_LAST=channels_last, BLOCK=_BLOCK, **_UNFUSED)
+    except Exception as e:  # as ``apply``'s
+        raise _turned_off("normalising kernel", e) from e
+    return out
+
+
+def mixes(images: torch.Tensor) -> bool:
+    """Whether ``mixup`` takes ``images``: a float32, bfloat16 or float16 batch of one sample or more whose
+    samples are laid out alike one after the other (contiguous, or channels_last for 4 dimensions)."""
+    channels_last = images.dim() == 4 and images.is_contiguous(memory_format=torch.channels_last)
+    return (images.dtype in _NORMALIZED and images.dim() >= 1 and images.numel() > 0
+            and (images.is_contiguous() or channels_last))
+
+
+def mixup(images: torch.Tensor, lam: float) -> torch.Tensor:
+    """(n, ...) batch (``mixes``) -> a new batch with its dtype, strides and device: sample i is images[i] x
+    lam + images[i - 1] x (1 - lam) (sample 0 with the last), computed as PyTorch's in-place passes compute
+    it (each weight rounded to float32, each product and the sum in float32 rounded into the dtype). Not in
+    place, as sample i needs the values sample i - 1 had. Raises KernelsFailed (and turns the kernels off)
+    if the launch fails."""
+    if not mixes(images):
+        raise ValueError(f"the MixUp kernel takes a dense float32, bfloat16 or float16 batch, got {images.dtype} "
+                         f"{tuple(images.shape)} with strides {images.stride()}")
+    out = torch.empty_like(images)  # the same strides (dense)
+    n = images.shape[0]
+    per = images.numel() // n
+    w0, w1 = float(np.float32(lam)), float(np.float32(1.0 - lam))  # PyTorch's opmath scalars
+    try:
+        with torch.cuda.device(images.device) if images.is_cuda else contextlib.nullcontext():
+            _mixup[(triton.cdiv(per, _BLOCK), n)](images, out, per, n, w0, w1, BLOCK=_BLOCK, **_UNFUSED)
+    except Exception as e:  # as ``apply``'s
+        raise _turned_off("MixUp kernel", e) from e
+    return out
+
+
+def _turned_off(what: str, e: Exception) -> KernelsFailed:
+    """The kernels off for the process after ``e``, a failed launch of ``what``, said in one warning."""
+    global _failed
+    _failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    warnings.warn(f"gpufeed: the Triton {what} failed ({_failed}); the per-sample ops and MixUp run as PyTorch "
+                  "passes (more host time per batch)", RuntimeWarning)
+    return KernelsFailed(_failed)
 
 
 if triton is not None:
@@ -113,6 +190,7 @@ if triton is not None:
     _BRIGHTNESS, _COLOR, _CONTRAST, _SHARPNESS = (tl.constexpr(c) for c in (BRIGHTNESS, COLOR, CONTRAST, SHARPNESS))
     _POINT, _AUTOCONTRAST, _EQUALIZE = (tl.constexpr(c) for c in (POINT, AUTOCONTRAST, EQUALIZE))
     _FUSED = tl.constexpr(not _INTERPRET)  # the interpreter's fma rounds twice: there, float64 and one rounding
+    _NATIVE_BF16 = tl.constexpr(not _INTERPRET)  # the interpreter's bfloat16 casts are inexact: there, by hand
 
     @triton.jit
     def _fma(a, b, c):
@@ -255,3 +333,59 @@ if triton is not None:
         flat = high == low
         scale = tl.where(flat, 1.0, (high - low) * (1.0 / 255))
         return _to_uint8(tl.math.div_rn(x - tl.where(flat, 0.0, low), scale))
+
+    @triton.jit
+    def _rounded(v, dtype: tl.constexpr):
+        """float32 ``v`` in ``dtype``, rounded to nearest even as PyTorch's ``.to`` rounds it."""
+        if dtype == tl.bfloat16 and not _NATIVE_BF16:
+            bits = v.to(tl.uint32, bitcast=True)
+            even = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # ties go up only to an even kept bit
+            bits = tl.where(v != v, 0x7FC0, even)  # NaN: PyTorch's quiet NaN on the CPU
+            return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        else:
+            return v.to(dtype)
+
+    @triton.jit
+    def _widened(x):
+        """``x`` in float32, exactly (the interpreter's bfloat16 cast loses subnormals: there, by hand)."""
+        if x.dtype == tl.bfloat16 and not _NATIVE_BF16:
+            return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        else:
+            return x.to(tl.float32)
+
+    @triton.jit
+    def _normalize(src, out, scale, shift, hw, sn, sc, sk, CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr):
+        """Program (tile, sample, plane): BLOCK values of the output in its memory order, pixel k of channel c
+        of sample i read at src + i x sn + c x sc + k x sk, times scale[c] plus shift[c]. Launched without fp
+        fusion (``_UNFUSED``)."""
+        i = tl.program_id(1).to(tl.int64)
+        j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        if CHANNELS_LAST:  # the sample's values: pixel j // 3, channel j % 3
+            m = j < 3 * hw
+            c = j % 3
+            k = j // 3
+            dst = out + i * 3 * hw + j
+        else:  # channel c's plane
+            m = j < hw
+            c = tl.program_id(2)
+            k = j
+            dst = out + (i * 3 + c) * hw + j
+        # the channel's constants picked from the three, not gathered per value
+        a = tl.where(c == 0, tl.load(scale), tl.where(c == 1, tl.load(scale + 1), tl.load(scale + 2)))
+        b = tl.where(c == 0, tl.load(shift), tl.where(c == 1, tl.load(shift + 1), tl.load(shift + 2)))
+        v = tl.load(src + i * sn + c * sc + k * sk, mask=m, other=0).to(tl.float32) * a + b
+        tl.store(dst, _rounded(v, out.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _mixup(src, out, per, n, w0, w1, BLOCK: tl.constexpr):
+        """Program (tile, sample): BLOCK values of sample i (``per`` values a sample) mixed with those of
+        sample i - 1; each product and the sum rounded into the dtype, as PyTorch's passes store them.
+        Launched without fp fusion (``_UNFUSED``)."""
+        i = tl.program_id(1).to(tl.int64)
+        j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = j < per
+        dtype = out.dtype.element_ty
+        x = _widened(tl.load(src + i * per + j, mask=m, other=0))
+        before = _widened(tl.load(src + tl.where(i == 0, n - 1, i - 1) * per + j, mask=m, other=0))
+        mixed = _widened(_rounded(x * w0, dtype)) + _widened(_rounded(before * w1, dtype))
+        tl.store(out + i * per + j, _rounded(mixed, dtype), mask=m)
