@@ -176,7 +176,7 @@ step cpu && grep -E "^\||^gpufeed bench|CPUs, torch|FAILED|Error" "$OUT/cpu.txt"
 step memory && grep -E "^\||nvJPEG|decode=|growth|Error" "$OUT/memory.txt"
 step stages && grep -E "^\||alone:|^  |launches|Error" "$OUT/stages.txt" | cut -c1-160
 step progressive && grep -E "^\||PIDs|Error" "$OUT/progressive.txt"
-step runahead && grep -E "^\||own rate|alone:|Error" "$OUT/runahead.txt"
+step runahead && grep -E "^\||own rate|alone:|epoch [0-9]+:|longest|Error" "$OUT/runahead.txt" | cut -c1-400
 step order && grep -E "^\||Error" "$OUT/order.txt"
 step ops && grep -E "^\| (op|Trivial|RandAug|AutoAug|AugMix|all)|on CUDA|Error" "$OUT/ops.txt"
 step ab && grep -E "^\| (model|none|resnet|---)" "$OUT/ab.txt"

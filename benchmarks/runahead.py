@@ -11,7 +11,9 @@ the start and the end, and, per batch, the wall time each thread spent where:
   is full);
 - the loader's thread: waiting for the workers' next batch, laying out and starting a batch, finishing one
   (waiting for the decoders, the kernel);
-- the decoder threads: in nvJPEG's calls.
+- the decoder threads: in nvJPEG's calls. Per epoch: the training's wait for its first batch and for the others
+(how many over 2 ms, the longest), the CPU share over the epoch's batches, the longest of each timed part,
+the CUDA caching allocator's calls to the driver, and generation-2 garbage collections.
 
 Variants (``--variants "base|depth=4|prio=-1"``): ``lag`` N: before step k the training thread waits (the
 interpreter lock released) until step k-N's work has run on the device (0: unbounded, CUDA's own queue
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import statistics
 import sys
 import time
@@ -45,6 +48,21 @@ from gpufeed.transfer import Prefetcher
 from gpufeed.workers import WorkerPool
 
 TIMES: dict[str, list[float]] = collections.defaultdict(list)
+# what a stall can come from: the caching allocator going to the driver (which synchronises the device) and
+# garbage collection of the oldest generation
+ALLOCATOR = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+GC: list[float] = []  # ms of each generation-2 collection
+GC_COUNTS = collections.Counter()  # collections by generation
+_gc_start = [0.0]
+
+
+def _gc_timer(phase: str, info: dict) -> None:
+    if phase == "start":
+        _gc_start[0] = time.perf_counter()
+        return
+    GC_COUNTS[info["generation"]] += 1
+    if info["generation"] == 2:
+        GC.append(1000 * (time.perf_counter() - _gc_start[0]))
 STEP_CALLS = "training: the step's own calls"
 
 
@@ -87,6 +105,7 @@ def instrument() -> None:
     Slots.reclaim = timed("loader: scheduler: wait for a free slot", Slots.reclaim)
     GpuDecodeAugment._await_decode = timed("loader: wait for decoders", GpuDecodeAugment._await_decode)
     SampleOps.__call__ = timed("loader: per-sample ops", SampleOps.__call__, cpu=True)
+    SampleOps.from_pixels = timed("loader: per-sample ops", SampleOps.from_pixels, cpu=True)
 
 
 def instrument_decoders(loader: ImageLoader) -> None:
@@ -147,14 +166,16 @@ def run(args, step, v: dict, decode: str, recipe) -> dict:
                              transform=recipe.transform if recipe else None,
                              batch_transform=recipe.batch_transform if recipe else None)
         instrument_decoders(loader)
-        rates, per_batch = [], collections.defaultdict(list)
+        rates, per_batch, epochs = [], collections.defaultdict(list), []
         try:
             for epoch in range(args.epochs):
                 TIMES.clear()
                 queued: collections.deque = collections.deque()
-                marks = []
+                marks, shares = [], []
                 n, batches = 0, 0
                 torch.cuda.synchronize()
+                memory, collected = torch.cuda.memory_stats(), list(GC)
+                GC_COUNTS.clear()
                 t0 = time.perf_counter()
                 it = iter(loader)
                 while True:
@@ -182,6 +203,7 @@ def run(args, step, v: dict, decode: str, recipe) -> dict:
                         e.record()
                         queued.append(e)
                     TIMES["training: waits in next()"].append(b - a)
+                    shares.append(loader._share.value)
                     TIMES["training: waits for step k-lag"].append(c - b)
                     TIMES[STEP_CALLS].append(d - c)
                     n += images.shape[0]
@@ -191,6 +213,20 @@ def run(args, step, v: dict, decode: str, recipe) -> dict:
                 for ea, eb, ee in marks[1:]:
                     TIMES["GPU: training stream waits for the batch"].append(ea.elapsed_time(eb) / 1000)
                     TIMES["GPU: training step"].append(eb.elapsed_time(ee) / 1000)
+                waits = TIMES["training: waits in next()"]
+                epochs.append(f"epoch {epoch + 1}: {n / dt:,.0f} images/s, {1000 * dt:.0f} ms; next() waits: first "
+                              f"batch {1000 * waits[0]:.1f} ms, the others {1000 * sum(waits[1:]):.1f} ms in all, "
+                              f"{sum(w > 0.002 for w in waits[1:])} over 2 ms (longest {1000 * max(waits[1:], default=0):.1f}); "
+                              f"CPU share mean {statistics.mean(shares):.2f}, lowest {min(shares):.2f}")
+                memory_now = torch.cuda.memory_stats()
+                counts = {k: memory_now.get(k, 0) - memory.get(k, 0) for k in ALLOCATOR}
+                gcs = GC[len(collected):]
+                longest = {k.split(": ")[-1]: 1000 * max(t) for k, t in TIMES.items()
+                           if k.startswith(("loader", "decoders")) and not k.endswith("(CPU)") and t}
+                epochs.append(f"  longest, ms: {', '.join(f'{k} {v:.1f}' for k, v in longest.items())}; "
+                              f"CUDA allocator: {', '.join(f'{k} {v}' for k, v in counts.items())}; "
+                              f"gc: collections by generation {GC_COUNTS[0]}, {GC_COUNTS[1]}, {GC_COUNTS[2]}; "
+                              f"generation 2 took {sum(gcs):.1f} ms")
                 if epoch:
                     rates.append(n / dt)
                     for k, t in TIMES.items():
@@ -199,7 +235,7 @@ def run(args, step, v: dict, decode: str, recipe) -> dict:
             share = loader.stats["cpu_share"]
             loader.close()
             sys.setswitchinterval(0.005)
-    return {"rate": statistics.median(rates), "rates": rates, "share": share,
+    return {"rate": statistics.median(rates), "rates": rates, "share": share, "epochs": epochs,
             "ms": {k: statistics.median(t) for k, t in per_batch.items()}}
 
 
@@ -236,6 +272,7 @@ def main() -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     print(f"machine: {machine_description()}\ncommand: {' '.join(sys.argv)}")
     instrument()
+    gc.callbacks.append(_gc_timer)
     step = make_train_step(args.model, device, args.compile)
     images = torch.randn(args.batch_size, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
     labels = torch.randint(0, 1000, (args.batch_size,), device=device)
@@ -256,6 +293,8 @@ def main() -> int:
               f" CPU share {r['share']}", flush=True)
         for k, t in sorted(r["ms"].items()):
             print(f"    {k:42s} {t:7.2f} ms per batch")
+        for line in r["epochs"]:
+            print(f"    {line}")
     alone.append(model_rate(step, images, labels, 4.0))
     own = statistics.mean(alone)
     print(f"\n{args.model}{' compiled' if args.compile else ''}, decode={args.decode}, recipe={args.recipe}: "
