@@ -21,7 +21,11 @@ class Monitor:
     shared by k processes counts 1/k in each), so the sum is the tree's real
     resident memory; RSS sums count the shared-memory ring and the pages
     forked workers share with the main process once per process. 0 where
-    PSS cannot be read.
+    PSS cannot be read. PSS is read at ``start()`` and ``stop()`` only, not
+    sampled: reading it walks each process's page tables under its memory
+    map lock, which stalls the threads that map or fault pages meanwhile
+    (BENCHMARKS.md, "How these are measured"); RSS is a counter, read every
+    fourth sample.
     cores_busy: CPU time (user + system) used by the process tree between
     ``start()`` and ``stop()``, divided by the wall time: the number of cores
     the pipeline kept busy (worker processes that exited count once reaped).
@@ -65,6 +69,8 @@ class Monitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        rss, pss = self._sample_memory()
+        self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
         cpu = _tree_cpu_seconds()
         if cpu is not None and self._cpu0 is not None:
             self.cores_busy = (cpu - self._cpu0) / max(time.perf_counter() - self._t0, 1e-9)
@@ -77,6 +83,7 @@ class Monitor:
 
     @staticmethod
     def _sample_memory() -> tuple[int, int]:
+        """(RSS, PSS) of the process tree now."""
         try:
             import psutil
         except ImportError:
@@ -99,29 +106,29 @@ class Monitor:
                 self.util.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
                 self.gpu_mem_peak = max(self.gpu_mem_peak or 0, self.gpu_used())
             if me is not None and tick % 4 == 0:
-                rss, pss = _tree_memory(me, psutil)
-                self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+                self.peak_rss = max(self.peak_rss, _tree_memory(me, psutil, pss=False)[0])
             tick += 1
             time.sleep(self.interval)
 
 
-def _tree_memory(proc, psutil) -> tuple[int, int]:
-    """(RSS, PSS) summed over ``proc`` and its descendants; PSS 0 when some process's cannot be read."""
-    rss, pss, pss_ok = 0, 0, True
+def _tree_memory(proc, psutil, pss: bool = True) -> tuple[int, int]:
+    """(RSS, PSS) summed over ``proc`` and its descendants; PSS 0 when some process's cannot be read, or
+    not asked for (``pss=False``: RSS alone, a counter, read without walking the page tables)."""
+    rss, pss_sum, pss_ok = 0, 0, pss
     for p in [proc, *proc.children(recursive=True)]:
         try:
             try:
-                m = p.memory_full_info()  # RSS and PSS in one read
+                m = p.memory_full_info() if pss else p.memory_info()  # RSS and PSS in one read
             except psutil.AccessDenied:
                 m = p.memory_info()
             rss += m.rss
             if getattr(m, "pss", None) is None:  # not readable, or no PSS on this platform
                 pss_ok = False
             else:
-                pss += m.pss
+                pss_sum += m.pss
         except (psutil.NoSuchProcess, psutil.AccessDenied):  # a worker that just exited
             continue
-    return rss, pss if pss_ok else 0
+    return rss, pss_sum if pss_ok else 0
 
 
 def _tree_cpu_seconds() -> float | None:
