@@ -16,8 +16,10 @@ the same process runs one stage of the GPU path on its own stream, ``--batch`` i
 - ``ops``: the trivialaugment-mix recipe's per-sample ops (``gpufeed bench --recipe trivialaugment-mix``:
   TrivialAugmentWide, normalising into float32 channels_last, RandomErasing) from uint8 crops, drawn for a
   new epoch each batch (``SampleOps.from_pixels``);
-- ``mix``: that recipe's MixUp/CutMix on a float32 channels_last batch (``BatchMix``);
-- ``recipe``: ``kernel8``, ``ops`` and ``mix``, as the loader runs them for that recipe.
+- ``mix``: that recipe's MixUp/CutMix on a float32 channels_last batch, in place (``BatchMix``; as for a batch
+  from the GPU stage's own outputs, a recipe without pixel ops);
+- ``recipe``: ``kernel8``, ``ops`` and ``mix``, as the loader runs them for that recipe (MixUp into a new batch
+  where its kernel runs, since the ops made the batch).
 
 A stage name may end in options after ``:``, comma-separated: ``prio`` (its stream at high priority),
 ``plain`` (nvJPEG without ``NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION``: chroma upsampled by replication).
@@ -125,13 +127,14 @@ class Stage:
             if self.kind == "copies":
                 self.dev.copy_(self.host, non_blocking=True)
             if self.kind in ("kernel8", "recipe") or (self.kind == "ops" and self.batches == 0):
-                resized_crop_triton(self.flat, self.table, SIZE, self.scale, self.shift, self.crops)
+                # the crops' own pixels, as the GPU stage writes them for pixel ops (no normalising)
+                resized_crop_triton(self.flat, self.table, SIZE, [1.0] * 3, [0.0] * 3, self.crops)
             images = self.out
             if self.kind in ("ops", "recipe"):
                 images = self.ops.from_pixels(self.crops, self.indices, 0, self.batches, dtype=torch.float32,
                                               channels_last=True)
-            if self.kind in ("mix", "recipe"):
-                self.mix(images, self.labels, 0, self.batches, self.batches)
+            if self.kind in ("mix", "recipe"):  # the ops' new batch may be replaced (fresh), the stage's is not
+                self.mix(images, self.labels, 0, self.batches, self.batches, fresh=self.kind == "recipe")
             self.batches += 1
 
     def device_ms(self, n: int = 20) -> tuple[float, float]:
@@ -151,15 +154,16 @@ class Stage:
             times.append(a.elapsed_time(b))
         return statistics.median(times), statistics.median(host)
 
-    def profile(self, n: int = 10) -> list[tuple[str, float, int]]:
-        """(kernel name, device ms per batch, launches per batch) of ``n`` batches, largest first."""
+    def profile(self, n: int = 10) -> list[tuple[str, float, float]]:
+        """(kernel name, device ms per batch, launches per batch) of ``n`` batches, largest first (each batch
+        draws anew: MixUp or CutMix, and which samples take which op)."""
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(n):
                 self.run()
             self.stream.synchronize()
-        rows = [(e.key, e.device_time_total / 1000 / n, e.count // n) for e in prof.key_averages()
+        rows = [(e.key, e.device_time_total / 1000 / n, e.count / n) for e in prof.key_averages()
                 if e.device_time_total > 0]
         return sorted(rows, key=lambda r: -r[1])
 
@@ -225,10 +229,10 @@ def main() -> int:
         ms, host = stage.device_ms()
         if args.profile and "engines" not in kind:
             kernels = stage.profile()
-            print(f"\n{kind}: {sum(k[1] for k in kernels):.3f} device ms per batch in {sum(k[2] for k in kernels)} "
+            print(f"\n{kind}: {sum(k[1] for k in kernels):.3f} device ms per batch in {sum(k[2] for k in kernels):.1f} "
                   "launches; largest:")
             for name, kms, count in kernels[:12]:
-                print(f"  {kms:7.3f} ms  {count:4d}x  {name[:110]}")
+                print(f"  {kms:7.3f} ms  {count:5.1f}x  {name[:110]}")
         paced = Paced(stage, args.rate, args.batch)
         paced.start()
         time.sleep(0.5)

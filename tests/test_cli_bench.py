@@ -2,6 +2,7 @@ import json
 import os
 import re
 
+import pytest
 from PIL import Image
 
 from gpufeed.cli import main
@@ -54,6 +55,32 @@ def test_bench_smoke_writes_table_json_and_chart(tmp_path, synth_root, capsys):
         assert 0.05 < r["cpu_cores_busy"] < 2 * os.cpu_count() + 1  # decoding took CPU; a core count, not %
     assert rows["baseline"]["vs_baseline"] == 1.0
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_monitor_reads_pss_of_child_processes_that_exit_before_the_epoch_ends():
+    """PSS is read when asked (halfway through an epoch), not at ``stop()``: a child process holding
+    memory then, gone by the end (as the usual DataLoader's workers are), still counts."""
+    import subprocess
+    import sys
+
+    from gpufeed.bench.monitor import Monitor
+
+    psutil = pytest.importorskip("psutil")
+    if getattr(psutil.Process().memory_full_info(), "pss", None) is None:
+        pytest.skip("no PSS on this platform")
+    monitor = Monitor(None)
+    monitor.start()
+    child = subprocess.Popen([sys.executable, "-c", "import sys; b = bytearray(80 << 20); b[::4096] = b'x' * len(b[::4096]); "
+                              "print(1, flush=True); sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"1"  # its 80 MB are touched
+        monitor.read_pss()
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    monitor.stop()
+    assert monitor.peak_pss - monitor.start_pss >= 60 << 20
+    assert monitor.peak_rss > 0
 
 
 def test_bench_rejects_model_on_cpu(capsys):

@@ -356,11 +356,11 @@ def mixed() -> dict:
                         images = images.contiguous(memory_format=fmt)
                         labels = torch.arange(shape[0]) % 4
                         given = images.clone(memory_format=torch.preserve_format)
-                        ours, _ = mix.apply(images, labels, Mix("MixUp", lam))
+                        ours, _ = mix.apply(images, labels, Mix("MixUp", lam), fresh=True)
                         kept = torch.equal(images.view(_AS_INT[dtype]), given.view(_AS_INT[dtype]))
                         torchvision = given.roll(1, 0).mul_(1.0 - lam).add_(given.mul(lam))
                         os.environ["GPUFEED_OPS_KERNELS"] = "0"
-                        passes, _ = mix.apply(given, labels, Mix("MixUp", lam))
+                        passes, _ = mix.apply(given, labels, Mix("MixUp", lam), fresh=True)
                         del os.environ["GPUFEED_OPS_KERNELS"]
                         report[f"{name} {layout} {shape} {lam}"] = {
                             "passes": same_bits(ours, passes),
@@ -406,13 +406,32 @@ def test_mixup_is_pytorch_s_in_place_where_the_kernel_does_not_run(monkeypatch, 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out, labels = BatchMix((("MixUp", 1.0),), (1.0,), num_classes=4).apply(images, torch.arange(3),
-                                                                               Mix("MixUp", 0.25))
+                                                                               Mix("MixUp", 0.25), fresh=True)
     assert out is images and torch.equal(out, expected) and out.stride() == (90, 1, 15, 3)
     assert torch.equal(labels[0], torch.tensor([0.25, 0.0, 0.75, 0.0]))
     failed = [w for w in caught if "Triton MixUp kernel failed" in str(w.message)]
     assert len(failed) == (where == "failing")
     assert len([w for w in caught if "Triton" in str(w.message)]) == len(failed)
     assert (kernels._failed is not None) == (where == "failing")
+
+
+def test_mixup_mixes_a_batch_it_was_not_told_is_fresh_in_place_where_the_kernel_runs(monkeypatch):
+    """A batch from the loader's fixed GPU outputs (no per-sample ops made a new one) is mixed in place even
+    where the kernel runs: a new batch per MixUp batch would take GPU memory past the loader's budget."""
+    from gpufeed.augment.mix import BatchMix, Mix
+
+    monkeypatch.setattr(kernels, "usable", lambda images: True)
+    monkeypatch.setattr(kernels, "mixup", lambda *_: pytest.fail("the kernel ran on a batch not fresh"))
+    images = torch.randn(3, 3, 6, 5, generator=torch.Generator().manual_seed(3)).contiguous(
+        memory_format=torch.channels_last)
+    expected = images.roll(1, 0).mul_(0.75).add_(images.mul(0.25))
+    mix = BatchMix((("MixUp", 1.0),), (1.0,), num_classes=4)
+    out, _ = mix.apply(images, torch.arange(3), Mix("MixUp", 0.25))
+    assert out is images and torch.equal(out, expected)
+    taken = []
+    monkeypatch.setattr(kernels, "mixup", lambda batch, lam: taken.append(lam) or batch.clone())
+    out, _ = mix.apply(images, torch.arange(3), Mix("MixUp", 0.25), fresh=True)
+    assert taken == [0.25] and out is not images
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])

@@ -422,13 +422,14 @@ class _PerSample:
                  batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``images``: (B, 3, S, S) normalised, or, where the recipe has pixel ops, the crops' uint8 pixels
         (any strides), which those ops start from (``SampleOps.from_pixels``: no normalising and back)."""
+        fresh = images.dtype == torch.uint8 or bool(self.ops)  # the ops make a new batch: MixUp may too
         if images.dtype == torch.uint8:
             images = self.ops.from_pixels(images, batch.indices, batch.seed, batch.epoch, dtype=self.normalize.dtype,
                                           channels_last=self.normalize.channels_last)
         elif self.ops:
             images = self.ops(images, batch.indices, batch.seed, batch.epoch)
         if self.mix is not None:
-            images, labels = self.mix(images, labels, batch.seed, batch.epoch, batch.indices[0])
+            images, labels = self.mix(images, labels, batch.seed, batch.epoch, batch.indices[0], fresh=fresh)
         return images, labels
 
 

@@ -181,9 +181,10 @@ def test_the_mixup_kernel_gives_the_pytorch_passes_bits_on_cuda(monkeypatch, dty
     for fmt in (torch.channels_last, torch.contiguous_format):
         for lam in (0.3, 0.123456789, 1.0):
             images = (torch.randn(32, 3, 224, 224, generator=g) * 3).to("cuda", dtype).contiguous(memory_format=fmt)
-            ours, _ = mix.apply(images, labels, Mix("MixUp", lam))
+            ours, _ = mix.apply(images, labels, Mix("MixUp", lam), fresh=True)
             monkeypatch.setenv("GPUFEED_OPS_KERNELS", "0")
-            passes, _ = mix.apply(images.clone(memory_format=torch.preserve_format), labels, Mix("MixUp", lam))
+            passes, _ = mix.apply(images.clone(memory_format=torch.preserve_format), labels, Mix("MixUp", lam),
+                                   fresh=True)
             monkeypatch.delenv("GPUFEED_OPS_KERNELS")
             assert ours.data_ptr() != images.data_ptr() and ours.stride() == passes.stride() == images.stride()
             assert int((ours.view(as_int) != passes.view(as_int)).sum()) == 0 and ours.numel() == 32 * 3 * 224 * 224

@@ -39,11 +39,11 @@ class Mix(NamedTuple):
 @dataclass(frozen=True)
 class BatchMix:
     """``choices``: (kind, alpha) pairs, one taken per batch with probabilities ``p``; ``num_classes``: the
-    width of the one-hot labels. Called as ``(images, labels, seed, epoch, key) -> (images, labels)``:
-    images (B, C, H, W) any float dtype and memory format, any device, returned mixed in their layout (the
-    batch given or a new one: ``apply``); labels (B,) int64 on the same device, returned (B, num_classes)
-    float32. ``key`` names the batch within the epoch (its first sample's source index), so its draw is the
-    same in any run of that epoch."""
+    width of the one-hot labels. Called as ``(images, labels, seed, epoch, key, fresh=False) -> (images,
+    labels)``: images (B, C, H, W) any float dtype and memory format, any device, returned mixed in their
+    layout (the batch given, or with ``fresh`` maybe a new one: ``apply``); labels (B,) int64 on the same
+    device, returned (B, num_classes) float32. ``key`` names the batch within the epoch (its first sample's
+    source index), so its draw is the same in any run of that epoch."""
 
     choices: tuple[tuple[str, float], ...]
     p: tuple[float, ...]
@@ -73,30 +73,34 @@ class BatchMix:
         x2, y2 = min(cx + half_w, width), min(cy + half_h, height)
         return Mix(kind, float(1.0 - (x2 - x1) * (y2 - y1) / (width * height)), (x1, y1, x2, y2))
 
-    def apply(self, images: torch.Tensor, labels: torch.Tensor, mix: Mix) -> tuple[torch.Tensor, torch.Tensor]:
+    def apply(self, images: torch.Tensor, labels: torch.Tensor, mix: Mix, *,
+              fresh: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``mix`` on the batch, giving what torchvision's transform computes with those parameters: each
         sample paired with the one before it (the first with the last). The images returned keep the batch's
-        memory format (a CUDA ``roll`` of the whole batch would return it contiguous): a new batch for MixUp
-        where its Triton kernel runs (``kernels.mixup``: one pass, not four), else the batch given, mixed in
-        place."""
+        memory format (a CUDA ``roll`` of the whole batch would return it contiguous): the batch given, mixed
+        in place, or, with ``fresh`` (a batch just made for this call, which nothing else holds), for MixUp
+        a new batch where its Triton kernel runs (``kernels.mixup``: one pass, not four; the batch given is
+        then let go). A batch from the loader's fixed GPU outputs is mixed in place, so the loader's GPU
+        memory stays within its budget (``placement.gpu_memory``)."""
         lam = mix.lam
         if mix.kind == "MixUp":
-            images = _mixup(images, lam)
+            images = _mixup(images, lam, fresh)
         else:
             x1, y1, x2, y2 = mix.box
             images[..., y1:y2, x1:x2] = images[..., y1:y2, x1:x2].roll(1, 0)
         label = one_hot(labels, num_classes=self.num_classes).float()
         return images, label.roll(1, 0).mul_(1.0 - lam).add_(label.mul(lam))
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, seed: int, epoch: int,
-                 key: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, seed: int, epoch: int, key: int, *,
+                 fresh: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         mix = self.draw(SampleRandom(seed ^ self.salt, epoch, key), images.shape[-2], images.shape[-1])
-        return self.apply(images, labels, mix)
+        return self.apply(images, labels, mix, fresh=fresh)
 
 
-def _mixup(images: torch.Tensor, lam: float) -> torch.Tensor:
-    """MixUp's images: through the Triton kernel where it runs (a new batch), else mixed in place."""
-    if kernels.usable(images) and kernels.mixes(images):
+def _mixup(images: torch.Tensor, lam: float, fresh: bool) -> torch.Tensor:
+    """MixUp's images: through the Triton kernel where it runs and ``fresh`` allows a new batch, else mixed
+    in place."""
+    if fresh and kernels.usable(images) and kernels.mixes(images):
         try:
             return kernels.mixup(images, lam)
         except kernels.KernelsFailed:  # said once, and the kernels are off: the PyTorch passes

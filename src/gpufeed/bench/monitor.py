@@ -21,11 +21,13 @@ class Monitor:
     shared by k processes counts 1/k in each), so the sum is the tree's real
     resident memory; RSS sums count the shared-memory ring and the pages
     forked workers share with the main process once per process. 0 where
-    PSS cannot be read. PSS is read at ``start()`` and ``stop()`` only, not
-    sampled: reading it walks each process's page tables under its memory
-    map lock, which stalls the threads that map or fault pages meanwhile
-    (BENCHMARKS.md, "How these are measured"); RSS is a counter, read every
-    fourth sample.
+    PSS cannot be read. PSS is read at ``start()`` and when ``read_pss()``
+    is called (``gpufeed bench``: once, halfway through the epoch, while
+    every pipeline's workers run; the usual DataLoader's are gone by the
+    epoch's end), not sampled: reading it walks each process's page tables
+    under its memory map lock, which stalls the threads that map or fault
+    pages meanwhile (BENCHMARKS.md, "How these are measured"); RSS is a
+    counter, read every fourth sample.
     cores_busy: CPU time (user + system) used by the process tree between
     ``start()`` and ``stop()``, divided by the wall time: the number of cores
     the pipeline kept busy (worker processes that exited count once reaped).
@@ -69,6 +71,10 @@ class Monitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        self.peak_rss = max(self.peak_rss, self._sample_memory(pss=False)[0])
+
+    def read_pss(self) -> None:
+        """Read the process tree's PSS now, into ``peak_pss`` (and its RSS, read with it, into ``peak_rss``)."""
         rss, pss = self._sample_memory()
         self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
         cpu = _tree_cpu_seconds()
@@ -82,13 +88,13 @@ class Monitor:
         return self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used
 
     @staticmethod
-    def _sample_memory() -> tuple[int, int]:
-        """(RSS, PSS) of the process tree now."""
+    def _sample_memory(pss: bool = True) -> tuple[int, int]:
+        """(RSS, PSS) of the process tree now (PSS 0 with ``pss=False``)."""
         try:
             import psutil
         except ImportError:
             return 0, 0
-        return _tree_memory(psutil.Process(os.getpid()), psutil)
+        return _tree_memory(psutil.Process(os.getpid()), psutil, pss)
 
     @property
     def gpu_busy(self) -> float | None:

@@ -212,10 +212,11 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
         if hasattr(sampler, "set_epoch"):  # the baseline's DistributedSampler under DDP
             sampler.set_epoch(epoch)
         bar = progress(f"{name} epoch {epoch + 1}/{cfg.epochs}", len(loader))
+        halfway = max(1, len(loader) // 2)  # PSS is read once, while every pipeline's workers run
         _together()
         monitor.start()
         n, t0 = 0, time.perf_counter()
-        for images, labels in loader:
+        for batch, (images, labels) in enumerate(loader, 1):
             if mix is not None:
                 images, labels = mix(images.to(device, non_blocking=True), labels.to(device, non_blocking=True))
             if step is not None:
@@ -225,6 +226,8 @@ def run_pipeline(name: str, root: str, cfg: BenchConfig, device: torch.device, s
                 images.to(device, non_blocking=True).sum()
             n += images.shape[0]
             bar.update(1)
+            if batch == halfway:
+                monitor.read_pss()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0
