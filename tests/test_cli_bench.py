@@ -83,6 +83,22 @@ def test_monitor_reads_pss_of_child_processes_that_exit_before_the_epoch_ends():
     assert monitor.peak_rss > 0
 
 
+def test_monitor_counts_cores_busy_over_the_whole_phase_without_a_pss_read():
+    """``stop()`` measures the cores kept busy from ``start()`` on, whether or not PSS was read between."""
+    import time
+
+    from gpufeed.bench.monitor import Monitor
+
+    pytest.importorskip("psutil")
+    monitor = Monitor(None)
+    monitor.start()
+    end = time.perf_counter() + 0.3
+    while time.perf_counter() < end:  # this process busy for the whole phase
+        pass
+    monitor.stop()
+    assert monitor.cores_busy is not None and 0.5 < monitor.cores_busy < 2.5
+
+
 def test_bench_rejects_model_on_cpu(capsys):
     assert main(["bench", "--device", "cpu", "--model", "resnet18", "--n", "10"]) == 2
     assert "--model needs a CUDA device" in capsys.readouterr().err

@@ -71,15 +71,14 @@ class Monitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.peak_rss = max(self.peak_rss, self._sample_memory(pss=False)[0])
+        cpu = _tree_cpu_seconds()
+        if cpu is not None and self._cpu0 is not None:
+            self.cores_busy = (cpu - self._cpu0) / max(time.perf_counter() - self._t0, 1e-9)
 
     def read_pss(self) -> None:
         """Read the process tree's PSS now, into ``peak_pss`` (and its RSS, read with it, into ``peak_rss``)."""
         rss, pss = self._sample_memory()
         self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
-        cpu = _tree_cpu_seconds()
-        if cpu is not None and self._cpu0 is not None:
-            self.cores_busy = (cpu - self._cpu0) / max(time.perf_counter() - self._t0, 1e-9)
 
     def gpu_used(self) -> int | None:
         """NVML's \"used\" of this GPU now, in bytes (None without NVML)."""
