@@ -102,13 +102,10 @@ def apply(images: torch.Tensor, rows: Sequence[tuple[int, float, float, float, f
     luts = torch.empty(n, 3, 256, dtype=torch.uint8, device=src.device)
     hw = h * w
     inv_hw = float(np.float32(1.0) / np.float32(hw))  # rounded once in float32, as torch's mean rounds it
-    try:
-        with torch.cuda.device(src.device) if src.is_cuda else contextlib.nullcontext():  # on the tensor's GPU
-            if any(r[0] in (CONTRAST, AUTOCONTRAST, EQUALIZE) for r in rows):
-                _stats[(n,)](src, table, stats, luts, hw, inv_hw, BLOCK=_BLOCK)
-            _apply[(n, triton.cdiv(hw, _BLOCK))](src, out, table, stats, luts, h, w, BLOCK=_BLOCK)
-    except Exception as e:  # a compiler or driver missing a piece: the PyTorch passes from now on
-        raise _turned_off("colour kernels", e) from e
+    with _launching("colour kernels", src):
+        if any(r[0] in (CONTRAST, AUTOCONTRAST, EQUALIZE) for r in rows):
+            _stats[(n,)](src, table, stats, luts, hw, inv_hw, BLOCK=_BLOCK)
+        _apply[(n, triton.cdiv(hw, _BLOCK))](src, out, table, stats, luts, h, w, BLOCK=_BLOCK)
     return out
 
 
@@ -138,12 +135,9 @@ def normalize(pixels: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, dt
     hw = h * w
     # channels_last: a program writes a run of a sample's interleaved values; contiguous: of one channel's plane
     grid = (triton.cdiv(3 * hw, _BLOCK), n, 1) if channels_last else (triton.cdiv(hw, _BLOCK), n, 3)
-    try:
-        with torch.cuda.device(src.device) if src.is_cuda else contextlib.nullcontext():  # on the tensor's GPU
-            _normalize[grid](src, out, scale.reshape(3), shift.reshape(3), hw, *src.stride(),
-                             CHANNELS_LAST=channels_last, BLOCK=_BLOCK, **_UNFUSED)
-    except Exception as e:  # as ``apply``'s
-        raise _turned_off("normalising kernel", e) from e
+    with _launching("normalising kernel", src):
+        _normalize[grid](src, out, scale.reshape(3), shift.reshape(3), hw, *src.stride(),
+                         CHANNELS_LAST=channels_last, BLOCK=_BLOCK, **_UNFUSED)
     return out
 
 
@@ -168,21 +162,25 @@ def mixup(images: torch.Tensor, lam: float) -> torch.Tensor:
     n = images.shape[0]
     per = images.numel() // n
     w0, w1 = float(np.float32(lam)), float(np.float32(1.0 - lam))  # PyTorch's opmath scalars
-    try:
-        with torch.cuda.device(images.device) if images.is_cuda else contextlib.nullcontext():
-            _mixup[(triton.cdiv(per, _BLOCK), n)](images, out, per, n, w0, w1, BLOCK=_BLOCK, **_UNFUSED)
-    except Exception as e:  # as ``apply``'s
-        raise _turned_off("MixUp kernel", e) from e
+    with _launching("MixUp kernel", images):
+        _mixup[(triton.cdiv(per, _BLOCK), n)](images, out, per, n, w0, w1, BLOCK=_BLOCK, **_UNFUSED)
     return out
 
 
-def _turned_off(what: str, e: Exception) -> KernelsFailed:
-    """The kernels off for the process after ``e``, a failed launch of ``what``, said in one warning."""
+@contextlib.contextmanager
+def _launching(what: str, tensor: torch.Tensor):
+    """Launches of ``what`` on ``tensor``'s GPU. One that fails (a compiler or driver missing a piece) turns
+    the kernels off for the process, said in one warning, and raises KernelsFailed: the PyTorch passes from
+    now on."""
     global _failed
-    _failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    warnings.warn(f"gpufeed: the Triton {what} failed ({_failed}); the per-sample ops and MixUp run as PyTorch "
-                  "passes (more host time per batch)", RuntimeWarning)
-    return KernelsFailed(_failed)
+    try:
+        with torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext():
+            yield
+    except Exception as e:
+        _failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        warnings.warn(f"gpufeed: the Triton {what} failed ({_failed}); the per-sample ops and MixUp run as "
+                      "PyTorch passes (more host time per batch)", RuntimeWarning)
+        raise KernelsFailed(_failed) from e
 
 
 if triton is not None:
