@@ -36,67 +36,122 @@ def test_info_command_reports_backends(capsys):
 
 
 def test_bench_smoke_writes_table_json_and_chart(tmp_path, synth_root, capsys):
-    """Every pipeline of the benchmark, tiny, so the benchmark cannot rot."""
-    rc = main(["bench", "--data", str(synth_root), "--batch-size", "8", "--workers", "1", "--epochs", "2",
+    """Every pipeline of the benchmark, tiny, so the benchmark cannot rot: each in a process of its own, its
+    epochs a warm-up, plain ones (the rate) and the memory epoch (PSS), the bench's overhead in the table."""
+    rc = main(["bench", "--data", str(synth_root), "--batch-size", "8", "--workers", "1", "--epochs", "3",
                "--device", "cpu", "--pipelines", "baseline,baseline+prefetch,gpufeed",
                "--json", str(tmp_path / "r.json"), "--chart", str(tmp_path / "r.png")])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "| baseline " in out and "| gpufeed " in out and "PSS added GB" in out
+    assert "| baseline " in out and "| gpufeed " in out and "PSS added GB" in out and "bench overhead" in out
+    assert "5 batches an epoch" in out  # too few for a steady figure: said
     result = json.loads((tmp_path / "r.json").read_text())
     rows = {r["pipeline"]: r for r in result["rows"]}
     assert set(rows) == {"baseline", "baseline+prefetch", "gpufeed (cpu decode)"}
     assert rows["gpufeed (cpu decode)"]["loader_stats"]["decode_backend"] == "cpu"
+    assert result["isolated"] and len({r["process"] for r in rows.values()} | {os.getpid()}) == 4
     for r in rows.values():
-        assert [e["images"] for e in r["epochs"]] == [40, 40] and all(e["cpu_share"] is None for e in r["epochs"])
-        assert r["images_per_s"] > 0 and r["peak_rss_bytes"] > 0
-        # PSS: shared pages split among the processes that map them, never above RSS
-        assert all(0 < e["peak_pss_bytes"] <= e["peak_rss_bytes"] for e in r["epochs"])
+        assert [e["kind"] for e in r["epochs"]] == ["warm-up", "plain", "monitored", "memory"]
+        assert [e["images"] for e in r["epochs"]] == [40] * 4 and all(e["cpu_share"] is None for e in r["epochs"])
+        plain, watched, memory = r["epochs"][1:]
+        assert r["images_per_s"] == plain["images_per_s"] and r["monitored_images_per_s"] == watched["images_per_s"]
+        assert r["bench_overhead"] == pytest.approx(plain["images_per_s"] / watched["images_per_s"] - 1)
+        assert plain["rss_peak"] is None and plain["cores_busy"] is None  # nothing read in a plain epoch
+        # PSS: read in the memory epoch alone; shared pages split among the processes, never above RSS
+        assert watched["pss_peak"] is None and 0 < memory["pss_peak"] <= memory["rss_peak"]
+        assert r["peak_rss_bytes"] > 0 and r["added_pss_bytes"] is not None
         assert 0.05 < r["cpu_cores_busy"] < 2 * os.cpu_count() + 1  # decoding took CPU; a core count, not %
     assert rows["baseline"]["vs_baseline"] == 1.0
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_monitor_reads_pss_of_child_processes_that_exit_before_the_epoch_ends():
-    """PSS is read when asked (halfway through an epoch), not at ``stop()``: a child process holding
-    memory then, gone by the end (as the usual DataLoader's workers are), still counts."""
+def _busy_child(mb: int):
+    """A child process holding ``mb`` MB it has touched, until its standard input closes."""
     import subprocess
     import sys
 
+    child = subprocess.Popen([sys.executable, "-c", f"import sys; b = bytearray({mb} << 20); "
+                              "b[::4096] = b'x' * len(b[::4096]); print(1, flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdout.readline().strip() == b"1"
+    return child
+
+
+def test_monitor_reads_pss_of_child_processes_that_exit_before_the_phase_ends():
+    """PSS is read when asked (halfway through the memory epoch), not at ``stop()``: a child process holding
+    memory then, gone by the end (as the usual DataLoader's workers are), still counts."""
     from gpufeed.bench.monitor import Monitor
 
     psutil = pytest.importorskip("psutil")
     if getattr(psutil.Process().memory_full_info(), "pss", None) is None:
         pytest.skip("no PSS on this platform")
-    monitor = Monitor(None)
-    monitor.start()
-    child = subprocess.Popen([sys.executable, "-c", "import sys; b = bytearray(80 << 20); b[::4096] = b'x' * len(b[::4096]); "
-                              "print(1, flush=True); sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    try:
-        assert child.stdout.readline().strip() == b"1"  # its 80 MB are touched
-        monitor.read_pss()
-    finally:
-        child.stdin.close()
-        child.wait(timeout=30)
-    monitor.stop()
-    assert monitor.peak_pss - monitor.start_pss >= 60 << 20
-    assert monitor.peak_rss > 0
+    with Monitor(None) as monitor:
+        before = monitor.now(pss=True)
+        monitor.start()
+        child = _busy_child(80)
+        try:
+            monitor.read_pss()
+            monitor.now()  # answered after the PSS read: the sampler takes its commands in order
+        finally:
+            child.stdin.close()
+            child.wait(timeout=30)
+        reading = monitor.stop()
+    assert reading.pss_peak - before["pss"] >= 60 << 20
+    assert reading.rss_peak >= reading.rss_start > 0
 
 
-def test_monitor_counts_cores_busy_over_the_whole_phase_without_a_pss_read():
-    """``stop()`` measures the cores kept busy from ``start()`` on, whether or not PSS was read between."""
+def test_monitor_samples_from_a_process_of_its_own_and_counts_cores_busy_over_the_phase():
+    """No thread is added to the measured process; ``stop()`` gives the cores kept busy since ``start()``,
+    and RSS sampled meanwhile catches a child that came and went."""
+    import threading
     import time
 
     from gpufeed.bench.monitor import Monitor
 
     pytest.importorskip("psutil")
-    monitor = Monitor(None)
-    monitor.start()
-    end = time.perf_counter() + 0.3
-    while time.perf_counter() < end:  # this process busy for the whole phase
-        pass
-    monitor.stop()
-    assert monitor.cores_busy is not None and 0.5 < monitor.cores_busy < 2.5
+    with Monitor(None, interval=0.01) as monitor:
+        threads = threading.active_count()
+        monitor.start()
+        assert threading.active_count() == threads
+        child = _busy_child(120)
+        time.sleep(0.3)  # sampled meanwhile (RSS every fourth interval)
+        child.stdin.close()
+        child.wait(timeout=30)
+        end = time.perf_counter() + 0.3
+        while time.perf_counter() < end:  # this process busy
+            pass
+        reading = monitor.stop()
+    assert reading.cores_busy is not None and 0.5 < reading.cores_busy < 2.5
+    assert reading.rss_peak - reading.rss_start >= 100 << 20
+    assert reading.gpu_busy is None and reading.gpu_mem_peak is None  # no GPU asked for
+
+
+def test_the_rate_comes_from_plain_epochs_and_the_overhead_and_unsteady_epochs_are_said():
+    """``summarise``: images/s is the plain epochs' median whatever the monitored ones ran at; monitors that
+    cost more than 1% beyond the plain epochs' spread, an unsteady rate and short epochs are warned about."""
+    from gpufeed.bench.pipeline import summarise
+
+    def epoch(kind, rate):
+        return {"kind": kind, "seconds": 1000 / rate, "images": 1000, "images_per_s": rate, "cpu_share": None,
+                "gpu_busy": None, "gpu_samples": 0, "gpu_mem_start": None, "gpu_mem_peak": None, "rss_start": 10,
+                "rss_peak": None if kind == "plain" else 20, "pss_peak": 15 if kind == "memory" else None,
+                "cores_busy": None if kind == "plain" else 3.0}
+
+    before = {"rss": 5, "pss": 4, "gpu_used": None}
+    steady = [epoch("warm-up", 50), epoch("plain", 100), epoch("monitored", 90), epoch("plain", 101),
+              epoch("memory", 80)]
+    row = summarise("gpufeed", steady, None, 100, before)
+    assert row["images_per_s"] == 100.5 and row["monitored_images_per_s"] == 90
+    assert row["bench_overhead"] == pytest.approx(100.5 / 90 - 1)
+    assert row["added_rss_bytes"] == 15 and row["added_pss_bytes"] == 11 and row["cpu_cores_busy"] == 3.0
+    assert row["warnings"] == ["the bench's monitors cost 11.7% (monitored epochs against plain ones, beyond the "
+                               "plain epochs' own spread of 1.0%)"]
+    quiet = summarise("gpufeed", [*steady[:2], epoch("monitored", 100.2), *steady[3:]], None, 100, before)
+    assert quiet["warnings"] == []
+    rising = summarise("gpufeed", [epoch("warm-up", 50), epoch("plain", 80), epoch("monitored", 90),
+                                   epoch("plain", 100), epoch("memory", 80)], None, 5, before)
+    assert rising["warnings"][0].startswith("5 batches an epoch")
+    assert rising["warnings"][1] == "plain epochs not steady (50, 80, 90, 100, 80 images/s, epoch by epoch)"
 
 
 def test_bench_rejects_model_on_cpu(capsys):
@@ -113,8 +168,9 @@ def test_bench_row_names_the_gpu_decoder_share_and_worker_cpus(monkeypatch):
     """The row label says what ran: the decoder, the CPU share and the CPUs the workers were kept to."""
     import torch
 
-    import gpufeed.bench.run as run
+    import gpufeed.bench.pipeline as pipeline
     from gpufeed.bench.monitor import Monitor
+    from gpufeed.bench.run import BenchConfig
 
     class FakeGpuLoader:  # what ImageLoader(decode="gpu") reports, without a GPU; the share moves each epoch
         epochs = 0
@@ -130,15 +186,12 @@ def test_bench_row_names_the_gpu_decoder_share_and_worker_cpus(monkeypatch):
             self.epochs += 1
             return iter([(torch.zeros(4, 3, 8, 8), torch.zeros(4, dtype=torch.int64))] * 2)
 
-    class Bar:
-        update = close = lambda *a: None
-
-    monkeypatch.setattr(run, "_make_loader", lambda *a: FakeGpuLoader())
-    row = run.run_pipeline("gpufeed-gpu", "unused", run.BenchConfig(epochs=2), torch.device("cpu"), None,
-                           Monitor(None), lambda *a: Bar())
-    assert row["pipeline"] == "gpufeed-gpu (nvjpeg-hw decode, CPU share 0.50, workers on CPUs 3-7,9)"
+    monkeypatch.setattr(pipeline, "make_loader", lambda *a: FakeGpuLoader())
+    with Monitor(None) as monitor:
+        row = pipeline.run_pipeline("gpufeed-gpu", "unused", BenchConfig(epochs=2), torch.device("cpu"), None, monitor)
+    assert row["pipeline"] == "gpufeed-gpu (nvjpeg-hw decode, CPU share 0.75, workers on CPUs 3-7,9)"
     assert row["loader_stats"]["worker_cpus"] == [3, 4, 5, 6, 7, 9]
-    assert [e["cpu_share"] for e in row["epochs"]] == [0.25, 0.5]  # each epoch's, as it ended
+    assert [e["cpu_share"] for e in row["epochs"]] == [0.25, 0.5, 0.75]  # each epoch's, as it ended
 
 
 def test_bench_under_torchrun_sums_the_ranks(tmp_path, synth_root):
@@ -162,8 +215,9 @@ def test_bench_under_torchrun_sums_the_ranks(tmp_path, synth_root):
     from gpufeed.cores import usable_cores
 
     assert result["machine"]["ranks"] == 2 and result["config"]["workers"] == max(1, usable_cores() // 2)
+    assert not result["isolated"]  # the ranks' own processes run the pipelines
     for r in result["rows"]:  # each rank 20 of the 40 samples (5 batches of 4), summed over the ranks
-        assert [e["images"] for e in r["epochs"]] == [40, 40] and r["images_per_s"] > 0
+        assert [e["images"] for e in r["epochs"]] == [40, 40, 40] and r["images_per_s"] > 0
 
 
 def test_bench_times_a_recipe_both_ways(tmp_path, synth_root, capsys):
@@ -175,7 +229,7 @@ def test_bench_times_a_recipe_both_ways(tmp_path, synth_root, capsys):
     assert "recipe trivialaugment-mix" in capsys.readouterr().out
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert [r["pipeline"] for r in rows] == ["baseline", "gpufeed (cpu decode)"]
-    assert all([e["images"] for e in r["epochs"]] == [40, 40] and r["images_per_s"] > 0 for r in rows)
+    assert all([e["images"] for e in r["epochs"]] == [40, 40, 40] and r["images_per_s"] > 0 for r in rows)
     recipe = tmp_path / "mine.py"
     recipe.write_text("import torch\nfrom torchvision.transforms import v2\n"
                       "transform = v2.Compose([v2.RandomResizedCrop(64), v2.ToImage(), "

@@ -8,22 +8,6 @@ import sys
 from pathlib import Path
 
 
-def _progress(desc: str, total: int):
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, desc=desc, unit="batch", leave=False, file=sys.stderr, disable=None)  # off when not a TTY
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _cmd_synth(args: argparse.Namespace) -> int:
     from .synth import create_synthetic_dataset
 
@@ -90,7 +74,7 @@ def _bench(args: argparse.Namespace, cuda: bool, rank: int, local_ranks: int, ra
         pipelines=tuple(pipelines.split(",")), storage_options=storage_options, recipe=args.recipe,
         compile=args.compile,
     )
-    result = run_bench(cfg, _progress)
+    result = run_bench(cfg)
     failed = [r for r in result["rows"] if r.get("error")]
     if rank != 0:  # rank 0 reports for all
         return 1 if failed else 0
@@ -117,43 +101,77 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+_BENCH_EPILOG = """\
+columns:
+  images/s          median of the plain epochs: a training loop with nothing else in the process (epoch 1, the
+                    warm-up with the start-up, is not counted)
+  epoch 1 s         the warm-up epoch's seconds (workers starting, the first batches)
+  steady s          the plain epochs' median seconds
+  vs baseline       images/s over the usual DataLoader's
+  of ceiling        images/s over the model's own rate on tensors already on the GPU, measured in this run
+  GPU busy          NVML utilisation, read every 50 ms in the monitored epochs by a sampler process
+  CPU cores busy    CPU seconds of the process tree over the epoch's wall time (cores kept busy)
+  host RSS GB       the tree's peak RSS (shared pages counted once per process)
+  RSS / PSS added   what the pipeline added since before its loader was made; PSS splits shared pages among
+                    their processes and is read once, halfway through an extra epoch that counts for nothing else
+  GPU mem added GB  NVML's "used" peak over the epochs, less what was used before the loader was made
+  bench overhead    how much slower the monitored epochs ran than the plain ones (warned above 1%%)
+
+Each pipeline runs in a fresh process. Under torchrun (torchrun --nproc_per_node=N -m gpufeed bench ...) every
+rank trains with DDP, pipelines run one after another in each rank's process, and images/s are summed over the
+ranks.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="gpufeed", description="Keep the training GPU busy.")
+    p.add_argument("--version", action="version", version=f"gpufeed {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("synth", help="write a synthetic ImageNet-like JPEG folder")
-    s.add_argument("dir")
-    s.add_argument("--n", type=int, default=10_000)
-    s.add_argument("--classes", type=int, default=100)
-    s.add_argument("--seed", type=int, default=0)
+    s = sub.add_parser("synth", help="write a synthetic ImageNet-like JPEG folder",
+                       description="Write N seeded, ImageNet-like JPEGs (about 470 x 390 px and 100 KB on average, "
+                                   "baseline 4:2:0, quality 80-96) in an ImageFolder layout under DIR. The same "
+                                   "arguments give the same files; files already there are kept.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s.add_argument("dir", help="the folder to write (class folders class_000, class_001, ... inside)")
+    s.add_argument("--n", type=int, default=10_000, help="number of images")
+    s.add_argument("--classes", type=int, default=100, help="number of classes (class folders)")
+    s.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same files")
     s.set_defaults(fn=_cmd_synth)
 
     b = sub.add_parser("bench", help="the usual DataLoader against gpufeed, in one run and one table",
-                       description="Under torchrun (torchrun --nproc_per_node=N -m gpufeed bench ...) every rank "
-                                   "trains with DDP and the table sums images/s over the ranks.")
+                       description="Time the usual torchvision DataLoader and gpufeed on the same data, loader only "
+                                   "or training a model, and print one table.",
+                       epilog=_BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--data", help="an ImageFolder-layout folder, tar shards, Parquet files, or a URL of shards or "
                                   "Parquet files (s3://, gs://, az://, https://...{000..099}.tar); default: a cached "
-                                  "synthetic dataset")
+                                  "synthetic dataset under ~/.cache/gpufeed")
     b.add_argument("--storage-options", help="JSON object passed to fsspec for --data URLs, e.g. "
                                              "'{\"client_kwargs\": {\"endpoint_url\": \"http://host:9000\"}}'")
-    b.add_argument("--n", type=int, help="synthetic images when --data is not given (default 10,000 with a GPU, else 2,000)")
-    b.add_argument("--batch-size", type=int, help="default 256 with a GPU, else 64")
+    b.add_argument("--n", type=int, help="synthetic images when --data is not given (default: 10,000 with a GPU, "
+                                         "else 2,000)")
+    b.add_argument("--batch-size", type=int, help="default: 256 with a GPU, else 64")
     b.add_argument("--workers", type=int, help="worker processes for every pipeline, per rank (default: the usable "
                                               "cores, shared among the node's ranks)")
-    b.add_argument("--epochs", type=int, default=3, help="epochs per pipeline; the first counts as warm-up")
-    b.add_argument("--model", help="torchvision model to train per batch, or 'none' (default resnet50 on a GPU)")
-    b.add_argument("--device", help="'cuda' or 'cpu' (default: cuda when available)")
+    b.add_argument("--epochs", type=int, default=4, help="timed epochs per pipeline, the first a warm-up; one more "
+                                                         "reads host memory (default: 4)")
+    b.add_argument("--model", help="torchvision model to train per batch (resnet50, resnet18, ...), or 'none' for "
+                                   "the loader alone (default: resnet50 on a GPU, none on a CPU)")
+    b.add_argument("--device", help="'cuda', 'cuda:N' or 'cpu' (default: cuda when available)")
     b.add_argument("--pipelines",
-                   help="comma-separated (default baseline,gpufeed; gpufeed alone for data the baseline cannot read: "
-                        "URLs, shards, Parquet), from: baseline, baseline+prefetch, gpufeed (decode where 'auto' puts "
+                   help="comma-separated (default: baseline,gpufeed; gpufeed alone for data the baseline cannot "
+                        "read: URLs, shards, Parquet), from: baseline (torchvision ImageFolder + DataLoader), "
+                        "baseline+prefetch (the same through gpufeed.prefetch), gpufeed (decode where 'auto' puts "
                         "it), gpufeed-cpu, gpufeed-gpu (GPU decode + the CPU share cpu_share='auto' settles on), "
                         "gpufeed-gpu-only (GPU decoders alone)")
     b.add_argument("--recipe", help="a training recipe timed both ways: standard, trivialaugment (+ RandomErasing "
                    "0.1), trivialaugment-mix (+ MixUp/CutMix), resize-randomcrop (Resize + RandomCrop + flip), or a "
-                   ".py file defining `transform` and optionally `batch_transform`")
+                   ".py file defining `transform` and optionally `batch_transform` (default: standard)")
     b.add_argument("--compile", action="store_true", help="train the model through torch.compile (its own rate "
                    "too), to see what share of a compiled model's rate the loader keeps")
-    b.add_argument("--json", help="write all numbers to this JSON file")
+    b.add_argument("--json", help="write all numbers, epoch by epoch, to this JSON file")
     b.add_argument("--chart", help="write a PNG bar chart to this file")
     b.set_defaults(fn=_cmd_bench)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any
 
 
@@ -13,12 +14,12 @@ def _fmt(value: Any, spec: str, suffix: str = "") -> str:
 def format_table(result: dict[str, Any]) -> str:
     m, c = result["machine"], result["config"]
     head = (f"gpufeed bench: {m['cpu_cores']} CPU cores, GPU {m['gpu'] or 'none'}, torch {m['torch']}; "
-            f"batch {c['batch_size']}, {c['workers']} workers, {c['epochs']} epochs, "
+            f"batch {c['batch_size']}, {c['workers']} workers, {c['epochs']} epochs (+1 for memory), "
             f"model {c['model'] or 'none (loader only)'}{' (torch.compile)' if c.get('compile') else ''}; recipe {c.get('recipe') or 'crop + flip + normalise'}; "
             f"NVML: {result['nvml']}\n"
             f"data: {result['dataset']}\n")
     cols = ["pipeline", "epoch 1 s", "steady s", "images/s", "vs baseline", "of ceiling", "GPU busy", "CPU cores busy",
-            "host RSS GB", "RSS added GB", "PSS added GB", "GPU mem added GB"]
+            "host RSS GB", "RSS added GB", "PSS added GB", "GPU mem added GB", "bench overhead"]
     rows = []
     for r in result["rows"]:
         rows.append([
@@ -34,11 +35,23 @@ def format_table(result: dict[str, Any]) -> str:
             _fmt(None if r.get("added_rss_bytes") is None else r["added_rss_bytes"] / 1e9, ".2f"),
             _fmt(None if r.get("added_pss_bytes") is None else r["added_pss_bytes"] / 1e9, ".2f"),
             _fmt(None if r.get("gpu_mem_added_bytes") is None else r["gpu_mem_added_bytes"] / 1e9, ".2f"),
+            _fmt(None if r.get("bench_overhead") is None else 100 * r["bench_overhead"], "+.1f", "%"),
         ])
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
     line = lambda cells: "| " + " | ".join(str(x).ljust(w) for x, w in zip(cells, widths)) + " |"
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return head + "\n".join([line(cols), sep, *map(line, rows)])
+    notes = [f"- {r['pipeline'].split(' (')[0]}: {w}" for r in result["rows"] for w in r.get("warnings", [])]
+    return head + "\n".join([line(cols), sep, *map(line, rows), *(["warnings:", *notes] if notes else []),
+                                   textwrap.fill(READING, 110)])
+
+
+# How each column is read: printed under every table, so that a figure never stands without its method.
+READING = (
+    "images/s: median of the plain epochs (a training loop with nothing else in the process); epoch 1 (warm-up, "
+    "start-up included) is not counted. of ceiling: images/s over the model's own rate on GPU-resident tensors. "
+    "GPU busy, CPU cores busy, RSS: read in the monitored epochs by a sampler process. PSS: read once, halfway "
+    "through an extra epoch that counts for nothing else. bench overhead: how much slower the monitored epochs "
+    "ran than the plain ones. Each pipeline runs in a fresh process.")
 
 
 def write_json(result: dict[str, Any], path: str) -> None:
@@ -48,8 +61,6 @@ def write_json(result: dict[str, Any], path: str) -> None:
 
 def write_chart(result: dict[str, Any], path: str) -> None:
     """A bar chart of steady-state images/s (and GPU busy where measured); title and labels shown whole."""
-    import textwrap
-
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,0 +1,22 @@
+"""One measurement of `gpufeed bench` in a fresh process: reads its request (JSON) from standard input and
+writes the row to the file the request names (``bench.run._in_child``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .run import BenchConfig, measure
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.read())
+    config = dict(request["config"], pipelines=tuple(request["config"]["pipelines"]))
+    row = measure(request["what"], BenchConfig(**config), request["root"])
+    with open(request["out"], "w") as f:
+        json.dump(row, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

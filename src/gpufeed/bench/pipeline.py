@@ -1,0 +1,232 @@
+"""One pipeline's epochs, timed as a plain training loop, and what they add up to.
+
+Each pipeline runs ``epochs`` epochs and one more:
+
+    epoch 1        warm-up: start-up included (workers, the first batches), monitored; reported on its own
+    epochs 2..E    alternately plain and monitored, plain first
+    epoch E + 1    memory: monitored, with the tree's PSS read once halfway through
+
+A plain epoch is ``for images, labels in loader: step(images, labels)`` with nothing else in the process:
+no sampling, no progress bar; images/s is the median of the plain epochs. Monitored epochs give GPU busy,
+the cores busy and RSS (read by the sampler process, ``bench.monitor``), and the bench's own overhead: how
+much slower they ran than the plain ones. PSS is read only in the memory epoch, whose time counts for
+nothing, since the read stalls every process of the tree while it walks their page tables.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable, Iterable
+
+import torch
+
+from ..cores import cpu_ranges
+from ..loader import ImageLoader
+from ..transfer import prefetch
+from .baseline import create_baseline_loader
+from .monitor import Monitor, Reading
+from .ranks import over_ranks, together
+from .recipes import BenchRecipe
+from .train import TrainStep, ceiling_rate
+
+# gpufeed: decode where ImageLoader's "auto" puts it; -cpu / -gpu force the CPU workers / a GPU decoder
+# (with the workers decoding the share of each batch that cpu_share="auto" settles on); -gpu-only: the GPU
+# decoders alone (cpu_share=0, apart from files they refuse).
+PIPELINES = ("baseline", "baseline+prefetch", "gpufeed", "gpufeed-cpu", "gpufeed-gpu", "gpufeed-gpu-only")
+_DECODE = {"gpufeed": "auto", "gpufeed-cpu": "cpu", "gpufeed-gpu": "gpu", "gpufeed-gpu-only": "gpu"}
+
+# Fewer batches an epoch than this, and the start of each epoch and its end weigh in its rate.
+FEW_BATCHES = 20
+# Plain epochs further apart than this are not a steady rate: the table says so and gives the curve.
+UNSTEADY = 0.05
+# Monitored epochs slower than plain ones by more than this (and than the plain epochs' own spread): the table
+# says the monitors cost that much.
+OVERHEAD_WARNING = 0.01
+
+
+def epoch_kinds(epochs: int) -> list[str]:
+    """The kind of each epoch a pipeline runs (see the module docstring)."""
+    return ["warm-up"] + ["plain" if i % 2 == 0 else "monitored" for i in range(epochs - 1)] + ["memory"]
+
+
+def make_loader(name: str, root: str, cfg: Any, device: torch.device, recipe: BenchRecipe | None) -> Iterable:
+    """The loader of pipeline ``name`` (``PIPELINES``) for ``cfg`` (a ``BenchConfig``)."""
+    if name.startswith("baseline") and not os.path.isdir(root):
+        raise ValueError(f"the baseline (torchvision's ImageFolder) reads only a local ImageFolder folder, not {root!r}")
+    transform = recipe.transform if recipe is not None else None
+    if name.startswith("baseline"):
+        loader = create_baseline_loader(root, batch_size=cfg.batch_size, num_workers=cfg.workers, transform=transform)
+        return prefetch(loader, device) if name == "baseline+prefetch" else loader
+    loader = ImageLoader(root, batch_size=cfg.batch_size, num_workers=cfg.workers, device=device,
+                         channels_last=cfg.model is not None, decode=_DECODE[name],
+                         cpu_share=0.0 if name == "gpufeed-gpu-only" else "auto", storage_options=cfg.storage_options,
+                         transform=transform, batch_transform=recipe.batch_transform if recipe is not None else None)
+    if name.startswith("gpufeed-gpu") and loader.decode_backend == "cpu":
+        loader.close()
+        raise ValueError(f"pipeline gpufeed-gpu: no GPU decoder works here ({loader.decode_reason})")
+    return loader
+
+
+class _Bar:
+    """A progress bar per pipeline, moved only between epochs (so that no timed epoch runs its code);
+    off when standard error is not a terminal, or without tqdm."""
+
+    def __init__(self, name: str, total: int) -> None:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            self._bar = None
+            return
+        self._bar = tqdm(total=total, desc=name, unit="epoch", leave=False, file=sys.stderr, disable=None)
+
+    def step(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(text, refresh=False)
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _epoch(loader: Iterable, step: TrainStep | None, device: torch.device, mix: Callable | None,
+           pss_at: int | None, monitor: Monitor) -> tuple[int, float]:
+    """One epoch as a training loop runs it: (images, seconds), the device synchronised at its end. Loader
+    only (``step`` None), each batch is still moved to the device (a no-op for gpufeed's)."""
+    n, t0 = 0, time.perf_counter()
+    for batch, (images, labels) in enumerate(loader, 1):
+        if mix is not None:
+            images, labels = mix(images.to(device, non_blocking=True), labels.to(device, non_blocking=True))
+        if step is not None:
+            step(images, labels)
+        elif images.device != device:
+            images = images.to(device, non_blocking=True)
+        n += images.shape[0]
+        if batch == pss_at:
+            monitor.read_pss()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return n, time.perf_counter() - t0
+
+
+def _set_epoch(loader: Iterable, epoch: int) -> None:
+    sampler = getattr(getattr(loader, "iterable", loader), "sampler", None)  # through a Prefetcher
+    if hasattr(sampler, "set_epoch"):  # the baseline's DistributedSampler under DDP; ImageLoader's own
+        sampler.set_epoch(epoch)
+
+
+def run_pipeline(name: str, root: str, cfg: Any, device: torch.device, step: TrainStep | None, monitor: Monitor,
+                 recipe: BenchRecipe | None = None) -> dict[str, Any]:
+    """Every epoch of pipeline ``name``; returns its row (see ``summarise``)."""
+    if device.type == "cuda":
+        torch.zeros(1, device=device)  # the CUDA context is this process's, not the loader's
+    before = monitor.now(pss=True)  # before the loader takes its memory, host and GPU
+    loader = make_loader(name, root, cfg, device, recipe)
+    # the baseline's batch transform on the device, as its script would call it (gpufeed's runs in the loader)
+    mix = recipe.batch_transform if recipe is not None and name.startswith("baseline") else None
+    kinds = epoch_kinds(cfg.epochs)
+    bar, epochs = _Bar(name, len(kinds)), []
+    try:
+        for index, kind in enumerate(kinds):
+            _set_epoch(loader, index)
+            pss_at = max(1, len(loader) // 2) if kind == "memory" else None
+            together()
+            if kind != "plain":
+                monitor.start()
+            n, seconds = _epoch(loader, step, device, mix, pss_at, monitor)
+            reading = monitor.stop() if kind != "plain" else Reading()
+            epochs.append({"kind": kind, "seconds": seconds, "images": int(over_ranks(n, device)),
+                           "images_per_s": over_ranks(n / seconds, device), "cpu_share": _cpu_share(loader),
+                           **reading.__dict__})
+            bar.step(f"{epochs[-1]['images_per_s']:,.0f} images/s")
+        stats = getattr(loader, "stats", None)
+        batches = len(loader)
+    finally:
+        bar.close()
+        close = getattr(loader, "close", None)
+        if close:
+            close()
+    return summarise(name, epochs, stats, batches, before)
+
+
+def _cpu_share(loader: Iterable) -> float | None:
+    """The CPU workers' share of gpufeed's GPU-path batches as an epoch ends (None for the others)."""
+    stats = getattr(loader, "stats", None)
+    return stats["cpu_share"] if stats is not None and stats["decode_backend"] != "cpu" else None
+
+
+def _label(name: str, stats: dict[str, Any] | None) -> str:
+    """The row's name: the pipeline, and for gpufeed what ran (decoder, CPU share, worker CPUs, ops)."""
+    if stats is None:
+        return name
+    share = "" if stats["decode_backend"] == "cpu" else f", CPU share {stats['cpu_share']:.2f}"
+    if stats.get("worker_cpus"):
+        share += f", workers on CPUs {cpu_ranges(set(stats['worker_cpus']))}"
+    ops = stats.get("auto_augment_ops")
+    if ops:
+        share += ", auto-augment ops in " + ("Triton" if ops.startswith("two Triton") else "PyTorch passes")
+    return f"{name} ({stats['decode_backend']} decode{share})"
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _added(peaks: list[int | None], before: int | None) -> int | None:
+    peaks = [p for p in peaks if p is not None]
+    return max(peaks) - before if peaks and before is not None else None
+
+
+def summarise(name: str, epochs: list[dict[str, Any]], stats: dict[str, Any] | None, batches: int,
+              before: dict[str, Any]) -> dict[str, Any]:
+    """A pipeline's row: images/s (median of the plain epochs), the monitored epochs' rate and readings, the
+    bench's overhead (plain over monitored, less one), what memory the pipeline added since before its loader
+    was made (``before``: ``Monitor.now``; PSS from the memory epoch), and warnings."""
+    plain = [e["images_per_s"] for e in epochs if e["kind"] == "plain"]
+    watched = [e for e in epochs if e["kind"] == "monitored"] or [e for e in epochs if e["kind"] == "memory"]
+    rate, watched_rate = _median(plain), _median([e["images_per_s"] for e in watched])
+    overhead = (rate / watched_rate - 1) if rate and watched_rate and any(e["kind"] == "monitored" for e in epochs) else None
+    spread = (max(plain) / min(plain) - 1) if len(plain) > 1 else None
+    warnings = []
+    if batches < FEW_BATCHES:
+        warnings.append(f"{batches} batches an epoch: the start and end of each epoch weigh in, so its rate and "
+                        f"the ratios are not steady figures (use more images, or --n)")
+    if spread is not None and spread > UNSTEADY:
+        warnings.append("plain epochs not steady (" + ", ".join(f"{e['images_per_s']:,.0f}" for e in epochs)
+                        + " images/s, epoch by epoch)")
+    if overhead is not None and overhead > max(OVERHEAD_WARNING, spread or 0.0):
+        warnings.append(f"the bench's monitors cost {100 * overhead:.1f}% (monitored epochs against plain ones, "
+                        f"beyond the plain epochs' own spread of {100 * (spread or 0.0):.1f}%)")
+    rss_peaks = [e["rss_peak"] for e in epochs if e["rss_peak"] is not None]
+    return {
+        "pipeline": _label(name, stats),
+        "loader_stats": stats,
+        "epochs": epochs,
+        "images_per_s": rate,
+        "monitored_images_per_s": watched_rate,
+        "bench_overhead": overhead,
+        "plain_spread": spread,
+        "warnings": warnings,
+        "first_epoch_s": epochs[0]["seconds"],
+        "steady_epoch_s": _median([e["seconds"] for e in epochs if e["kind"] == "plain"]),
+        "gpu_busy": _median([e["gpu_busy"] for e in watched]),
+        "cpu_cores_busy": _median([e["cores_busy"] for e in watched]),
+        "peak_rss_bytes": max(rss_peaks) if rss_peaks else None,
+        "added_rss_bytes": _added(rss_peaks, before["rss"]),
+        "added_pss_bytes": _added([e["pss_peak"] for e in epochs if e["kind"] == "memory"], before["pss"]),
+        "gpu_mem_before_loader_bytes": before["gpu_used"],
+        "gpu_mem_added_bytes": _added([e["gpu_mem_peak"] for e in epochs], before["gpu_used"]),
+    }
+
+
+def ceiling_row(step: TrainStep, batch_size: int, device: torch.device, monitor: Monitor) -> dict[str, Any]:
+    """The model's own rate on tensors already on the GPU, with GPU busy read while it runs."""
+    monitor.start()
+    rate = ceiling_rate(step, batch_size, device)
+    reading = monitor.stop()
+    return {"pipeline": "GPU-resident tensors (ceiling)", "images_per_s": rate, "gpu_busy": reading.gpu_busy,
+            "cpu_cores_busy": reading.cores_busy, "epochs": [], "warnings": []}

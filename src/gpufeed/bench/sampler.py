@@ -1,0 +1,208 @@
+"""The bench's sampler: a process of its own that watches the measured process tree, so that no sampling runs
+in the process being timed (a sampling thread there takes the interpreter lock beside the loader's threads).
+
+    python -m gpufeed.bench.sampler PID GPU_INDEX INTERVAL_S [nvml,rss]
+
+GPU_INDEX -1: no GPU. The last argument names what is sampled (default both: NVML utilisation and "used"
+memory; the tree's summed RSS, every fourth interval); ``benchmarks/monitor_cost.py`` times each alone.
+One JSON object per line answers each command read from standard input:
+
+- ``start``: begin a phase; answers the tree's RSS, NVML's "used" bytes and the tree's CPU seconds now.
+- ``now``: the same readings, without starting anything; ``now-pss``: with the tree's PSS too.
+- ``pss``: read the tree's PSS (and RSS) now, into the phase's peaks; answers nothing, so the measured
+  process does not wait for the read (which walks every process's page tables under its memory-map lock).
+- ``stop``: end the phase; answers its readings (``Reading`` in ``monitor.py``).
+
+End of input (the measured process closing the pipe, or exiting) ends the sampler. Imports neither torch
+nor the loader: it starts in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import sys
+import time
+from typing import Any
+
+
+class _Tree:
+    """The process ``pid`` and its descendants, read through psutil (None where psutil is missing)."""
+
+    def __init__(self, pid: int) -> None:
+        try:
+            import psutil
+        except ImportError:
+            self.psutil = self.root = None
+            return
+        self.psutil, self.root = psutil, psutil.Process(pid)
+
+    def _members(self) -> list:
+        try:
+            return [self.root, *self.root.children(recursive=True)]
+        except self.psutil.NoSuchProcess:
+            return []
+
+    def memory(self, pss: bool = False) -> tuple[int | None, int | None]:
+        """(RSS, PSS) summed over the tree; PSS None unless asked for and readable for every member.
+        RSS counts shared pages once per process, as ``ps`` does; PSS splits them among their processes."""
+        if self.psutil is None:
+            return None, None
+        rss, pss_sum, pss_ok = 0, 0, pss
+        for p in self._members():
+            try:
+                try:
+                    m = p.memory_full_info() if pss else p.memory_info()
+                except self.psutil.AccessDenied:
+                    m = p.memory_info()
+            except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):  # a worker that just exited
+                continue
+            rss += m.rss
+            if getattr(m, "pss", None) is None:
+                pss_ok = False
+            else:
+                pss_sum += m.pss
+        return rss, (pss_sum if pss_ok else None)
+
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU seconds of the tree, reaped children included."""
+        if self.psutil is None:
+            return None
+        total = 0.0
+        for p in self._members():
+            try:
+                t = p.cpu_times()
+            except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+        return total
+
+
+class _Gpu:
+    """NVML's utilisation and "used" memory of one GPU; ``error`` says why not where NVML is missing."""
+
+    def __init__(self, index: int) -> None:
+        self.nvml = self.handle = None
+        self.error: str | None = None if index >= 0 else "not used (no GPU)"
+        if index < 0:
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self.nvml = pynvml
+        except Exception as e:  # NVML missing or no driver: report, don't fail
+            self.error = f"{type(e).__name__}: {e}"
+
+    def utilisation(self) -> int | None:
+        return None if self.nvml is None else self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu
+
+    def used(self) -> int | None:
+        return None if self.nvml is None else self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used
+
+
+class Sampler:
+    """One phase's readings, sampled every ``interval`` seconds while a phase runs."""
+
+    def __init__(self, pid: int, gpu_index: int, interval: float, what: set[str]) -> None:
+        self.tree, self.gpu, self.interval = _Tree(pid), _Gpu(gpu_index), interval
+        self.sample_nvml, self.sample_rss = "nvml" in what, "rss" in what
+        self.active = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.util: list[int] = []
+        self.gpu_peak = self.rss_peak = self.pss_peak = None
+        self.start: dict[str, Any] = {}
+        self.tick = 0
+
+    def now(self, pss: bool = False) -> dict[str, Any]:
+        rss, pss_sum = self.tree.memory(pss)
+        return {"rss": rss, "pss": pss_sum, "gpu_used": self.gpu.used(), "cpu_seconds": self.tree.cpu_seconds(),
+                "time": time.monotonic()}
+
+    def begin(self) -> dict[str, Any]:
+        self._reset()
+        self.start = self.now()
+        self.rss_peak, self.gpu_peak = self.start["rss"], self.start["gpu_used"]
+        self.active = True
+        return self.start
+
+    def read_pss(self) -> None:
+        rss, pss = self.tree.memory(pss=True)
+        self.rss_peak = _max(self.rss_peak, rss)
+        if pss is not None:
+            self.pss_peak = _max(self.pss_peak, pss)
+
+    def sample(self) -> None:
+        if self.sample_nvml:
+            util = self.gpu.utilisation()
+            if util is not None:
+                self.util.append(util)
+            self.gpu_peak = _max(self.gpu_peak, self.gpu.used())
+        if self.sample_rss and self.tick % 4 == 0:
+            self.rss_peak = _max(self.rss_peak, self.tree.memory()[0])
+        self.tick += 1
+
+    def end(self) -> dict[str, Any]:
+        self.active = False
+        end = self.now()
+        self.rss_peak = _max(self.rss_peak, end["rss"])
+        self.gpu_peak = _max(self.gpu_peak, end["gpu_used"])
+        cpu0, cpu1, wall = self.start.get("cpu_seconds"), end["cpu_seconds"], end["time"] - self.start["time"]
+        return {"gpu_busy": sum(self.util) / len(self.util) if self.util else None, "gpu_samples": len(self.util),
+                "gpu_mem_start": self.start["gpu_used"], "gpu_mem_peak": self.gpu_peak,
+                "rss_start": self.start["rss"], "rss_peak": self.rss_peak, "pss_peak": self.pss_peak,
+                "cores_busy": (cpu1 - cpu0) / max(wall, 1e-9) if cpu0 is not None and cpu1 is not None else None}
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def serve(sampler: Sampler, stdin, stdout) -> None:
+    """Answer commands from ``stdin`` (see the module docstring) until it ends."""
+    hello = {"nvml": "ok" if sampler.gpu.nvml is not None else sampler.gpu.error,
+             "psutil": sampler.tree.psutil is not None}
+    print(json.dumps(hello), file=stdout, flush=True)
+    fd, buffer, due = stdin.fileno(), b"", time.monotonic()
+    while True:
+        timeout = max(0.0, due - time.monotonic()) if sampler.active else None
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:  # the interval ended with no command: sample
+            sampler.sample()
+            due = time.monotonic() + sampler.interval
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            command = line.decode().strip()
+            if command == "start":
+                print(json.dumps(sampler.begin()), file=stdout, flush=True)
+                due = time.monotonic() + sampler.interval
+            elif command in ("now", "now-pss"):
+                print(json.dumps(sampler.now(pss=command == "now-pss")), file=stdout, flush=True)
+            elif command == "pss":
+                sampler.read_pss()
+            elif command == "stop":
+                print(json.dumps(sampler.end()), file=stdout, flush=True)
+            else:
+                print(json.dumps({"error": f"unknown command {command!r}"}), file=stdout, flush=True)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (3, 4):
+        print(__doc__, file=sys.stderr)
+        return 2
+    what = set(argv[3].split(",")) if len(argv) == 4 and argv[3] else {"nvml", "rss"}
+    serve(Sampler(int(argv[0]), int(argv[1]), float(argv[2]), what), sys.stdin, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
