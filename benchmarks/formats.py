@@ -113,7 +113,7 @@ def main() -> int:
                     continue
                 cfg = BenchConfig(data=path, batch_size=args.batch_size, epochs=args.epochs, device=args.device,
                                   workers=args.workers or default_num_workers(), pipelines=("gpufeed",))
-                (row,) = run_bench(cfg, lambda *a: _NoBar())["rows"]
+                (row,) = run_bench(cfg)["rows"]
                 if row.get("error"):
                     print(f"{name}: {row['error']}", file=sys.stderr)
                     return 1
@@ -128,14 +128,6 @@ def main() -> int:
         print(f"| {name} | {', '.join(f'{x:,.0f}' for x in r)} | {med:,.0f} | {100 * med / folder:.1f}% "
               f"| {labels[name]} |")
     return 0
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ from collections import defaultdict
 import torch
 
 from gpufeed import ImageLoader
-from gpufeed.bench.run import machine_description, make_train_step, model_rate
+from gpufeed.bench.run import machine_description
+from gpufeed.bench.train import make_train_step, model_rate
 
 
 class PacedLoader(threading.Thread):

@@ -54,27 +54,6 @@ def test_worker_cost_measures_each_path(tmp_path, capsys, monkeypatch):
     assert 0 <= cpu_us[0] < cpu_us[1] < cpu_us[2]
 
 
-def test_sweep(synth_root, capsys, monkeypatch):
-    out = _run("sweep.py", [str(synth_root), "--device", "cpu", "--epochs", "2", "--batch-size", "8", "2,1,cpu"],
-               capsys, monkeypatch)
-    (row,) = _rows(out)
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[0] == "2,1,cpu" and cells[1] == "cpu"
-    assert re.fullmatch(r"[\d,]+ \([\d,]+, [\d,]+\)", cells[2]), cells[2]
-
-
-def test_overlap(capsys, monkeypatch):
-    import torch
-
-    out = _run("overlap.py", ["--batches", "2", "--mb", "4"], capsys, monkeypatch)
-    if torch.cuda.is_available():
-        (row,) = _rows(out)
-        copy_ms, work_ms, both_ms, hidden = (float(c) for c in row.strip("|").split("|"))
-        assert min(copy_ms, work_ms, both_ms) > 0
-    else:
-        assert out.strip().endswith("needs CUDA (none here); nothing measured")
-
-
 def test_gpu_memory_says_it_needs_cuda_without_one(synth_root, capsys, monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the gpu-marked test below runs it")
@@ -89,16 +68,6 @@ def test_gpu_memory_reports_every_epoch(synth_root, capsys, monkeypatch):
     epochs = [int(r.split("|")[1]) for r in _rows(out)]
     assert epochs == [1, 2, 3], out
     assert "growth after epoch 1" in out
-
-
-def test_cpu_device(synth_root, capsys, monkeypatch):
-    out = _run("cpu_device.py", [str(synth_root), "--workers", "2", "--batch-size", "8", "--epochs", "2"], capsys,
-               monkeypatch)
-    (row,) = _rows(out)
-    rate, per, norm, rest, arrays = (c.strip() for c in row.strip("|").split("|"))
-    assert float(rate.replace(",", "")) > 0 and float(norm) > 0 and abs(float(per) - float(norm) - float(rest)) < 0.2
-    used, batches = arrays.split(" of ")
-    assert 1 <= int(used) <= int(batches.split()[0])
 
 
 def test_remote_shards(synth_root, capsys, monkeypatch):
@@ -144,69 +113,6 @@ def test_paced_says_it_needs_a_gpu(synth_root, capsys, monkeypatch):
     assert "needs a CUDA GPU" in out
 
 
-def test_runahead_reads_its_variants_and_says_it_needs_a_gpu(synth_root, capsys, monkeypatch):
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import runahead
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    assert runahead.variant("base") == {"lag": 0, "switch": 5.0, "depth": 2, "share": "auto", "prio": 0,
-                                        "blocking": 0, "loopcopies": 0, "sidestream": 0}
-    v = runahead.variant("depth=4,share=0.65,prio=-1,loopcopies=1,sidestream=1")
-    assert (v["depth"], v["share"], v["prio"], v["loopcopies"], v["lag"], v["sidestream"]) == (4, 0.65, -1, 1, 0, 1)
-    if torch.cuda.is_available():
-        pytest.skip("measures on the GPU machine (benchmarks/gpu_machine.sh STEPS=runahead)")
-    out = _run("runahead.py", [str(synth_root)], capsys, monkeypatch)
-    assert "needs a CUDA GPU" in out
-
-
-def test_stage_cost_draws_random_resized_crop_boxes_and_says_it_needs_a_gpu(synth_root, capsys, monkeypatch):
-    import random
-
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import stage_cost
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    rng, areas = random.Random(1), []
-    for _ in range(500):
-        x, y, w, h = stage_cost._box(500, 375, rng)
-        assert 0 <= x and 0 <= y and 0 < w and 0 < h and x + w <= 500 and y + h <= 375
-        areas.append(w * h / (500 * 375))
-    # the mean crop area as torchvision's RandomResizedCrop draws it for the same image (boxes that do not fit
-    # are drawn again, so large areas are rarer than the uniform scale alone gives)
-    from torchvision.transforms import RandomResizedCrop
-
-    torch.manual_seed(0)
-    tv = [h * w / (500 * 375) for _, _, h, w in (RandomResizedCrop.get_params(torch.empty(3, 375, 500),
-                                                                              (0.08, 1.0), (3 / 4, 4 / 3))
-                                                 for _ in range(2000))]
-    assert min(areas) >= 0.075 and max(areas) <= 1.0
-    assert abs(sum(areas) / len(areas) - sum(tv) / len(tv)) < 0.04, (sum(areas) / len(areas), sum(tv) / len(tv))
-    assert stage_cost._box(10, 10, random.Random(0))[2] <= 10
-    if torch.cuda.is_available():
-        pytest.skip("measures on the GPU machine (benchmarks/gpu_machine.sh STEPS=stages)")
-    assert "needs a CUDA GPU" in _run("stage_cost.py", [str(synth_root)], capsys, monkeypatch)
-
-
-def test_engine_order_says_it_needs_a_gpu(capsys, monkeypatch):
-    if torch.cuda.is_available():
-        pytest.skip("measures on the GPU machine (benchmarks/gpu_machine.sh STEPS=order)")
-    assert "needs a CUDA GPU" in _run("engine_order.py", [], capsys, monkeypatch)
-
-
-def test_sample_ops_times_each_op_both_ways(capsys, monkeypatch):
-    out = _run("sample_ops.py", ["--device", "cpu", "--batch", "4", "--size", "24", "--rounds", "1", "--tv-images", "2"],
-               capsys, monkeypatch)
-    rows = [[c.strip() for c in r.strip("|").split("|")] for r in _rows(out)]
-    assert [r[0] for r in rows] == ["RandomVerticalFlip", "ColorJitter", "RandomGrayscale", "GaussianBlur (10% kernel)",
-                                    "RandomAdjustSharpness", "TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix",
-                                    "all of the above, in order"]
-    assert all(float(r[1].replace(",", "")) > 0 and float(r[5]) > 0 for r in rows)
-    assert all(0 < float(r[3]) <= float(r[2]) for r in rows)  # the draws, within the host time
-    assert "batch 4 x 3 x 24 x 24" in out and "colour and point operations on CUDA: " in out
-
-
 def test_progressive(synth_root, capsys, monkeypatch):
     out = _run("progressive.py", [str(synth_root), "--sizes", "24,32,40", "--device", "cpu", "--workers", "2",
                                   "--batch-size", "8", "--warmup", "1"], capsys, monkeypatch)
@@ -216,3 +122,61 @@ def test_progressive(synth_root, capsys, monkeypatch):
     pids = re.search(r"worker PIDs before the sizes changed: \[([\d, ]+)\]; after: \[([\d, ]+)\] \((.*)\)", out)
     assert pids and pids[1] == pids[2] and pids[3] == "the same processes" and len(pids[1].split(",")) == 2
     assert "made at 40" in out and "benchmarks/progressive.py" in out
+
+
+def _script(name, args, tmp_path, **env):
+    """``benchmarks/NAME`` in a process of its own (the harnesses start fresh processes themselves)."""
+    import os
+    import subprocess
+
+    res = subprocess.run([sys.executable, str(BENCHMARKS / name), *args], capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **env})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
+def test_plain_loop_times_every_epoch(synth_root, tmp_path):
+    import json
+    import statistics
+
+    _script("plain_loop.py", [str(synth_root), "--device", "cpu", "--epochs", "3", "--batch-size", "8",
+                              "--workers", "1", "--json", str(tmp_path / "r.json")], tmp_path)
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert len(r["epochs"]) == 3 and all(x > 0 for x in r["epochs"])
+    assert r["images_per_s"] == statistics.median(r["epochs"][1:])  # the epochs after the first
+    assert r["ceiling"] is None and r["decode_backend"] == "cpu"
+
+
+def test_ab_harness_runs_a_commit_against_the_working_tree(synth_root, tmp_path):
+    """The reference a/b harness, tiny: HEAD exported with git archive, both trees alternating in fresh
+    processes, a row per tree with its median, spread and verdict."""
+    import json
+
+    out = _script("ab.py", [str(synth_root), "--ref", "HEAD", "--rows", "none", "--rounds", "2", "--epochs", "2",
+                            "--batch-size", "8", "--workers", "1", "--device", "cpu", "--json",
+                            str(tmp_path / "ab.json")], tmp_path, HOME=str(tmp_path))
+    (row,) = _rows(out)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "none (images/s)" and cells[4] in ("faster", "slower", "within noise")
+    assert re.fullmatch(r"[\d,]+ \([\d,]+-[\d,]+\)", cells[1]) and re.fullmatch(r"[\d,]+ \([\d,]+-[\d,]+\)", cells[2])
+    result = json.loads((tmp_path / "ab.json").read_text())
+    ref, cur = result["runs"]["none/reference"], result["runs"]["none/current"]
+    assert len(ref) == len(cur) == 2 and all(len(r["epochs"]) == 2 for r in ref + cur)
+    exported = next((tmp_path / ".cache" / "gpufeed" / "ab").iterdir())
+    assert all(r["tree"].startswith(str(exported)) for r in ref)  # each tree ran its own code
+    assert all(r["tree"].startswith(str(BENCHMARKS.parent / "src")) for r in cur)
+
+
+def test_bench_vs_loop_prints_both(synth_root, tmp_path):
+    out = _script("bench_vs_loop.py", [str(synth_root), "--models", "none", "--rounds", "1", "--epochs", "2",
+                                       "--batch-size", "8", "--workers", "1", "--device", "cpu"], tmp_path)
+    (row,) = _rows(out)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "none (images/s)" and re.fullmatch(r"[+-]\d+\.\d%", cells[3])
+
+
+def test_monitor_cost_times_every_monitor(synth_root, tmp_path):
+    out = _script("monitor_cost.py", [str(synth_root), "--models", "none", "--rounds", "1", "--batch-size", "8",
+                                      "--workers", "1", "--device", "cpu"], tmp_path)
+    names = [r.split("|")[1].strip() for r in _rows(out)]
+    assert names == ["plain", "sampler", "sampler-nvml", "sampler-rss", "pss", "thread", "bar", "sum"]

@@ -1,0 +1,95 @@
+"""The reference a/b harness: this working tree against a reference tree, in fresh processes, alternating.
+
+    python benchmarks/ab.py DATA --ref REV|DIR [--rows none,resnet50,resnet18,recipe,compiled-resnet50]
+        [--rounds 3] [--epochs 4] [--batch-size 256] [--workers N] [--device cuda] [--json OUT]
+
+``--ref``: a commit of this repository (exported with ``git archive`` into ``~/.cache/gpufeed/ab/<commit>``,
+its cropped-decode extension built there) or a folder holding a tree's ``src/``. Each round runs every row
+with each tree in turn (the order swapped every other round, so that drift over the run falls on both), each
+run a fresh process of ``plain_loop.py`` with that tree's ``src`` first on PYTHONPATH. Rows: ``none`` (loader
+only), a model (its share of its own rate, the ceiling measured in the same process), ``recipe``
+(trivialaugment-mix with ResNet-50), ``compiled-MODEL``. Prints per row the median and spread of each tree and
+the verdict: faster or slower when every run of one tree beats every run of the other, else within noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import REPO, describe, figure, fresh_run, plain_loop_cmd, verdict
+
+
+def reference_tree(ref: str) -> Path:
+    """The reference's root (holding ``src/gpufeed``): ``ref`` itself when it is such a folder, else the commit
+    ``ref`` of this repository, exported once and its extension built."""
+    if (Path(ref) / "src" / "gpufeed").is_dir():
+        return Path(ref).resolve()
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(f"--ref {ref!r}: neither a folder with src/gpufeed nor a commit of {REPO} ({e})") from None
+    root = Path.home() / ".cache" / "gpufeed" / "ab" / commit
+    if not (root / "src" / "gpufeed").is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    # whole-image decode where the extension cannot be built: each run records which decode it had
+    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=root, capture_output=True)
+    return root
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("data")
+    p.add_argument("--ref", required=True)
+    p.add_argument("--rows", default="none,resnet50,resnet18,recipe,compiled-resnet50")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take before it is stopped")
+    p.add_argument("--log", help="append every run's output to this file")
+    p.add_argument("--json")
+    args = p.parse_args()
+    trees = {"reference": reference_tree(args.ref) / "src", "current": REPO / "src"}
+    rows = args.rows.split(",")
+    runs: dict[tuple[str, str], list[dict]] = {(r, t): [] for r in rows for t in trees}
+    for rnd in range(args.rounds):
+        order = list(trees) if rnd % 2 == 0 else list(trees)[::-1]
+        for row in rows:
+            for tree in order:
+                run = fresh_run(plain_loop_cmd(args.data, row, args), src=trees[tree], timeout=args.timeout,
+                                log=Path(args.log) if args.log else None)
+                runs[(row, tree)].append(run)
+                print(f"round {rnd + 1} {row} {tree}: " + (run.get("error") or run.get("unsupported") or
+                      ", ".join(f"{x:,.0f}" for x in run["epochs"]) + " images/s by epoch"
+                      + (f", {100 * run['of_ceiling']:.1f}% of {run['ceiling']:,.0f}" if run.get("ceiling") else "")),
+                      flush=True)
+    print(f"\nreference {args.ref} ({trees['reference'].parent}) against the current tree ({REPO}); "
+          f"{args.rounds} rounds, {args.epochs} epochs a run, batch {args.batch_size}")
+    print("| row | reference | current | change | verdict |\n|---|---|---|---|---|")
+    summary = {}
+    for row in rows:
+        ref = [v for v in map(figure, runs[(row, "reference")]) if v is not None]
+        cur = [v for v in map(figure, runs[(row, "current")]) if v is not None]
+        share = any(r.get("of_ceiling") is not None for r in runs[(row, "current")] + runs[(row, "reference")])
+        what = "of its own rate" if share else "images/s"
+        change = f"{100 * (statistics.median(cur) / statistics.median(ref) - 1):+.1f}%" if ref and cur else "-"
+        summary[row] = {"reference": ref, "current": cur, "verdict": verdict(ref, cur)}
+        print(f"| {row} ({what}) | {describe(ref, share)} | {describe(cur, share)} | {change} | {verdict(ref, cur)} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ref": args.ref, "summary": summary,
+                       "runs": {f"{r}/{t}": v for (r, t), v in runs.items()}}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

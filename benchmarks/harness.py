@@ -1,0 +1,79 @@
+"""What ``ab.py`` and ``bench_vs_loop.py`` share: one measurement in a fresh process, and the verdict on two
+sets of runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def fresh_run(cmd: list[str], *, src: Path | None = None, timeout: float = 600.0,
+              log: Path | None = None) -> dict:
+    """Run ``cmd`` (which takes ``--json PATH``) in a fresh process, with ``src`` first on PYTHONPATH; returns
+    its JSON, or ``{"error": ...}`` when it failed or ran past ``timeout`` seconds."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
+    with tempfile.TemporaryDirectory(prefix="gpufeed-ab-") as tmp:
+        out = Path(tmp) / "run.json"
+        try:
+            proc = subprocess.run([*cmd, "--json", str(out)], env=env, timeout=timeout, capture_output=True,
+                                  text=True)
+        except subprocess.TimeoutExpired:
+            return {"error": f"past {timeout:.0f} s: {' '.join(cmd)}"}
+        if log is not None:
+            with open(log, "a") as f:
+                f.write(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}\n")
+        if proc.returncode != 0 or not out.exists():
+            return {"error": f"exit status {proc.returncode}: {proc.stderr.strip()[-600:]}"}
+        return json.loads(out.read_text())
+
+
+def plain_loop_cmd(data: str, row: str, args) -> list[str]:
+    """The plain loop's command for a row: none (loader only), a model name, "recipe" (trivialaugment-mix with
+    ResNet-50) or "compiled-MODEL"."""
+    cmd = [sys.executable, str(HERE / "plain_loop.py"), data, "--epochs", str(args.epochs),
+           "--batch-size", str(args.batch_size), "--device", args.device]
+    if args.workers:
+        cmd += ["--workers", str(args.workers)]
+    if row == "recipe":
+        return cmd + ["--model", "resnet50" if args.device.startswith("cuda") else "none", "--recipe",
+                      "trivialaugment-mix"]
+    if row.startswith("compiled-"):
+        return cmd + ["--model", row[len("compiled-"):], "--compile"]
+    return cmd + ["--model", row]
+
+
+def figure(run: dict) -> float | None:
+    """What a run is judged by: the share of the model's own rate, or images/s for the loader alone."""
+    if "error" in run or run.get("unsupported") or run.get("images_per_s") is None:
+        return None
+    return run["of_ceiling"] if run.get("of_ceiling") is not None else run["images_per_s"]
+
+
+def describe(values: list[float], share: bool) -> str:
+    """'median (min-max)' of a row's runs, as percentages for shares."""
+    if not values:
+        return "-"
+    f = (lambda v: f"{100 * v:.1f}%") if share else (lambda v: f"{v:,.0f}")
+    return f"{f(statistics.median(values))} ({f(min(values))}-{f(max(values))})"
+
+
+def verdict(reference: list[float], current: list[float]) -> str:
+    """faster / slower when every run of one tree beats every run of the other, else within noise (the runs'
+    own spread is the noise)."""
+    if not reference or not current:
+        return "-"
+    if min(current) > max(reference):
+        return "faster"
+    if max(current) < min(reference):
+        return "slower"
+    return "within noise"
