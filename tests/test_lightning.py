@@ -149,55 +149,118 @@ def test_gpufeed_does_not_import_lightning_and_says_when_it_is_missing():
 
 
 class RankRecorder(Recorder):
-    """A Recorder that writes each rank's training batches (source indices) to ``out``/rank-R.json when
-    training ends: under DDP each rank is a process of its own."""
+    """A Recorder that writes each rank's training and validation batches (epoch, source indices) to
+    ``out``/rank-R.json when training ends: under DDP each rank is a process of its own."""
 
     def __init__(self, out):
         super().__init__()
         self.out = str(out)
+
+    def validation_step(self, batch, batch_idx):
+        self.seen["val"].append((self.current_epoch, list(self.trainer.datamodule.val_loader.batch_indices)))
 
     def on_train_end(self):
         import json
         import os
 
         with open(os.path.join(self.out, f"rank-{self.global_rank}.json"), "w") as f:
-            json.dump([b for _, b in self.seen["train"]], f)
+            json.dump(self.seen, f)
 
 
 def _ranks_seen(out):
     import json
 
-    return {p.name: json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))}
+    return [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+
+
+def _fit(tmp_path, out, ranks, datamodule, ckpt_path=None, **kw):
+    """A fit on ``ranks`` CPU processes (``ddp_spawn`` over gloo from two on); what each rank saw."""
+    out.mkdir()
+    ddp = dict(strategy="ddp_spawn", devices=ranks) if ranks > 1 else dict(devices=1)
+    pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+               default_root_dir=tmp_path, num_sanity_val_steps=0, **ddp, **kw).fit(
+        RankRecorder(out), datamodule=datamodule, ckpt_path=ckpt_path)
+    return _ranks_seen(out)
 
 
 @needs_lightning
-def test_ddp_ranks_share_the_epoch_and_a_resume_on_fewer_ranks_sees_the_rest(synth_root, tmp_path):
-    """Two ranks over gloo (``ddp_spawn``), stopped after two steps: each took its own samples. Resumed from
-    that checkpoint on two ranks, and on one, the rest of the epoch comes exactly once: the ranks' batches
-    and the first run's together are the 40 samples."""
-    first_out, again_out, alone_out = (tmp_path / n for n in ("first", "again", "alone"))
-    for d in (first_out, again_out, alone_out):
-        d.mkdir()
-    ddp = dict(strategy="ddp_spawn", devices=2)
-    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
-    pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-               default_root_dir=tmp_path, max_epochs=1, max_steps=2, callbacks=[checkpoint], limit_val_batches=0,
-               **ddp).fit(RankRecorder(first_out), datamodule=_data_module(synth_root, **KW))
-    first = _ranks_seen(first_out)
-    assert sorted(first) == ["rank-0.json", "rank-1.json"] and all(len(b) == 2 for b in first.values())
-    done = [i for b in first.values() for batch in b for i in batch]
-    assert len(done) == len(set(done)) == 16  # 2 ranks x 2 batches of 4, no sample twice
+@pytest.mark.parametrize("before, after", [(2, 2), (2, 1), (1, 2), (2, 3)])
+def test_a_resume_on_any_number_of_ranks_trains_the_rest_of_the_epoch_and_validates_it(tmp_path, before, after):
+    """Stopped mid-epoch on ``before`` ranks (gloo, ``ddp_spawn``), resumed from the checkpoint on ``after``: the
+    first run's batches and the resumed epoch's together hold every sample of the epoch; the resumed epoch ends
+    with its validation, which sees all 45 validation images; the next epoch is whole and validated too."""
+    from gpufeed.synth import create_synthetic_dataset
+
+    train = create_synthetic_dataset(tmp_path / "train", n=96, num_classes=4, seed=2, workers=1)
+    val = create_synthetic_dataset(tmp_path / "val", n=45, num_classes=4, seed=3, workers=1)
+    kw = dict(KW, batch_size=8)
+    steps = 3  # batches per rank before the stop: 24 samples on one rank, 48 on two
+    checkpoint = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=steps, save_top_k=-1)
+    first = _fit(tmp_path, tmp_path / "first", before, _data_module(train, val, **kw), max_epochs=1, max_steps=steps,
+                 callbacks=[checkpoint], limit_val_batches=0)
+    done = [i for rank in first for _, b in rank["train"] for i in b]
+    assert len(done) == len(set(done)) == steps * 8 * before
     (path,) = (tmp_path / "ckpt").glob("*.ckpt")
 
-    pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-               default_root_dir=tmp_path, max_epochs=1, limit_val_batches=0, **ddp).fit(
-        RankRecorder(again_out), datamodule=_data_module(synth_root, **KW), ckpt_path=path)
-    again = _ranks_seen(again_out)
-    rest = [i for b in again.values() for batch in b for i in batch]
-    assert all(len(b) == 3 for b in again.values())  # 20 samples a rank, 2 batches of them done
-    assert sorted(done + rest) == list(range(40))
+    again = _fit(tmp_path, tmp_path / "again", after, _data_module(train, val, **kw), max_epochs=2,
+                 ckpt_path=str(path))
+    assert len(again) == after
+    rest = [i for rank in again for e, b in rank["train"] if e == 0 for i in b]
+    # the rest exactly once, filled up to whole batches on every rank with its own first samples
+    assert set(done) | set(rest) == set(range(96)) and not set(done) & set(rest)
+    (batches,) = {len([b for e, b in rank["train"] if e == 0]) for rank in again}  # the ranks in step
+    assert batches == -(-(96 - len(done)) // (8 * after))
+    next_epoch = [i for rank in again for e, b in rank["train"] if e == 1 for i in b]
+    assert set(next_epoch) == set(range(96)) and len(next_epoch) == 96 // (8 * after) * 8 * after
+    for epoch in (0, 1):  # validated at the end of the resumed epoch and of the next: all 45 images
+        seen = [i for rank in again for e, b in rank["val"] if e == epoch for i in b]
+        assert set(seen) == set(range(45)), epoch
 
-    _trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(
-        RankRecorder(alone_out), datamodule=_data_module(synth_root, **KW), ckpt_path=path)
-    alone = [i for b in _ranks_seen(alone_out)["rank-0.json"] for i in b]
-    assert sorted(done + alone) == list(range(40))  # the same rest, on one rank
+
+@needs_lightning
+def test_validation_loaders_never_drop_their_last_batch(tmp_path, synth_root):
+    """``ImageLoader(train=False)`` delivers every image; ``ImageDataModule`` keeps the training loader's
+    ``drop_last`` from its validation loader."""
+    from gpufeed.synth import create_synthetic_dataset
+
+    val = create_synthetic_dataset(tmp_path / "val", n=45, num_classes=4, seed=3, workers=1)
+    with ImageLoader(val, train=False, batch_size=24, image_size=16, num_workers=1, device="cpu") as loader:
+        got = []
+        for _ in loader:
+            got += loader.batch_indices
+        assert sorted(got) == list(range(45)) and len(loader) == 2
+    dm = _data_module(synth_root, val, drop_last=True, **KW)
+    dm.setup("fit")
+    try:
+        assert dm.train_loader.drop_last and not dm.val_loader.drop_last and len(dm.val_dataloader()) == 12
+    finally:
+        dm.teardown("fit")
+
+
+@needs_lightning
+def test_an_own_loader_resumed_on_other_ranks_warns_without_exact_resume(synth_root, tmp_path):
+    """A loader of the user's own in ``LightningLoader``: resumed on another number of ranks with no
+    ``ExactResume`` in the Trainer, it says once what to add; with it, nothing is said."""
+    from gpufeed.lightning import ExactResume, LightningLoader
+
+    saved = ImageLoader(synth_root, world_size=2, rank=0, **KW)
+    it = iter(saved)
+    next(it)
+    state = saved.state_dict()
+    it.close()
+    saved.close()
+    with ImageLoader(synth_root, **KW) as mine:
+        wrapped = LightningLoader(mine)
+        wrapped.load_state_dict(state)
+        with pytest.warns(UserWarning, match="Add gpufeed.lightning.ExactResume"):
+            next(iter(wrapped))
+        again = LightningLoader(mine)
+        again.load_state_dict(state)
+        again.aligned = True  # as ExactResume leaves it
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            left = again.batches_left()
+            assert len(list(again)) == left == 8  # 36 of 40 left on one rank, in batches of 4 (the last filled)
+    assert issubclass(ExactResume, pl.Callback)

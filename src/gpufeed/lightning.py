@@ -21,10 +21,17 @@ What Lightning 2.x (``lightning.pytorch`` or ``pytorch_lightning``) does with a 
   itself: ``LightningLoader`` ends it as the last batch is handed over (the next epoch's first batches then
   start early, as in a plain loop) and stops one left unfinished (``max_steps``, ``limit_train_batches``,
   the sanity check's validation batches) before the next one starts.
+- It reads ``len()`` once a fit and ends every epoch, and runs the epoch-end validation, at that many
+  batches, counted from the batches it restored from the checkpoint (counted at the world size it was saved
+  on). A resume on another number of ranks leaves a different number of batches in the epoch, so
+  ``ExactResume`` (which ``ImageDataModule`` adds to the Trainer itself) sets Lightning's count of the
+  resumed epoch's batches to ``len()`` less the batches the loader has left, at ``on_train_start``: Lightning
+  then takes exactly those, ends the epoch at its last and validates, and every later epoch is whole.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterator
 
 from .loader import ImageLoader
@@ -37,10 +44,10 @@ except ImportError:
     except ImportError:
         raise ImportError("gpufeed.lightning needs Lightning 2.x: pip install lightning") from None
 
-__all__ = ["ImageDataModule", "LightningLoader"]
+__all__ = ["ExactResume", "ImageDataModule", "LightningLoader"]
 
 # what only a training loader takes: the validation loader leaves them out (``ImageDataModule``)
-_TRAINING_ONLY = ("transform", "batch_transform", "train")
+_TRAINING_ONLY = ("transform", "batch_transform", "train", "drop_last")
 
 
 class LightningLoader:
@@ -53,9 +60,16 @@ class LightningLoader:
     def __init__(self, loader: ImageLoader, *, restart: bool = False) -> None:
         self.loader, self.restart = loader, restart
         self._running: Iterator | None = None
+        self.aligned = False  # an ExactResume looked at this loader as the fit started
+        self._warned = False
 
     def __len__(self) -> int:
         return len(self.loader)
+
+    def batches_left(self) -> int:
+        """Batches left in the loader's current epoch (all of them at its start)."""
+        left, ragged = divmod(len(self.loader.sampler.remaining()), self.loader.batch_size)
+        return left + bool(ragged and not self.loader.drop_last)
 
     @property
     def sampler(self):
@@ -74,14 +88,45 @@ class LightningLoader:
         loader, sampler = self.loader, self.loader.sampler
         if self.restart and not sampler.at_epoch_start:
             loader.set_epoch(sampler.epoch + 1)  # validation's order and crops do not depend on the epoch
-        left, ragged = divmod(len(sampler.remaining()), loader.batch_size)
-        left += bool(ragged and not loader.drop_last)
+        left = self.batches_left()
+        if not self.restart and not self.aligned and sampler.begun is not None and not self._warned:
+            self._warned = True
+            warnings.warn(f"gpufeed: the training loader resumes an epoch begun on another number of ranks, with {left} "
+                          f"of {len(self)} batches left; Lightning counts the batches it restored at the world size "
+                          "they were saved on, and may "
+                          "end the epoch early or late, without its end-of-epoch validation. Add "
+                          "gpufeed.lightning.ExactResume() to the Trainer's callbacks (ImageDataModule adds it "
+                          "itself)", stacklevel=2)
         self._running = it = iter(loader)
         for k, batch in enumerate(it, start=1):
             if k == left and next(it, None) is not None:  # the loader moves on to its next epoch now
                 raise RuntimeError(f"the loader gave more than the {left} batches left in its epoch")
             yield batch
         self._running = None
+
+
+class ExactResume(pl.Callback):
+    """Makes Lightning take exactly the batches a resumed ``LightningLoader`` has left in its epoch (module
+    docstring): at ``on_train_start`` its count of the epoch's batches becomes ``len()`` less those, so the
+    epoch ends, and validates, at its last batch on any number of ranks. A fresh fit, an epoch started from its
+    beginning, or an epoch cut by ``limit_train_batches`` are left as they are."""
+
+    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        loaders = trainer.train_dataloader
+        loaders = loaders.values() if isinstance(loaders, dict) else loaders if isinstance(loaders, (list, tuple)) \
+            else [loaders]
+        mine = [dl for dl in loaders if isinstance(dl, LightningLoader)]
+        for dl in mine:
+            dl.aligned = True
+        if len(mine) != 1 or trainer.num_training_batches != len(mine[0]):
+            return  # several loaders, or an epoch Lightning cuts short: its own count stands
+        epoch_loop = trainer.fit_loop.epoch_loop
+        current = epoch_loop.batch_progress.current
+        # what Lightning will count as done once it resets the epoch's progress on restart
+        counted = current.completed + int(bool(getattr(epoch_loop, "restarted_on_train_batch_end", False)))
+        delta = max(0, len(mine[0]) - mine[0].batches_left()) - counted
+        for name in ("ready", "started", "processed", "completed"):
+            setattr(current, name, getattr(current, name) + delta)
 
 
 class ImageDataModule(pl.LightningDataModule):
@@ -94,7 +139,9 @@ class ImageDataModule(pl.LightningDataModule):
     shard) and closed in ``teardown``; ``train_loader`` and ``val_loader`` are them, e.g. for
     ``set_image_size`` in ``on_train_epoch_start`` or ``batch_indices`` in ``training_step``. The training
     loader's position is in every checkpoint, so ``fit(..., ckpt_path=...)`` resumes an epoch where it
-    stopped, sample for sample.
+    stopped, sample for sample, on any number of ranks (``setup`` adds ``ExactResume`` to the Trainer's
+    callbacks). Validation sees its whole set: its loader never drops the last batch (``drop_last`` is the
+    training loader's alone).
     """
 
     def __init__(self, train: Any = None, val: Any = None, *, val_kwargs: dict[str, Any] | None = None,
@@ -111,6 +158,9 @@ class ImageDataModule(pl.LightningDataModule):
         self._wrapped: dict[str, LightningLoader] = {}
 
     def setup(self, stage: str) -> None:
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and not any(isinstance(c, ExactResume) for c in trainer.callbacks):
+            trainer.callbacks.append(ExactResume())
         if stage == "fit" and self.sources["train"] is not None and self.train_loader is None:
             self.train_loader = ImageLoader(self.sources["train"], **self.loader_kwargs)
             self._wrapped["train"] = LightningLoader(self.train_loader)

@@ -18,6 +18,12 @@ sharded over the new ranks the same way (elastic resume):
     saved on 3 ranks after 2 samples each: offset 6  ->  [7 2 9 4 0 5 | 1 8 3 6]
     resumed on 2 ranks: rank 0 gets [1 3], rank 1 gets [8 6]
 
+A resumed epoch delivers every entry the epoch would have delivered as it was begun (its world size and
+batch size, ``begun``), and nothing it would have dropped: the rest is filled up to whole batches on every
+new rank (without ``drop_last``: to one sample each) with its own first entries, as ``DistributedSampler``
+pads, so no sample of the epoch is lost, none is repeated but those, and every rank yields the same number
+of full batches.
+
 Grouped order. A source read whole group by group (remote tar shards, Parquet row groups) gives its
 groups' sizes, and each rank should read only its own groups (a remote shard is fetched by every rank
 that reads any of its samples). The groups are shuffled into a line and the line's samples are cut into
@@ -121,7 +127,8 @@ class ShardedSampler:
     rank gets ``ceil(n / world_size)``. ``start``: entries of the epoch's full order delivered before this
     rank's shard was cut (a resumed epoch); ``position``: samples of the shard handed out since;
     ``order_world_size``: the world size a grouped order of the current epoch was made for (a state saved on
-    another; None: this one).
+    another; None: this one). ``batch_size``: samples per batch on each rank (a resumed epoch is filled up to
+    whole batches); ``begun``: (world size, batch size) the current epoch was begun with (None: these).
     """
 
     num_samples_total: int
@@ -137,6 +144,8 @@ class ShardedSampler:
     window: int = 4
     units: tuple[int, ...] | None = None  # groups kept together, e.g. per file (None: one each)
     order_world_size: int | None = None
+    batch_size: int = 1
+    begun: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.num_samples_total < 1:
@@ -168,7 +177,7 @@ class ShardedSampler:
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning (a resumed position is kept if it is the same epoch)."""
         if epoch != self.epoch:
-            self.epoch, self.position, self.start, self.order_world_size = epoch, 0, 0, None
+            self.epoch, self.position, self.start, self.order_world_size, self.begun = epoch, 0, 0, None, None
 
     @property
     def at_epoch_start(self) -> bool:
@@ -193,8 +202,8 @@ class ShardedSampler:
         """This rank's indices of ``epoch`` (default: the current one, from where it was resumed), in order."""
         e = self.epoch if epoch is None else epoch
         order = self.full_order(e)
-        if e == self.epoch:
-            order = order[self.start :]
+        if e == self.epoch and self.start:
+            return self._rest(order)
         total = self._shard_length(len(order)) * self.world_size
         if total > len(order):
             pad = total - len(order)
@@ -202,6 +211,23 @@ class ShardedSampler:
         else:
             order = order[:total]
         return order[self.rank : total : self.world_size]
+
+    def _rest_bounds(self) -> tuple[int, int]:
+        """(end of the resumed epoch as begun, entries each rank gets of its rest, padding included)."""
+        n = self.num_samples_total
+        world, batch = self.begun or (self.world_size, self.batch_size)
+        end = (n // (world * batch)) * world * batch if self.drop_last else n
+        step = self.world_size * (self.batch_size if self.drop_last else 1)
+        rest = max(0, end - self.start)
+        return end, -(-rest // step) * step // self.world_size
+
+    def _rest(self, order: list[int]) -> list[int]:
+        """This rank's share of a resumed epoch's rest (module docstring)."""
+        end, per_rank = self._rest_bounds()
+        rest = order[self.start : end]
+        pad = per_rank * self.world_size - len(rest)
+        rest += (rest * -(-pad // len(rest)))[:pad] if pad > 0 else []  # padded with its own first entries
+        return rest[self.rank :: self.world_size]
 
     def remaining(self) -> list[int]:
         """The indices of this epoch not yet handed out, in order."""
@@ -215,14 +241,15 @@ class ShardedSampler:
     def offset(self) -> int:
         """Entries of the epoch's full order delivered by all ranks (assuming they are in lockstep); the
         whole epoch once this rank's shard is done."""
-        rest = self.num_samples_total - self.start
-        if self.position >= self._shard_length(rest):
+        shard = self._rest_bounds()[1] if self.start else len(self)
+        if self.position >= shard:
             return self.num_samples_total
         return self.start + self.position * self.world_size
 
     def state_dict(self) -> dict[str, Any]:
         state = {"epoch": self.epoch, "seed": self.seed, "offset": self.offset,
-                 "num_samples_total": self.num_samples_total, "world_size": self.world_size}
+                 "num_samples_total": self.num_samples_total, "world_size": self.world_size,
+                 "begun": list(self.begun or (self.world_size, self.batch_size))}
         if self.groups is not None:  # the order depends on them and on the world size it was made for
             state["groups"] = self._grouping()
             state["order_world_size"] = self.order_world_size or self.world_size
@@ -270,6 +297,11 @@ class ShardedSampler:
             if not 0 <= state["position"] <= len(self):
                 raise ValueError(f"state_dict position must be in [0, {len(self)}], got {state['position']}")
             start, position = 0, state["position"]
+        begun = state.get("begun", [state["world_size"], self.batch_size])
+        if not (isinstance(begun, (list, tuple)) and len(begun) == 2
+                and all(isinstance(v, int) and v >= 1 for v in begun)):
+            raise ValueError(f"state_dict begun must be [world size, batch size], integers >= 1, got {begun!r}")
         self.seed, self.epoch, self.start, self.position = state["seed"], state["epoch"], start, position
+        self.begun = None if tuple(begun) == (self.world_size, self.batch_size) else tuple(begun)
         # nothing of the epoch delivered yet: the new world size's own order serves as exactly
         self.order_world_size = None if order_world == self.world_size or start == position == 0 else order_world
