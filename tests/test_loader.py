@@ -424,3 +424,17 @@ def _torchvision_with(transform, drawn):
     params = {"lam": drawn.lam} if drawn.kind == "MixUp" else {"box": drawn.box, "lam_adjusted": drawn.lam}
     t.make_params = lambda flat_inputs: params
     return t
+
+
+def test_options_that_cannot_apply_are_said_once_when_the_loader_is_made(synth_root):
+    """cpu_share without GPU decode, max_gpu_memory without a GPU: a warning each, naming the option."""
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"cpu_share=0.5 has no effect: every sample is decoded by the CPU"):
+        ImageLoader(synth_root, batch_size=4, image_size=16, num_workers=1, device="cpu", cpu_share=0.5).close()
+    with pytest.warns(UserWarning, match=r"max_gpu_memory=1000000000 has no effect on device 'cpu'"):
+        ImageLoader(synth_root, batch_size=4, image_size=16, num_workers=1, device="cpu",
+                    max_gpu_memory=10**9).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the defaults say nothing
+        ImageLoader(synth_root, batch_size=4, image_size=16, num_workers=1, device="cpu").close()

@@ -197,10 +197,18 @@ def test_info_names_the_workers_cpus_as_ranges():
     from gpufeed.info import collect_info
 
     assert _ranges({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8" and _ranges({3}) == "3"
-    line = collect_info()["GPU path: workers' CPUs"]
+    import torch
+
+    info = collect_info()
+    line = info["GPU path: workers' CPUs"]
     kept = placement.worker_cpus(gpu_path=True)
-    if kept is None:
-        assert line == "all (fewer than 8 in the mask)"
+    if not torch.cuda.is_available():  # said plainly, with nothing that reads as a fault
+        assert line == "no GPU here: the workers use every usable core"
+        assert info["this machine"].startswith("CPU only") and info["NVML"] in ("not used (no NVIDIA driver here)",
+                                                                              "not installed (pip install "
+                                                                              "'gpufeed[nvml]' to read GPU utilisation)")
+    elif kept is None:
+        assert line.startswith("all (under 8 cores")
     else:
         assert line.startswith(_ranges(kept) + " (")
 

@@ -323,7 +323,7 @@ def test_bench_reads_a_url_and_info_lists_the_schemes(s3, tmp_path, capsys):
     assert rc == 0
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert [r["pipeline"] for r in rows] == ["gpufeed (cpu decode)"]  # the ImageFolder baseline cannot read a URL
-    assert [e["images"] for e in rows[0]["epochs"]] == [40, 40]
+    assert [e["images"] for e in rows[0]["epochs"]] == [40, 40, 40]  # warm-up, plain, memory
     capsys.readouterr()
     assert main(["info"]) == 0
     out = capsys.readouterr().out
@@ -432,3 +432,16 @@ def test_a_refilled_batch_leaves_no_spooled_shard_behind(src, tmp_path):
         assert sorted(os.listdir(tmp_path / "spool")) == ["made.log"]
     finally:
         server.stop()
+
+
+def test_storage_options_reach_the_users_endpoint_or_are_refused(s3, src, synth_root):
+    """Given to ImageLoader with a URL they reach the local S3 server; beside a source object made beforehand,
+    or a local path, they would be dropped, so they are refused, saying where they go."""
+    with ImageLoader("s3://data/train/", storage_options=s3.storage_options, train=False, num_workers=1,
+                     **{k: v for k, v in KW.items() if k != "seed"}) as loader:
+        assert sorted(i for _ in loader for i in loader.batch_indices) == list(range(40))
+    made = remote_tar_source("s3://data/train/", storage_options=s3.storage_options)
+    with pytest.raises(ValueError, match=r"give storage_options to the function that made it \(remote_tar_source"):
+        ImageLoader(made, storage_options=s3.storage_options, **KW)
+    with pytest.raises(ValueError, match="is a local path"):
+        ImageLoader(synth_root, storage_options={"anon": True}, **KW)

@@ -14,7 +14,7 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _nvml_lines() -> list[str]:
+def _nvml_lines(cuda: bool) -> list[str]:
     try:
         import pynvml
     except ImportError:
@@ -22,7 +22,7 @@ def _nvml_lines() -> list[str]:
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:
-        return [f"NVML: installed, but no driver answered ({e})"]
+        return [f"NVML: installed, but no driver answered ({e})" if cuda else "NVML: not used (no NVIDIA driver here)"]
     try:
         driver = pynvml.nvmlSystemGetDriverVersion()
         return [f"NVML: driver {driver.decode() if isinstance(driver, bytes) else driver}"]
@@ -100,13 +100,22 @@ def collect_info() -> dict[str, str]:
 
     limit = cpu_limit()
     kept = worker_cpus(gpu_path=True)
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        workers = "no GPU here: the workers use every usable core"
+    elif kept is None:
+        workers = "all (under 8 cores, none is kept from the workers for the training process)"
+    else:
+        workers = f"{cpu_ranges(kept)} ({cpu_ranges(affinity() - kept)} kept for the training process)"
     info = {
+        "this machine": ("CUDA: ImageLoader(device='auto') decodes on the GPU and the CPU workers" if cuda else
+                         f"CPU only: ImageLoader(device='auto') decodes and augments on {usable_cores()} CPU "
+                         "core(s); the GPU lines below say 'no CUDA device'"),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu cores (usable)": f"{usable_cores()} ({len(affinity())} in the affinity mask, "
                               + ("no cgroup CPU quota)" if limit is None else f"cgroup CPU quota {limit:g})"),
-        "GPU path: workers' CPUs": ("all (fewer than 8 in the mask)" if kept is None else
-                                    f"{cpu_ranges(kept)} ({cpu_ranges(affinity() - kept)} kept for the training process)"),
+        "GPU path: workers' CPUs": workers,
         "gpufeed": _version("gpufeed"),
         "torch": torch.__version__,
         "torchvision": _version("torchvision"),
@@ -122,7 +131,7 @@ def collect_info() -> dict[str, str]:
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
             info[f"gpu {i}"] = f"{p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}"
-    for line in _nvml_lines():
+    for line in _nvml_lines(cuda):
         name, _, value = line.partition(": ")
         info[name] = value
     info["decode: cpu (simplejpeg + Pillow)"] = _probe_cpu_decode()

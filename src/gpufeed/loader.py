@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import torch
@@ -41,6 +42,7 @@ from .options import DecodeOptions, ErrorPolicy
 from .sampling import ShardedSampler, resolve_rank
 from .schedule import HostBatch, Scheduler
 from .sources import Source, create_source
+from .sources.urls import is_url
 from .transfer import Prefetcher
 from .workers import PipelineSpec, WorkerPool
 from .workers.pool import check_source_importable
@@ -96,9 +98,10 @@ class ImageLoader:
 
     Epoch order is a function of (seed, epoch); sharding follows ``DistributedSampler`` (rank/world_size
     from ``torch.distributed`` when initialised), except that shards read whole are dealt to ranks
-    (``sampling``). ``drop_last`` drops the ragged tail both across ranks
-    and in the last batch. ``state_dict()`` records how many samples of the epoch were delivered;
-    ``load_state_dict`` resumes with exactly the rest.
+    (``sampling``). ``drop_last`` (default: True for training, False for validation) drops the ragged tail
+    both across ranks and in the last batch; False delivers every sample, the last batch smaller.
+    ``state_dict()`` records how many samples of the epoch were delivered; ``load_state_dict`` resumes with
+    exactly the rest, on any number of ranks.
 
     Bad input: ``on_error="raise"`` (default) stops at the first file that cannot be read or decoded,
     with an error naming it; ``"skip"`` drops it, puts a good sample of the same batch in its place (so
@@ -149,7 +152,7 @@ class ImageLoader:
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
-        drop_last: bool = True,
+        drop_last: bool | None = None,
         prefetch_depth: int = 2,
         max_pixels: int = DEFAULT_MAX_PIXELS,
         decode: str = "auto",
@@ -195,23 +198,27 @@ class ImageLoader:
         dtype = torch.float32 if dtype is None else dtype
         self.normalize = Normalize(mean=tuple(mean), std=tuple(std), dtype=dtype, channels_last=channels_last)
         train, image_size = self.augment.train, self.augment.image_size  # as the transform gave them, if any
+        # validation sees its whole set unless told otherwise; training keeps every batch full
+        drop_last = train if drop_last is None else drop_last
         self.max_image_size = image_size  # what the ring and GPU batches hold (``set_image_size``)
         # the recipe's per-sample ops on each delivered batch (pixel ops such as ColorJitter, RandomErasing)
         self.sample_ops = SampleOps(pixel=recipe.pixel if recipe else (), erasing=recipe and recipe.erasing,
                                     mean=mean, std=std)
+        _check_storage_options(source, storage_options)
         self.source = create_source(source, storage_options=storage_options)
         check_source_importable(self.source)
         rank, world_size = resolve_rank(rank, world_size)
         groups = getattr(self.source, "groups", None)  # read whole group by group: a grouped order (sampling.py)
         self.sampler = ShardedSampler(len(self.source), shuffle=train, seed=seed, rank=rank, world_size=world_size,
                                       drop_last=drop_last, groups=groups, window=getattr(self.source, "window", 4),
-                                      units=getattr(self.source, "units", None))
+                                      units=getattr(self.source, "units", None), batch_size=batch_size)
         self.batch_size, self.drop_last = batch_size, drop_last
         local_ranks = _local_world_size(world_size)
         self.num_workers = num_workers or placement.default_num_workers(local_ranks)
         gpu_decoders, self.decode_reason = placement.create_gpu_decoders(
             decode, self.device, train=train, random_crop=self.augment.crop is not None, batch_size=batch_size)
         gpu_path = gpu_decoders is not None
+        _warn_unused(self.device, gpu_path, self.decode_reason, cpu_share=cpu_share, max_gpu_memory=max_gpu_memory)
         # in ``dtype`` also where the GPU stage writes uint8 for pixel ops: their output batches are in flight instead
         self.gpu_memory = placement.gpu_memory(
             batch_size=batch_size, image_size=image_size, itemsize=torch.empty((), dtype=dtype).element_size(),
@@ -381,6 +388,32 @@ class ImageLoader:
     def worker_pids(self) -> list[int]:
         pool = self._scheduler.pool
         return pool.pids if pool is not None else []
+
+
+def _check_storage_options(source: Any, storage_options: dict[str, Any] | None) -> None:
+    """``storage_options`` go to the URLs the loader opens itself; anywhere else they would be dropped."""
+    if storage_options is None:
+        return
+    if isinstance(source, Source):
+        raise ValueError(f"storage_options= applies to URLs ImageLoader opens itself, but the source is a "
+                         f"{type(source).__name__} made beforehand: give storage_options to the function that made "
+                         "it (remote_tar_source(..., storage_options=...), parquet_source(..., storage_options=...))")
+    names = list(source) if isinstance(source, (list, tuple)) else [source]
+    local = [str(n) for n in names if not (isinstance(n, str) and is_url(n) and not (n.startswith("file://") and "{" not in n))]
+    if local:
+        raise ValueError(f"storage_options= applies to URLs (s3://, gs://, az://, https://), but {local[0]!r} is a "
+                         "local path, read without fsspec")
+
+
+def _warn_unused(device: torch.device, gpu_path: bool, reason: str, *, cpu_share: Any,
+                 max_gpu_memory: int | None) -> None:
+    """One line for each option that cannot apply to this loader, said when it is made."""
+    if not gpu_path and cpu_share != "auto":
+        warnings.warn(f"gpufeed: cpu_share={cpu_share!r} has no effect: every sample is decoded by the CPU workers "
+                      f"({reason})", stacklevel=3)
+    if device.type != "cuda" and max_gpu_memory is not None:
+        warnings.warn(f"gpufeed: max_gpu_memory={max_gpu_memory!r} has no effect on device {str(device)!r}",
+                      stacklevel=3)
 
 
 def _check_batch_transform(transform: Any) -> None:
