@@ -104,7 +104,7 @@ def _probe_calls(device, nvml, arena, lengths, widths, heights, extents, flat, p
     torch.cuda.synchronize(device)
     used0 = nvml.used()
     if preallocate:  # as the loader makes it: room for a call of 256 images of the largest size it gives
-        decoder = nvjpeg_hw.NvJpegHwDecoder(device, call_images=256)
+        decoder = nvjpeg_hw.NvJpegHwDecoder(device, call_images=256, max_side=GPU_MAX_SIDE)
         note = f", memory taken for 256 images of {GPU_MAX_SIDE} x {GPU_MAX_SIDE}"
     else:  # the least nvJPEG takes: it grows as calls need more
         decoder = nvjpeg_hw.NvJpegHwDecoder(device, call_images=1, max_side=1)

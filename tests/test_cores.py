@@ -6,6 +6,8 @@ import pytest
 import gpufeed.cores as cores
 from gpufeed.cores import IdleCores, cpu_limit, usable_cores
 
+POLICY = dict(least=8, most=1 / 4)  # placement.cpus: none kept under 8 CPUs, at most a quarter
+
 
 def _tree(root, files):
     for rel, text in files.items():
@@ -90,20 +92,20 @@ def test_idle_cores_under_a_quota_count_our_cgroup_usage(tmp_path, monkeypatch):
 ])
 def test_worker_cpus_leave_the_lowest_cores_to_the_training_process(n, kept, expected):
     mask = {c + 10 for c in range(n)}  # CPU numbers need not start at 0 (taskset, torchrun bindings)
-    got = cores.worker_cpus(kept, mask, siblings=lambda c: {c})
+    got = cores.worker_cpus(kept, mask=mask, siblings=lambda c: {c}, **POLICY)
     assert got == (None if expected is None else {c + 10 for c in expected})
 
 
 def test_worker_cpus_keep_whole_physical_cores():
     # 16 cores with 2 threads each, numbered as Linux does on x86: core k is CPUs k and k + 16
     siblings = lambda c: {c % 16, c % 16 + 16}
-    got = cores.worker_cpus(3, set(range(32)), siblings=siblings)
+    got = cores.worker_cpus(3, mask=set(range(32)), siblings=siblings, **POLICY)
     assert got == set(range(32)) - {0, 1, 2, 16, 17, 18}
     # a quarter of 12 CPUs is 3: one whole core (2 CPUs) fits, a second would not
-    assert cores.worker_cpus(3, {0, 1, 2, 3, 4, 5, 16, 17, 18, 19, 20, 21}, siblings=siblings) == \
+    assert cores.worker_cpus(3, mask={0, 1, 2, 3, 4, 5, 16, 17, 18, 19, 20, 21}, siblings=siblings, **POLICY) == \
         {1, 2, 3, 4, 5, 17, 18, 19, 20, 21}
     # siblings outside the mask are not the workers' anyway
-    assert cores.worker_cpus(2, set(range(16)), siblings=siblings) == set(range(2, 16))
+    assert cores.worker_cpus(2, mask=set(range(16)), siblings=siblings, **POLICY) == set(range(2, 16))
 
 
 def test_thread_siblings_from_sysfs_or_the_cpu_alone():

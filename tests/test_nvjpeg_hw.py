@@ -203,7 +203,7 @@ def test_no_gpu_gives_a_clear_error_not_a_crash():
     if lib is None:
         pytest.skip("no libnvjpeg here")
     with pytest.raises(RuntimeError, match="nvjpegCreateEx returned NVJPEG_STATUS_"):
-        NvJpegHwDecoder(torch.device("cuda", 0))
+        NvJpegHwDecoder(torch.device("cuda", 0), max_side=1024)
 
 
 def test_a_gpu_without_engines_is_refused_at_construction(monkeypatch):
@@ -234,7 +234,7 @@ def test_a_gpu_without_engines_is_refused_at_construction(monkeypatch):
     monkeypatch.setattr(hw, "load_nvjpeg", lambda: (NoEngines(), "fake"))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some GPU")
     with pytest.raises(RuntimeError, match="Some GPU reports no hardware JPEG engines"):
-        NvJpegHwDecoder(torch.device("cuda", 0))
+        NvJpegHwDecoder(torch.device("cuda", 0), max_side=1024)
     import gc
 
     gc.collect()

@@ -25,8 +25,12 @@ def test_decoder_placement_on_the_cpu(monkeypatch):
     else:
         assert decoders[0].name in ("nvjpeg-hw", "nvimgcodec")  # never torchvision's decoder
     assert create_gpu_decoders("cpu", torch.device("cpu"))[0] is None
-    decoders, why = create_gpu_decoders("nvjpeg", torch.device("cuda", 0), train=False)
+    from gpufeed.augment.params import AugmentSpec
+
+    decoders, why = create_gpu_decoders("nvjpeg", torch.device("cuda", 0),
+                                        recipe=placement.cpu_crops(AugmentSpec(train=False)))
     assert decoders is None and why.startswith("validation: CPU workers")  # made for nothing otherwise
+    assert placement.cpu_crops(AugmentSpec()) is None  # RandomResizedCrop: the GPU path's
     with pytest.raises(ValueError, match="decode='nvimgcodec' needs a CUDA device"):
         create_gpu_decoders("nvimgcodec", torch.device("cpu"))
     with pytest.raises(ValueError, match="decode must be one of"):
@@ -42,18 +46,18 @@ def test_decoder_placement_order_and_fallback(monkeypatch):
 
     made = lambda name: (lambda device, batch_size: ([name] * 2, f"{name} works"))
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(placement, "_MAKERS", {"nvjpeg": broken, "nvimgcodec": made("nvimgcodec"),
+    monkeypatch.setattr(placement.decoders, "_MAKERS", {"nvjpeg": broken, "nvimgcodec": made("nvimgcodec"),
                                                "torchvision": made("torchvision")})
     decoders, why = create_gpu_decoders("gpu", cuda)
     assert decoders == ["nvimgcodec", "nvimgcodec"]
     assert why == "nvjpeg unavailable: RuntimeError: no engines on this GPU; nvimgcodec works"
     with pytest.raises(ValueError, match="nvjpeg unavailable: RuntimeError: no engines"):
         create_gpu_decoders("nvjpeg", cuda)
-    monkeypatch.setitem(placement._MAKERS, "nvimgcodec", broken)
+    monkeypatch.setitem(placement.decoders._MAKERS, "nvimgcodec", broken)
     assert create_gpu_decoders("gpu", cuda)[0][0] == "torchvision"
     decoders, why = create_gpu_decoders("auto", cuda)
     assert decoders is None and why.endswith("; CPU workers (pip install gpufeed[nvjpeg-cu13] or gpufeed[nvimgcodec-cu13])")
-    monkeypatch.setitem(placement._MAKERS, "torchvision", broken)
+    monkeypatch.setitem(placement.decoders._MAKERS, "torchvision", broken)
     decoders, why = create_gpu_decoders("gpu", cuda)
     assert decoders is None and why.count("unavailable") == 3 and why.endswith("CPU decode")
 
@@ -188,7 +192,7 @@ def test_workers_keep_off_the_kept_cores_on_the_gpu_path_only(monkeypatch):
 
 
 def test_default_workers_share_the_usable_cores_among_the_nodes_ranks(monkeypatch):
-    monkeypatch.setattr(placement, "usable_cores", lambda: 16)
+    monkeypatch.setattr(placement.cpus, "usable_cores", lambda: 16)
     assert [placement.default_num_workers(r) for r in (1, 2, 3, 32)] == [16, 8, 5, 1]
 
 
@@ -232,36 +236,28 @@ def test_gpu_memory_budget():
 
 
 def test_images_larger_than_a_decode_buffer_stay_on_the_cpu(tmp_path):
-    from gpufeed.augment.params import AugmentSpec
-    from gpufeed.sources import FileSource
-    from gpufeed.workers import PipelineSpec
     from tests.corpus import jpeg
 
     data = jpeg(200, 100)
-    spec = PipelineSpec(FileSource([], []), AugmentSpec(), 10**8, gpu_bytes_capacity=1 << 20,
-                        gpu_buffer_bytes=200 * 100 * 3)
-    assert placement.gpu_may_take(spec, data, (200, 100, True), 1)
-    assert not placement.gpu_may_take(spec, data, (201, 100, True), 1)
-    assert not placement.gpu_may_take(spec, data, (200, 100, False), 1)  # not for libjpeg-turbo's RGB path
-    assert not placement.gpu_may_take(spec, data, (200, 100, True), 6)  # EXIF-rotated
-    val = PipelineSpec(FileSource([], []), AugmentSpec(train=False), 10**8, gpu_bytes_capacity=1 << 20,
-                       gpu_buffer_bytes=1 << 20)
-    assert not placement.gpu_may_take(val, data, (200, 100, True), 1)  # validation: resize + crop on the CPU
+    room = dict(bytes_capacity=1 << 20, buffer_bytes=200 * 100 * 3)
+    assert placement.gpu_may_take(data, (200, 100, True), 1, **room)
+    assert not placement.gpu_may_take(data, (201, 100, True), 1, **room)
+    assert not placement.gpu_may_take(data, (200, 100, False), 1, **room)  # not for libjpeg-turbo's RGB path
+    assert not placement.gpu_may_take(data, (200, 100, True), 6, **room)  # EXIF-rotated
+    assert not placement.gpu_may_take(data, (200, 100, True), 1, bytes_capacity=len(data) - 1,
+                                      buffer_bytes=1 << 20)  # a file over the ring's room for bytes
 
 
 def test_images_with_a_side_over_the_gpu_limit_stay_on_the_cpu():
     """nvJPEG's engine decoders took memory for images of up to GPU_MAX_SIDE a side: nothing longer reaches them."""
-    from gpufeed.augment.params import AugmentSpec
-    from gpufeed.sources import FileSource
-    from gpufeed.workers import PipelineSpec
     from tests.corpus import jpeg
 
     side = placement.GPU_MAX_SIDE
-    spec = PipelineSpec(FileSource([], []), AugmentSpec(), 10**8, gpu_bytes_capacity=1 << 20, gpu_buffer_bytes=1 << 30)
+    room = dict(bytes_capacity=1 << 20, buffer_bytes=1 << 30)
     data = jpeg(64, 48)  # the header given decides; the bytes only pass the structural check
-    assert placement.gpu_may_take(spec, data, (side, side, True), 1)
-    assert not placement.gpu_may_take(spec, data, (side + 1, 16, True), 1)
-    assert not placement.gpu_may_take(spec, data, (16, side + 1, True), 1)
+    assert placement.gpu_may_take(data, (side, side, True), 1, **room)
+    assert not placement.gpu_may_take(data, (side + 1, 16, True), 1, **room)
+    assert not placement.gpu_may_take(data, (16, side + 1, True), 1, **room)
 
 
 def test_decode_calls_are_never_larger_than_what_the_decoders_took_memory_for():

@@ -95,15 +95,15 @@ def _thread_siblings(cpu: int) -> set[int]:
     return out | {cpu}
 
 
-def worker_cpus(kept: int, mask: set[int] | None = None,
+def worker_cpus(kept: int, *, least: int, most: float, mask: set[int] | None = None,
                 siblings: Callable[[int], set[int]] = _thread_siblings) -> set[int] | None:
     """The CPUs for the loader's worker processes: this process's mask (``mask``: default ``affinity()``)
     without its ``kept`` lowest physical cores (with their SMT siblings, so that no worker shares a core
-    with them), which stay free of workers for the threads that must not wait for a core (the training
-    loop, the threads feeding the GPU decoders). At most a quarter of the mask is kept; None (no
-    restriction) on a mask of fewer than 8 CPUs or where ``kept`` < 1."""
+    with them), which stay free of workers for the threads that must not wait for a core. At most ``most``
+    of the mask is kept; None (no restriction) on a mask of fewer than ``least`` CPUs or where ``kept`` < 1.
+    (The numbers are the placement policy's: ``placement.cpus``.)"""
     cpus = sorted(affinity() if mask is None else mask)
-    if len(cpus) < 8 or kept < 1:
+    if len(cpus) < least or kept < 1:
         return None
     free, taken = set(cpus), 0
     for c in cpus:
@@ -112,7 +112,7 @@ def worker_cpus(kept: int, mask: set[int] | None = None,
         if c not in free:  # a sibling of a core kept already
             continue
         core = siblings(c) & free
-        if len(cpus) - len(free) + len(core) > len(cpus) // 4:
+        if len(cpus) - len(free) + len(core) > int(len(cpus) * most):
             break
         free -= core
         taken += 1

@@ -216,7 +216,7 @@ class ImageLoader:
         local_ranks = _local_world_size(world_size)
         self.num_workers = num_workers or placement.default_num_workers(local_ranks)
         gpu_decoders, self.decode_reason = placement.create_gpu_decoders(
-            decode, self.device, train=train, random_crop=self.augment.crop is not None, batch_size=batch_size)
+            decode, self.device, recipe=placement.cpu_crops(self.augment), batch_size=batch_size)
         gpu_path = gpu_decoders is not None
         _warn_unused(self.device, gpu_path, self.decode_reason, cpu_share=cpu_share, max_gpu_memory=max_gpu_memory)
         # in ``dtype`` also where the GPU stage writes uint8 for pixel ops: their output batches are in flight instead

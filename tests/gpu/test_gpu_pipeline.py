@@ -229,7 +229,7 @@ def test_nvjpeg_direct_decodes_a_mixed_batch_and_names_what_the_engines_refuse()
     datas[2], datas[4] = DECODABLE["subsampling_411"](), DECODABLE["grayscale"]()
     refs = [CpuDecoder().decode(d, "x", fast=True) for d in datas]
     outs = [torch.full(r.shape, 7, dtype=torch.uint8, device="cuda") for r in refs]
-    dec = NvJpegHwDecoder(torch.device("cuda", 0))
+    dec = NvJpegHwDecoder(torch.device("cuda", 0), max_side=1024)
     ok = dec.decode(DecodeJob.of([np.frombuffer(d, np.uint8) for d in datas], outs), torch.cuda.current_stream())
     torch.cuda.synchronize()
     for j, (good, out, ref) in enumerate(zip(ok, outs, refs)):
@@ -245,7 +245,7 @@ def _engine_decoder(decode):
         if decode == "nvjpeg":
             from gpufeed.decode.nvjpeg_hw import NvJpegHwDecoder
 
-            return NvJpegHwDecoder(torch.device("cuda", 0))
+            return NvJpegHwDecoder(torch.device("cuda", 0), max_side=1024)
         from gpufeed.decode.nvimgcodec import NvImageCodecDecoder
 
         return NvImageCodecDecoder(torch.device("cuda", 0))

@@ -114,16 +114,13 @@ class NvJpegHwDecoder:
     ``states``: decode states used in turn (a call waits until the state it takes has finished its
     previous decode on the GPU; nvJPEG stages the bitstreams in the state's own buffers). Each state takes
     its device memory now, for a call of ``call_images`` images of up to ``max_side`` x ``max_side``
-    pixels, so that it never grows later; callers keep within both (``placement.gpu_may_take``).
+    pixels, so that it never grows later; callers keep within both (``placement.GPU_MAX_SIDE``, ``placement.gpu_may_take``).
     """
 
     name = "nvjpeg-hw"
     job_images = 256  # one call per decoder thread per batch: no Python per image left to overlap
 
-    def __init__(self, device: torch.device, *, states: int = 2, call_images: int = job_images,
-                 max_side: int | None = None) -> None:
-        if max_side is None:
-            from ..placement import GPU_MAX_SIDE as max_side
+    def __init__(self, device: torch.device, *, max_side: int, states: int = 2, call_images: int = job_images) -> None:
         lib, where = load_nvjpeg()
         if lib is None:
             raise RuntimeError(where)

@@ -25,7 +25,7 @@ from ..augment.params import AugmentSpec, CropBox
 from ..decode.base import DecodeError
 from ..decode.cpu import CpuDecoder
 from ..decode.exif import read_orientation, swaps_axes
-from ..placement import Candidate, cheapest_on_cpu, gpu_may_take
+from ..placement.samples import Candidate, cheapest_on_cpu, gpu_may_take
 from ..ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, Ring
 from ..sources.base import Source
 from .records import Failure, OutputSize, Progress, Task
@@ -110,7 +110,8 @@ def inspect_sample(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: in
     path, data = _read(spec, index)
     header = width, height, fast = decoder.header(data, path)
     orientation = read_orientation(data) if spec.exif_orientation else 1
-    gpu_ok = gpu_may_take(spec, data, header, orientation)
+    gpu_ok = gpu_may_take(data, header, orientation, bytes_capacity=spec.gpu_bytes_capacity,
+                          buffer_bytes=spec.gpu_buffer_bytes)
     box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index) if gpu_ok else None
     return Inspected(index, path, data, header, orientation, gpu_ok, box)
 
