@@ -8,7 +8,7 @@ import torchvision.transforms as T
 import torchvision.transforms.v2.functional as F
 from PIL import Image
 
-from gpufeed.augment.cpu import crop_resize_into, reduction_for
+from gpufeed.decode.crop import crop_resize_into, reduction_for
 from gpufeed.augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from gpufeed.augment.params import AugmentSpec, CropBox, SampleRandom
 from gpufeed.decode.cpu import CpuDecoder

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpufeed.augment.cpu import crop_resize_into
+from gpufeed.decode.crop import crop_resize_into
 from gpufeed.augment.fused import normalize_constants, resized_crop_reference, taps_for
 from gpufeed.augment.params import CropBox
 from gpufeed.decode.cpu import CpuDecoder

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import torch
 
-from ..augment.cpu import decode_box_into
+from .crop import decode_box_into
 from ..augment.fused import normalize_constants, resized_crop_reference, resized_crop_triton, triton
 from ..augment.params import CropBox
 from ..batched_copy import BatchedCopy

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..augment.cpu import decode_box_into, decode_box_rows_into, decode_random_crop_into, decode_resize_crop_into
+from ..decode.crop import decode_box_into, decode_box_rows_into, decode_random_crop_into, decode_resize_crop_into
 from ..augment.in_workers import WorkerNormalize
 from ..augment.params import AugmentSpec, CropBox
 from ..decode.base import DecodeError
@@ -155,6 +155,7 @@ class ChunkServer:
         self.ring.map_pages()
         self.decoder = CpuDecoder(max_pixels=spec.max_pixels)
         self._at: dict[OutputSize, PipelineSpec] = {}
+        self._load = self._gpu_chunk if spec.gpu_bytes_capacity else self._cpu_chunk  # the path, chosen once
 
     def at(self, size: OutputSize) -> tuple[PipelineSpec, Ring]:
         """The spec and ring views for batches made at ``size`` (progressive resizing: the spec's own size
@@ -170,9 +171,8 @@ class ChunkServer:
 
     def serve(self, task: Task, progress: Progress) -> list[Failure]:
         """Load ``task``'s samples into its slot; the failures. ``progress`` holds the sample in hand."""
-        (spec, ring), decoder, slot = self.at(task.size), self.decoder, task.slot
+        (spec, ring), slot = self.at(task.size), task.slot
         failures: list[Failure] = []
-        stop = lambda: failures and spec.on_error == "raise"
 
         def attempt(k: int, index: int, fn: Callable, *args):  # a failure is reported; the main process decides
             progress.hold(task.batch_id, task.chunk_id, k, time.monotonic())
@@ -183,37 +183,44 @@ class ChunkServer:
                 failures.append(Failure(k, spec.source.path(index), f"{type(e).__name__}: {e}", tb))
                 return None
 
-        def settle(k: int, index: int, fn: Callable, *args) -> None:  # ``attempt`` for a function giving the label
-            label = attempt(k, index, fn, *args)
+        def settle(k: int, index: int, fn: Callable, *args) -> bool:  # ``attempt`` of a function giving the label;
+            label = attempt(k, index, fn, *args)                     # False once the chunk should stop
             if label is not None:
                 ring.labels[slot, k] = label
+            return not (failures and spec.on_error == "raise")
 
-        seed, epoch = task.seed, task.epoch
-        positions = enumerate(task.indices, task.start)
-        if not spec.gpu_bytes_capacity:
-            for k, index in positions:
-                settle(k, index, load_sample_into, spec, decoder, seed, epoch, index, ring.images[slot, k])
-                if spec.normalize is not None:  # on this worker's core, while the image is in its cache
-                    spec.normalize.into(ring.images[slot, k], ring.output[slot, k])
-                if stop():
-                    break
-            return failures
-        # GPU path: the whole chunk is looked at first (files no GPU decoder takes are finished at once and
-        # count in the CPU's part), then the CPU decodes the rest of its quota from the chunk's cheapest samples
+        self._load(spec, ring, task, attempt, settle)
+        return failures
+
+    def _cpu_chunk(self, spec: PipelineSpec, ring: Ring, task: Task, attempt: Callable, settle: Callable) -> None:
+        """CPU path: every sample decoded, cropped and resized here (and normalised, for a CPU device)."""
+        slot = task.slot
+        for k, index in enumerate(task.indices, task.start):
+            go_on = settle(k, index, load_sample_into, spec, self.decoder, task.seed, task.epoch, index,
+                           ring.images[slot, k])
+            if spec.normalize is not None:  # on this worker's core, while the image is in its cache
+                spec.normalize.into(ring.images[slot, k], ring.output[slot, k])
+            if not go_on:
+                return
+
+    def _gpu_chunk(self, spec: PipelineSpec, ring: Ring, task: Task, attempt: Callable, settle: Callable) -> None:
+        """GPU path: the whole chunk is looked at first (files no GPU decoder takes are finished at once and
+        count in the CPU's part), then the CPU decodes the rest of its quota from the chunk's cheapest samples."""
+        slot, seed, epoch, decoder = task.slot, task.seed, task.epoch, self.decoder
         gpu_ok: dict[int, Inspected] = {}
         forced = 0
-        for k, index in positions:
+        for k, index in enumerate(task.indices, task.start):
             sample = attempt(k, index, inspect_sample, spec, decoder, seed, epoch, index)
+            go_on = not (sample is None and spec.on_error == "raise")
             if sample is not None and sample.gpu_ok:
                 gpu_ok[k] = sample
             elif sample is not None:
                 forced += 1
-                settle(k, index, place_sample, spec, decoder, seed, epoch, sample, ring, slot, k, True)
-            if stop():
-                return failures
+                go_on = settle(k, index, place_sample, spec, decoder, seed, epoch, sample, ring, slot, k, True)
+            if not go_on:
+                return
         on_cpu = cheapest_on_cpu({k: s.candidate for k, s in gpu_ok.items()}, task.cpu_quota - forced)
         for k, sample in gpu_ok.items():
-            settle(k, sample.index, place_sample, spec, decoder, seed, epoch, sample, ring, slot, k, k in on_cpu)
-            if stop():
-                break
-        return failures
+            if not settle(k, sample.index, place_sample, spec, decoder, seed, epoch, sample, ring, slot, k,
+                          k in on_cpu):
+                return

@@ -1,18 +1,10 @@
-"""CPU augmentation: one sample's crop, resize and flip, written in place.
+"""Decode and crop on the CPU: one sample decoded (down to the crop's rows and columns where it can be),
+cropped, resized and flipped, written in place into its ring slot.
 
-Why OpenCV for the resize: on the development machine, 300 crops of about
-340x290 to 224x224, one thread: Pillow's antialiased bilinear 0.45 ms, OpenCV
-INTER_AREA 0.40 ms, OpenCV INTER_LINEAR 0.10 ms. Plain bilinear aliases once
-the downscale passes about 1.3x (PSNR against torchvision's antialiased resize
-fell under 28 dB on fine texture), so the cheap filter is used only below
-that; larger factors are first taken out in the DCT domain by the decoder
-(``reduction_for``). What is left between 1.3x and 2.6x (half the
-RandomResizedCrop samples) goes bilinear to twice the output size, then
-through an exact 2x area average (OpenCV's fast path): 0.225 ms against
-INTER_AREA's 0.485 ms for the same 152 synthetic crops, PSNR against
-torchvision's antialiased resize median 45.4 dB (INTER_AREA 42.5), minimum
-37.2 (37.6). Above 2.6x (no DCT reduction: PNG and other formats, or beyond
-1/8) INTER_AREA does it all.
+The resize is OpenCV's, by the factor left after the decoder's DCT-domain reduction (``reduction_for``):
+plain bilinear up to 1.3x (beyond, it aliases); from 1.3x to 2.6x bilinear to twice the size, then an exact
+2x area average (OpenCV's fast path, half the cost of INTER_AREA for the same PSNR against torchvision's
+antialiased resize); INTER_AREA beyond (BENCHMARKS.md#cpu-crops).
 """
 
 from __future__ import annotations
@@ -23,11 +15,11 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from ..decode.exif import apply_orientation
-from .params import CropBox, RandomCrop, RandomCropAt, ResizeCrop
+from ..augment.params import CropBox, RandomCrop, RandomCropAt, ResizeCrop
+from .exif import apply_orientation
 
 if TYPE_CHECKING:
-    from ..decode.cpu import CpuDecoder
+    from .cpu import CpuDecoder
 
 cv2.setNumThreads(1)  # parallelism comes from worker processes, not from OpenCV's pool
 
