@@ -27,10 +27,10 @@ from gpufeed.augment.params import AugmentSpec
 from gpufeed.bench.run import machine_description
 from gpufeed.decode.base import DecodeJob
 from gpufeed.decode.cpu import CpuDecoder
-from gpufeed.decode.gpu_stage import GpuDecodeAugment
+from gpufeed.stage.gpu import GpuDecodeAugment
 from gpufeed.placement import create_gpu_decoders, gpu_memory
 from gpufeed.ring import KIND_BYTES, SlotView
-from gpufeed.schedule import HostBatch
+from gpufeed.records import HostBatch
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

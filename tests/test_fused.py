@@ -13,7 +13,7 @@ from gpufeed.decode.crop import crop_resize_into
 from gpufeed.augment.fused import normalize_constants, resized_crop_reference, taps_for
 from gpufeed.augment.params import CropBox
 from gpufeed.decode.cpu import CpuDecoder
-from gpufeed.decode.gpu_stage import _slices
+from gpufeed.stage.gpu import _slices
 from gpufeed.synth import synthetic_jpeg
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -9,10 +9,10 @@ from PIL import Image
 
 from gpufeed.augment.params import AugmentSpec
 from gpufeed.decode.cpu import CpuDecoder
-from gpufeed.decode.gpu_stage import GpuDecodeAugment
+from gpufeed.stage.gpu import GpuDecodeAugment
 from gpufeed.decode.base import SkipLog
 from gpufeed.ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, Meta
-from gpufeed.schedule import HostBatch
+from gpufeed.records import HostBatch
 from gpufeed.sources import folder_source
 from gpufeed.workers import PipelineSpec, WorkerPool
 
@@ -267,7 +267,7 @@ def test_planned_output_batches_serve_every_batch_also_a_short_last_one(coloured
                              dtype=torch.float32, channels_last=True, max_pixels=10**8, buffer_bytes=BUFFER,
                              output_batches=(n, 2))
     first, _ = stage(host_batch(view, src.path))
-    planned = {t.data_ptr() for t in stage._outputs._kept}
+    planned = {t.data_ptr() for t in stage.held_outputs}
     assert len(planned) == 2 and first.data_ptr() in planned
     ptrs = [first.data_ptr()]
     del first
@@ -277,7 +277,7 @@ def test_planned_output_batches_serve_every_batch_also_a_short_last_one(coloured
         del out
     short, _ = stage(host_batch(view.head(n - 3), lambda i: src.path(i)))
     assert len(short) == n - 3 and short.is_contiguous(memory_format=torch.channels_last)
-    assert set(ptrs) | {short.data_ptr()} <= planned and len(stage._outputs._kept) == 2
+    assert set(ptrs) | {short.data_ptr()} <= planned and len(stage.held_outputs) == 2
     pool.close()
 
 

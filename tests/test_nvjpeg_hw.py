@@ -12,12 +12,12 @@ import torch
 from gpufeed.augment.params import AugmentSpec
 from gpufeed.decode.base import DecodeJob
 from gpufeed.decode.cpu import CpuDecoder
-from gpufeed.decode.gpu_stage import GpuDecodeAugment
+from gpufeed.stage.gpu import GpuDecodeAugment
 from gpufeed.decode import nvjpeg_hw
 from gpufeed.decode.nvjpeg_hw import NvJpegHwDecoder, load_nvjpeg
 from gpufeed.placement import create_gpu_decoders
 from gpufeed.ring import KIND_BYTES, SlotView
-from gpufeed.schedule import HostBatch
+from gpufeed.records import HostBatch
 from tests.corpus import jpeg
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -131,7 +131,7 @@ def test_the_gpu_stage_makes_a_smaller_size_from_the_largest_sizes_memory(tmp_pa
     from tests.test_gpu_stage import CpuStandIn, host_batch
 
     from gpufeed.augment.params import AugmentSpec
-    from gpufeed.decode.gpu_stage import GpuDecodeAugment
+    from gpufeed.stage.gpu import GpuDecodeAugment
     from gpufeed.ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, Meta
     from gpufeed.sources import folder_source
     from gpufeed.workers import PipelineSpec, WorkerPool

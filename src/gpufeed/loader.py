@@ -1,23 +1,23 @@
-"""ImageLoader: wires source, sampling, scheduling, workers, decode and transfer, and holds the public API.
+"""ImageLoader: wires source, sampling, scheduling, workers, the device-side stage and transfer, and holds the
+public API.
 
     CPU decode:  Source ─► ShardedSampler ─► Scheduler ─► WorkerPool (decode + crop/resize/flip, uint8)
                                                               │ shared-memory ring, (B, S, S, 3) uint8
                                                               ▼
-                                                          Prefetcher ─► Normalize on `device`, per-sample ops
-                                                                        ─► (images, labels)
-                 (with pixel ops in the recipe the uint8 crops go to them, which normalise after)
+                                                          Prefetcher ─► stage.HostStage on `device`: normalise,
+                                                                        per-sample ops ─► (images, labels)
 
     GPU decode:  Source ─► ShardedSampler ─► Scheduler ─► WorkerPool (read bytes, header, crop box; the CPU's
                                                               │       share decoded to rows; odd files finished)
                                                               │ shared-memory ring: bytes, rows, boxes
                                                               ▼
-                                                          Prefetcher ─► GpuDecodeAugment on the side stream
-                                                                        (decode, one fused crop/resize/flip/
-                                                                         normalise kernel), per-sample ops
-                 (with pixel ops in the recipe the kernel writes uint8 crops for them, which normalise after)
+                                                          Prefetcher ─► stage.GpuStage on the side stream:
+                                                                        decode, one fused crop/resize/flip/
+                                                                        normalise kernel, per-sample ops
 
-    The recipe's MixUp/CutMix runs after the per-sample ops; another batch transform runs on the consumer's
-    stream, in the consumer's thread.
+    With pixel ops in the recipe the crops stay uint8 for them, which normalise after. The recipe's
+    MixUp/CutMix runs after the per-sample ops; another batch transform runs on the consumer's stream, in the
+    consumer's thread.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import functools
 import logging
 import os
 import warnings
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -37,10 +37,10 @@ from .augment.mix import BatchMix, read_batch_transform
 from .augment.ops import SampleOps
 from .augment.recipe import read_transform
 from .decode.base import DEFAULT_MAX_PIXELS, SkipLog
-from .decode.gpu_stage import GpuDecodeAugment
 from .options import DecodeOptions, ErrorPolicy
 from .sampling import ShardedSampler, resolve_rank
-from .schedule import HostBatch, Scheduler
+from .schedule import Scheduler
+from .stage import PerSample, create_stage
 from .sources import Source, create_source
 from .sources.urls import is_url
 from .transfer import Prefetcher
@@ -236,21 +236,13 @@ class ImageLoader:
         self.batch_indices: list[int] = []  # the source indices of the batch last yielded
         self._share = placement.ShareControl(cpu_share if gpu_path else 1.0,
                                              training_cores_kept=self.worker_cpus is not None)
-        skips = self._skips if on_error == "skip" else None
-        per_sample = self._per_sample = _PerSample(self.sample_ops, None, self.normalize)
+        self._per_sample = PerSample(self.sample_ops, self.normalize)
         self.batch_transform = batch_transform  # read now (the property below)
-        if gpu_path:
-            self._gpu_stage = GpuDecodeAugment(  # pixel ops start from the crops' uint8 pixels (_PerSample)
-                gpu_decoders, device=self.device, image_size=image_size, mean=mean, std=std,
-                dtype=torch.uint8 if self.sample_ops.pixel else dtype,
-                channels_last=channels_last, max_pixels=max_pixels, buffer_bytes=self.gpu_memory.buffer_bytes,
-                skips=skips, output_batches=(batch_size, self.gpu_memory.batches))
-            self.decode_backend = self._gpu_stage.name
-            transform, on_issued = _Decoded(self._gpu_stage, per_sample), None  # the stage releases each slot
-        else:
-            self._gpu_stage = None
-            self.decode_backend = "cpu"
-            transform, on_issued = _Normalized(self.normalize, per_sample), _hand_back  # once its copy is queued
+        self._stage = create_stage(gpu_decoders, self._per_sample, device=self.device, image_size=image_size,
+                                   normalize=self.normalize, max_pixels=max_pixels, memory=self.gpu_memory,
+                                   batch_size=batch_size, skips=self._skips if on_error == "skip" else None)
+        self._gpu_stage = getattr(self._stage, "decode", None)  # the GPU path's decode, for stats and tests
+        self.decode_backend = self._stage.name
         # one slot more on the GPU path: the GPU stage holds a batch until the next one is started
         num_slots = max(4, prefetch_depth + 2) + gpu_path
         # the pool factory refers to settings, not to the loader: nothing the loader owns may refer back to it,
@@ -261,8 +253,8 @@ class ImageLoader:
         self._scheduler = Scheduler(start_pool=start_pool, num_slots=num_slots, batch_size=batch_size,
                                     drop_last=drop_last, share=self._share, skips=self._skips, path=self.source.path,
                                     cuda=self.device.type == "cuda", readahead=getattr(self.source, "readahead", None))
-        self._prefetcher = Prefetcher(device=self.device, depth=prefetch_depth, transform=transform,
-                                      on_issued=on_issued, on_take=self._share.taken)
+        self._prefetcher = Prefetcher(device=self.device, depth=prefetch_depth, transform=self._stage,
+                                      on_issued=self._stage.issued, on_take=self._share.taken)
 
     # -- public API ---------------------------------------------------------
     @property
@@ -331,13 +323,12 @@ class ImageLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._skips.epoch = 0
-        stage = self._gpu_stage if self.device.type == "cuda" else None
+        # the stream the batches are read on: a reused output batch waits for the work queued there
+        self._stage.read_on(torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None)
         size = OutputSize(self.augment.image_size, self.augment.resize_size)
         batches = self._prefetcher.iterate(self._scheduler.batches(self.sampler, size))
         try:
             for out in batches:
-                if stage is not None:  # the stream this batch is read on: a reused output batch waits for it
-                    stage.consumer = torch.cuda.current_stream(self.device)
                 self.sampler.advance(out.consumed)
                 self.batch_indices = out.indices
                 images = out.images
@@ -367,7 +358,7 @@ class ImageLoader:
         0 for a CPU device); what runs the auto-augment family's colour and point operations on CUDA (None
         without them or on a CPU device); under ``on_error="skip"`` the number of skipped samples,
         (path, reason) for the first 10,000, and how many samples stood in for them (``repeated``)."""
-        by = dict(self._gpu_stage.decoded_by) if self._gpu_stage is not None else {}
+        by = dict(self._stage.decoded_by)
         pool = self._scheduler.pool
         return {"decode_backend": self.decode_backend, "decode_reason": self.decode_reason, "decoded_by": by,
                 "cpu_share": round(self._share.value, 3),
@@ -426,76 +417,3 @@ def _start_pool(spec: PipelineSpec, *, page_lock: bool, **kw: Any) -> WorkerPool
     if page_lock:
         pool.pin_images()
     return pool
-
-
-def _hand_back(batch: HostBatch) -> None:
-    batch.release()
-
-
-class _Delivered(NamedTuple):
-    """A batch on the device, with its samples' source indices and the entries of the epoch's order it took
-    (for the sampler's position)."""
-
-    images: torch.Tensor
-    labels: torch.Tensor
-    indices: list[int]
-    consumed: int
-
-
-class _PerSample:
-    """The recipe's per-sample ops (TrivialAugmentWide, ColorJitter, RandomErasing, ...), then its MixUp or
-    CutMix, on a finished batch, drawn for the seed and epoch its order was made for (as its crops were; the
-    mix keyed by the batch's first sample). On CUDA this runs in the Prefetcher's thread on its side stream, so
-    the kernels overlap the training and their Python stays off the training thread."""
-
-    def __init__(self, ops: SampleOps, mix: BatchMix | None, normalize: Normalize) -> None:
-        self.ops, self.mix, self.normalize = ops, mix, normalize
-
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor,
-                 batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """``images``: (B, 3, S, S) normalised, or, where the recipe has pixel ops, the crops' uint8 pixels
-        (any strides), which those ops start from (``SampleOps.from_pixels``: no normalising and back)."""
-        fresh = images.dtype == torch.uint8 or bool(self.ops)  # the ops make a new batch: MixUp may too
-        if images.dtype == torch.uint8:
-            images = self.ops.from_pixels(images, batch.indices, batch.seed, batch.epoch, dtype=self.normalize.dtype,
-                                          channels_last=self.normalize.channels_last)
-        elif self.ops:
-            images = self.ops(images, batch.indices, batch.seed, batch.epoch)
-        if self.mix is not None:
-            images, labels = self.mix(images, labels, batch.seed, batch.epoch, batch.indices[0], fresh=fresh)
-        return images, labels
-
-
-class _Normalized:
-    """CPU path, the Prefetcher's transform: the (B, S, S, 3) uint8 batch normalised on the device (CUDA), or
-    the batch the workers normalised, copied out of the ring (a CPU device); then the per-sample ops. Where
-    the recipe has pixel ops the batch stays uint8 and they start from it."""
-
-    def __init__(self, normalize: Normalize, per_sample: _PerSample) -> None:
-        self.normalize, self.per_sample = normalize, per_sample
-
-    def __call__(self, batch: HostBatch) -> _Delivered:
-        images = batch.images
-        if images.dtype == torch.float32:  # a CPU device's workers normalised it
-            images = self.normalize.finished(images)
-        elif self.per_sample.ops.pixel:  # (B, S, S, 3) uint8 crops, taken as they are
-            images = images.permute(0, 3, 1, 2)
-        else:
-            images = self.normalize.images(images)
-        return _Delivered(*self.per_sample(images, batch.labels, batch), batch.indices, batch.consumed)
-
-
-class _Decoded:
-    """GPU path, the Prefetcher's staged transform: the GPU stage's start/finish, then the per-sample ops,
-    keeping the batch's count."""
-
-    def __init__(self, stage: GpuDecodeAugment, per_sample: _PerSample) -> None:
-        self.stage, self.per_sample = stage, per_sample
-
-    def start(self, batch: HostBatch) -> tuple[HostBatch, Any]:
-        return batch, self.stage.start(batch)
-
-    def finish(self, started: tuple[HostBatch, Any]) -> _Delivered:
-        batch, inner = started
-        images, labels = self.stage.finish(inner)  # may put stand-ins in batch.indices
-        return _Delivered(*self.per_sample(images, labels, batch), batch.indices, batch.consumed)

@@ -15,33 +15,13 @@ import ctypes
 import os
 import sys
 from dataclasses import dataclass
-from enum import IntEnum
 from multiprocessing import shared_memory
 
 import numpy as np
 
-
-class Meta(IntEnum):
-    """Columns of a GPU-path position's metadata row (``Ring.meta[slot, k]``, int64): what it holds
-    (``KIND``), its byte count, the extent of the image those bytes are, and the crop box within it."""
-
-    KIND = 0
-    LENGTH = 1
-    WIDTH = 2
-    HEIGHT = 3
-    BOX_X = 4
-    BOX_Y = 5
-    BOX_W = 6
-    BOX_H = 7
-    FLIP = 8
+from .records import BOX, KIND_BYTES, KIND_PIXELS, KIND_ROWS, Meta  # noqa: F401 (the ring's layout)
 
 
-# the box columns, in the fused kernel's order: x, y, width, height, flip
-BOX = slice(Meta.BOX_X, Meta.FLIP + 1)
-# What a GPU-path position holds: KIND_PIXELS, the finished (S, S, 3) crop in ``images``; KIND_BYTES, the JPEG
-# in ``arena`` (length bytes, a width x height image) and its crop box; KIND_ROWS, decoded RGB rows in
-# ``rooms`` (length bytes: height rows of width pixels) and the crop box within them, for the GPU to resize.
-KIND_PIXELS, KIND_BYTES, KIND_ROWS = 0, 1, 2
 # Bytes of each arena position every process maps when it starts (``Ring.map_pages``): files up to this size
 # are written and read without page faults; larger ones fault in the rest (BENCHMARKS.md#worker-processes).
 MAP_ARENA_BYTES = 256 << 10

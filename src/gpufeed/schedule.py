@@ -44,35 +44,10 @@ import torch
 
 from .decode.base import SkipLog, stand_ins
 from .placement import ShareControl
-from .ring import Meta, SlotView
+from .records import HostBatch, Meta
 from .sampling import ShardedSampler
 from .workers import WorkerPool
 from .workers.records import RETRY, Failure, OutputSize, WorkerError
-
-
-@dataclass
-class HostBatch:
-    """One finished batch in a ring slot, as the transfer stage receives it (host side).
-
-    S: the size the batch was made at (``slot.size``).
-    labels: (n,) int64 CPU tensor, copied out of the slot. images: (n, S, S, 3) uint8 CPU tensor viewing the
-    slot (CPU decode), for a CPU device the slot's normalised float32 output ((n, S, S, 3) or (n, 3, S, S),
-    ``ring.Ring``), or None on the GPU path, where ``slot`` holds each sample's bytes or rows and crop
-    box (``ring.Meta``). ``indices[i]``: the source index of sample i (a stand-in's where a sample was
-    skipped); ``consumed``: entries of the epoch's order this batch took; ``path(i)`` names sample i's
-    file. ``release()`` hands the slot back once nothing will read it any more (on CUDA: once the work
-    queued so far on the current stream has run).
-    """
-
-    labels: torch.Tensor
-    slot: SlotView
-    indices: list[int]
-    consumed: int
-    release: Callable[[], None]
-    path: Callable[[int], str]
-    images: torch.Tensor | None = None
-    seed: int = 0  # the order's seed and epoch, which the batch's crops and per-sample ops are drawn for
-    epoch: int = 0
 
 
 class Submitted(NamedTuple):

@@ -7,11 +7,12 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
+from ..buffers import ReusePool
 from .fused import normalize_constants
 from .in_workers import WorkerNormalize
 
@@ -76,7 +77,7 @@ class Normalize:
         normalised on every core the process may use, not in one thread while the workers wait
         (BENCHMARKS.md#cpu-only-machines)."""
         b, h, w, _ = a.shape
-        out = _batches.take(a.shape if self.channels_last else (b, 3, h, w))
+        out = _float_batch(a.shape if self.channels_last else (b, 3, h, w))
         each = self.for_workers()
 
         def images(lo: int, hi: int) -> None:
@@ -107,42 +108,14 @@ class Normalize:
             out = x.to(self.dtype)
         else:
             src = x.numpy()
-            dst = _batches.take(src.shape)
+            dst = _float_batch(src.shape)
             _in_parallel(lambda lo, hi: np.copyto(dst[lo:hi], src[lo:hi]), len(src))
             out = torch.from_numpy(dst)
         return out.permute(0, 3, 1, 2) if self.channels_last else out
 
 
-class _Recycled:
-    """float32 batch arrays handed out again once nothing refers to them. A new array of a batch's size is
-    mapped fresh by the kernel, one page fault per 4 KB (154 MB at batch 256): that, not the arithmetic,
-    bounded a CPU device to about 2,800 images/s (BENCHMARKS.md#cpu-only-machines). A tensor made with
-    ``torch.from_numpy`` (and every view of it) keeps its array referenced, so an array only this pool
-    refers to is no longer the user's. Arrays are kept flat and handed out as their head in the asked shape,
-    so a smaller image size (progressive resizing) reuses the larger size's arrays."""
-
-    KEEP = 8
-
-    def __init__(self) -> None:
-        self._arrays: list[np.ndarray] = []
-        self._lock = threading.Lock()  # loaders iterated from several threads share the pool
-
-    def take(self, shape: tuple[int, ...]) -> np.ndarray:
-        """A C-contiguous float32 array of ``shape`` that nothing outside the pool refers to."""
-        n = math.prod(shape)
-        with self._lock:
-            free = [k for k in range(len(self._arrays)) if _refs(self._arrays, k) == _REFS_IN_A_LIST]
-            fits = [k for k in free if self._arrays[k].size >= n]
-            if fits:  # the one used last: its pages are the likeliest to be in the caches
-                self._arrays.append(self._arrays.pop(fits[-1]))
-            else:  # free arrays too small for it are let go, not kept beside the new one
-                for k in reversed(free):
-                    del self._arrays[k]
-                if len(self._arrays) >= self.KEEP:  # batches the user keeps: let the oldest array go with them
-                    self._arrays.pop(0)
-                self._arrays.append(np.empty(n, np.float32))
-            # the caller's reference (the view's base) is taken before the lock goes
-            return self._arrays[-1][:n].reshape(shape)
+def _new_float_batch(shape: tuple[int, ...]) -> Callable[[], np.ndarray]:
+    return lambda: np.empty(math.prod(shape), np.float32)
 
 
 def _refs(arrays: list, k: int) -> int:
@@ -152,7 +125,20 @@ def _refs(arrays: list, k: int) -> int:
 # what ``_refs`` counts for an array only a list refers to, on this Python (3.14 counts borrowed references
 # differently from 3.10-3.13)
 _REFS_IN_A_LIST = _refs([np.empty(0)], 0)
-_batches = _Recycled()
+# float32 batch arrays handed out again once nothing refers to them: a new array of a batch's size is mapped
+# fresh by the kernel, one page fault per 4 KB (154 MB at batch 256), which bounds a CPU device's rate
+# (BENCHMARKS.md#cpu-only-machines). A tensor made with ``torch.from_numpy`` (and every view of it) keeps its
+# array referenced. Arrays are kept flat and handed out as their head in the asked shape, so a smaller image
+# size (progressive resizing) reuses the larger size's arrays.
+_batches = ReusePool(keep=8, is_free=lambda arrays, k: _refs(arrays, k) == _REFS_IN_A_LIST)
+
+
+def _float_batch(shape: tuple[int, ...]) -> np.ndarray:
+    """A C-contiguous float32 array of ``shape`` that nothing outside the pool refers to."""
+    n = math.prod(shape)
+    return _batches.take(lambda a: a.size >= n, _new_float_batch(shape))[:n].reshape(shape)
+
+
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 

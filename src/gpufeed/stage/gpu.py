@@ -1,6 +1,7 @@
-"""The GPU stage: decode a batch on the GPU and crop/resize/flip/normalise it in one kernel.
+"""The device-side stage on the GPU path: decode a batch on the GPU and crop/resize/flip/normalise it in one
+kernel (``GpuDecodeAugment``), then the recipe's per-sample ops (``GpuStage``).
 
-Input is a ``schedule.HostBatch`` whose ring slot the CPU workers filled, per sample (``ring.Meta``): the
+Input is a ``records.HostBatch`` whose ring slot the CPU workers filled, per sample (``ring.Meta``): the
 JPEG bytes and crop box (``KIND_BYTES``), or the rows of the crop they decoded and the box within them
 (``KIND_ROWS``: the CPU's share of the batch, resized here with the rest), or pixels they already cropped
 and resized (``KIND_PIXELS``: files no GPU decoder takes, and shares whose rows did not fit). It runs as
@@ -32,7 +33,7 @@ exactly while normalising.
 Memory: the two decode buffers (``buffer_bytes`` each) are allocated at construction and never grow; a
 batch whose images need more goes through in consecutive slices, and no image larger than a buffer comes
 here (``placement.gpu_may_take``). Output batches are reused once nothing but the stage refers to them
-(``_Outputs``), so their number stays what the prefetch depth keeps in flight. That is the loader's whole
+(``buffers.ReusePool``), so their number stays what the prefetch depth keeps in flight. That is the loader's whole
 GPU budget (``placement.gpu_memory``); nvJPEG's decoders take their own memory once, when made, and a
 recipe's per-sample ops make their batches from PyTorch's caching allocator.
 """
@@ -40,23 +41,25 @@ recipe's per-sample ops make their batches from PyTorch's caching allocator.
 from __future__ import annotations
 
 import collections
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
 
-from .crop import decode_box_into
-from ..augment.fused import normalize_constants, resized_crop_reference, resized_crop_triton, triton
+from ..augment.fused import normalize_constants
 from ..augment.params import CropBox
-from ..batched_copy import BatchedCopy
-from ..ring import BOX, KIND_BYTES, KIND_PIXELS, KIND_ROWS, Meta
-from .base import DecodeError, DecodeJob, GpuDecoder, SkipLog, stand_ins
-from .cpu import CpuDecoder
+from ..buffers import ReusePool
+from ..decode.base import DecodeError, DecodeJob, GpuDecoder, SkipLog, stand_ins
+from ..decode.cpu import CpuDecoder
+from ..decode.crop import decode_box_into
+from ..records import BOX, KIND_BYTES, KIND_PIXELS, KIND_ROWS, Delivered, KernelRow, Meta
+from .decoding import CudaDecoding, HostDecoding
 
 if TYPE_CHECKING:
-    from ..schedule import HostBatch
+    from ..records import HostBatch
+
 
 def _slices(sizes: Sequence[int], budget: int) -> list[range]:
     """Consecutive ranges of samples whose sizes together stay within ``budget`` (at least one each)."""
@@ -99,18 +102,32 @@ class GpuDecodeAugment:
             raise ValueError(f"buffer_bytes must hold one {image_size} x {image_size} x 3 image, got {buffer_bytes}")
         self.buffer_bytes = buffer_bytes
         self.skips = skips
-        # the stream batches are handed to (the training's): a reused output batch waits for its work
-        self.consumer: torch.cuda.Stream | None = None
+        self._consumer: torch.cuda.Stream | None = None  # ``read_on``
         self.decoded_by: collections.Counter = collections.Counter()  # "gpu:<name>", "cpu" -> images
-        self._device = (_Cuda if device.type == "cuda" else _Host)(self.decoders, device, self.scale, self.shift)
+        self._device = (CudaDecoding if device.type == "cuda" else HostDecoding)(self.decoders, device, self.scale,
+                                                                                   self.shift)
         self._flats = [torch.empty(buffer_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
         self._turn = 0
         # made at the first batch, on the stream the stage runs on (their memory returns to that stream's pool)
         self._planned_outputs = output_batches
-        self._outputs = _Outputs(keep=max(8, output_batches[1]))
+        # output batches handed out again once nothing refers to them (as a view of the head: a short last
+        # batch, a smaller image size); without reuse the caching allocator takes a new block whenever the
+        # training's work on an old batch has not finished when the next is made (BENCHMARKS.md#memory)
+        self._outputs = ReusePool(keep=max(8, output_batches[1]), is_free=lambda items, k: _only_the_pool(items[k]))
 
     def __call__(self, batch: "HostBatch") -> tuple[torch.Tensor, torch.Tensor]:
         return self.finish(self.start(batch))
+
+    @property
+    def held_outputs(self) -> tuple[torch.Tensor, ...]:
+        """The output batches the stage holds, flat, oldest first (what it takes of the GPU budget beside the
+        decode buffers, while the user keeps no batch)."""
+        return self._outputs.held
+
+    def read_on(self, stream: "torch.cuda.Stream | None") -> None:
+        """The stream the batches are read on from now (the training's, as an iteration starts): a reused
+        output batch first waits for the work queued there."""
+        self._consumer = stream
 
     def start(self, batch: "HostBatch") -> "_Started":
         """Lay the batch out in a decode buffer, queue its CPU-filled pixels' copies and hand its JPEGs to
@@ -198,11 +215,13 @@ class GpuDecodeAugment:
         if count:
             self._planned_outputs = (0, 0)
             for _ in range(count):
-                self._outputs.keep(self._new_output(planned))
+                self._outputs.add(self._new_output(planned))
         numel = n * 3 * s * s
-        flat = self._outputs.take(numel, self._after_consumer)
+        flat = self._outputs.take(lambda t: t.numel() >= numel)
         if flat is None:
-            flat = self._outputs.keep(self._new_output(n))
+            flat = self._outputs.add(self._new_output(n))
+        else:
+            self._after_consumer()
         if self.channels_last:
             return flat[:numel].view(n, s, s, 3).permute(0, 3, 1, 2)
         return flat[:numel].view(n, 3, s, s)
@@ -215,10 +234,10 @@ class GpuDecodeAugment:
         """Order the current (side) stream after the work queued so far on the consumer's stream: a reused
         output batch, which nothing refers to any more, had all its readers queued there. Not for uint8
         outputs: the pixel ops read them on this stream, and the consumer gets their own batch."""
-        if self.consumer is not None and self.device.type == "cuda" and self.dtype != torch.uint8:
+        if self._consumer is not None and self.device.type == "cuda" and self.dtype != torch.uint8:
             side = torch.cuda.current_stream(self.device)
-            if self.consumer != side:
-                side.wait_stream(self.consumer)
+            if self._consumer != side:
+                side.wait_stream(self._consumer)
 
     def _prepare(self, batch: "HostBatch", r: range, encoded: np.ndarray, h: np.ndarray, w: np.ndarray,
                  filled: np.ndarray, room: np.ndarray, turn: bool) -> "_Part":
@@ -233,9 +252,10 @@ class GpuDecodeAugment:
         pre = local[meta[:, Meta.KIND] == KIND_PIXELS]
         offset = np.concatenate([[0], np.cumsum(room)[:-1]])
         flat = self._buffer(int(room.sum()), turn)
-        table = np.empty((len(r), 8), np.int64)  # the kernel's (offset, h, w, box x, y, w, h, flip) per sample
-        table[:, 0], table[:, 1], table[:, 2], table[:, 3:] = offset, h, w, meta[:, BOX]
-        table[pre, 1:] = (s, s, 0, 0, s, s, 0)
+        table = np.empty((len(r), len(KernelRow)), np.int64)  # the kernel's row per sample
+        table[:, KernelRow.OFFSET], table[:, KernelRow.HEIGHT], table[:, KernelRow.WIDTH] = offset, h, w
+        table[:, KernelRow.BOX_X:] = meta[:, BOX]
+        table[pre, KernelRow.HEIGHT:] = (s, s, 0, 0, s, s, 0)  # pre-cropped: the whole S x S image, copied
         if len(host) and not self._device.copy_rooms(batch.slot, r.start + host, filled[host], flat, offset[host]):
             room_of = self._rooms(batch)  # one copy each (a sample's room is larger than what it holds)
             for j in host.tolist():
@@ -270,17 +290,17 @@ class GpuDecodeAugment:
                 raise
             self.skips.record(path, e.reason)
             dropped.append(i)
-            row[1:] = (1, 1, 0, 0, 1, 1, 0)  # any valid row: the output is dropped
+            row[KernelRow.HEIGHT:] = (1, 1, 0, 0, 1, 1, 0)  # any valid row: the output is dropped
             return
-        off = int(row[0])
+        off = int(row[KernelRow.OFFSET])
         flat[off : off + s * s * 3].copy_(self._device.host(slot.images[i]).view(-1), non_blocking=True)
-        row[1:] = (s, s, 0, 0, s, s, 0)
+        row[KernelRow.HEIGHT:] = (s, s, 0, 0, s, s, 0)
         self.decoded_by["cpu"] += 1
 
     def _buffer(self, nbytes: int, turn: bool) -> torch.Tensor:
         """The first ``nbytes`` of one of the two decode buffers, taken in turn, so a batch decodes while the
         previous one's kernel is still to run; each is reused every other batch (a batch's decode comes after
-        the last kernel that read that buffer: ``_Cuda.submit``)."""
+        the last kernel that read that buffer: ``CudaDecoding.submit``)."""
         self._device.order_buffers()
         if turn:
             self._turn ^= 1
@@ -317,146 +337,6 @@ class GpuDecodeAugment:
         ok = [bool(good) for part in done for good in part]
         self.decoded_by[f"gpu:{self.name}"] += sum(ok)
         return ok
-
-
-class _Cuda:
-    """The stage's device side on CUDA: decoder threads on their own streams, events between them and the
-    current (side) stream, page-locked host sources, the Triton kernel (the reference without Triton)."""
-
-    def __init__(self, decoders: list[GpuDecoder], device: torch.device, scale, shift) -> None:
-        self.decoders, self.device, self.scale, self.shift = decoders, device, scale, shift
-        # one thread per decoder (a decoder's calls never overlap), each on its own stream
-        self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"gpufeed-decode-{k}") for k in range(len(decoders))]
-        self._streams = [torch.cuda.Stream(device) for _ in decoders]
-        self._scale_t, self._shift_t = torch.tensor(scale, device=device), torch.tensor(shift, device=device)
-        self._buffer_stream: torch.cuda.Stream | None = None
-        self._batched = BatchedCopy()  # the CPU-decoded rows' copies, one driver call per batch
-
-    def order_buffers(self) -> None:
-        """Called before a decode buffer is taken: if this stage is driven from another stream than last
-        time, that stream first waits for the old one (the buffers' last readers)."""
-        stream = torch.cuda.current_stream(self.device)
-        if self._buffer_stream is not None and self._buffer_stream != stream:
-            stream.wait_stream(self._buffer_stream)
-        self._buffer_stream = stream
-
-    def submit(self, jobs: list[tuple[int, DecodeJob]]) -> list[Future]:
-        ready = torch.cuda.Event()
-        ready.record(torch.cuda.current_stream(self.device))
-
-        def run(k: int, job: DecodeJob) -> tuple[np.ndarray, torch.cuda.Event]:
-            stream = self._streams[k]
-            stream.wait_event(ready)
-            ok = self.decoders[k].decode(job, stream)
-            done = torch.cuda.Event()
-            done.record(stream)
-            return ok, done
-
-        return [self._threads[k].submit(run, k, job) for k, job in jobs]
-
-    def collect(self, results: list[tuple[np.ndarray, torch.cuda.Event]]) -> list[np.ndarray]:
-        side = torch.cuda.current_stream(self.device)
-        for _, done in results:
-            side.wait_event(done)
-        return [ok for ok, _ in results]
-
-    def copy_rooms(self, slot, ids: np.ndarray, sizes: np.ndarray, flat: torch.Tensor, offsets: np.ndarray) -> bool:
-        """The first ``sizes[k]`` bytes of sample ``ids[k]``'s pixel room (its pixels, where the slot has no
-        rooms) to ``flat[offsets[k]:]``, on the current stream, in one driver call; False (nothing queued)
-        where that cannot be (no batched copy in this driver, or a ring that is not page-locked)."""
-        area = slot.rooms if slot.rooms is not None else slot.images
-        if not self._batched.available or not torch.from_numpy(area).is_pinned():
-            return False
-        srcs = area.ctypes.data + ids.astype(np.uint64) * np.uint64(area.strides[0])
-        dsts = flat.data_ptr() + offsets.astype(np.uint64)
-        return self._batched.copy(dsts, srcs, sizes, torch.cuda.current_stream(self.device))
-
-    def host(self, a: np.ndarray) -> torch.Tensor:
-        """A host tensor for an H2D copy: the ring's own page-locked memory when it is (the scheduler
-        reuses the slot after the copy), else a pinned copy (the caching host allocator keeps it until the
-        copy ran)."""
-        t = torch.from_numpy(a)
-        return t if t.is_pinned() else t.pin_memory()
-
-    @staticmethod
-    def pinned(t: torch.Tensor) -> bool:
-        return t.is_pinned()
-
-    def kernel(self, flat: torch.Tensor, table: torch.Tensor, size: int, dst: torch.Tensor) -> None:
-        if triton is not None:
-            resized_crop_triton(flat, self.host(table.numpy()).to(self.device, non_blocking=True), size, self.scale,
-                                self.shift, dst)
-        else:
-            resized_crop_reference(flat, table.to(self.device), size, self._scale_t, self._shift_t, dst)
-
-
-class _Host:
-    """The same stage on the CPU (a CPU device: tests and stand-in decoders): calls run here, in order."""
-
-    def __init__(self, decoders: list[GpuDecoder], device: torch.device, scale, shift) -> None:
-        self.decoders, self.device = decoders, device
-        self._scale_t, self._shift_t = torch.tensor(scale), torch.tensor(shift)
-
-    def order_buffers(self) -> None:
-        pass
-
-    def submit(self, jobs: list[tuple[int, DecodeJob]]) -> list[Future]:
-        futures = []
-        for k, job in jobs:  # reported as the threads do: an error is raised when awaited
-            f: Future = Future()
-            try:
-                f.set_result(self.decoders[k].decode(job, None))
-            except Exception as e:
-                f.set_exception(e)
-            futures.append(f)
-        return futures
-
-    def collect(self, results: list[np.ndarray]) -> list[np.ndarray]:
-        return results
-
-    def host(self, a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a)
-
-    @staticmethod
-    def pinned(t: torch.Tensor) -> bool:
-        return True  # copies to the CPU read it in place
-
-    @staticmethod
-    def copy_rooms(*_: object) -> bool:
-        return False  # copied one by one
-
-    def kernel(self, flat: torch.Tensor, table: torch.Tensor, size: int, dst: torch.Tensor) -> None:
-        resized_crop_reference(flat, table, size, self._scale_t, self._shift_t, dst)
-
-
-class _Outputs:
-    """Output batches handed out again once nothing outside this pool refers to their memory: the pool keeps
-    each whole batch, flat, and the stage hands out a view of its head (a short last batch, a smaller image
-    size), so the storage's use count says whether a handed-out view, or any view of that, is still alive. Without reuse the caching
-    allocator takes a new block whenever the training's work on an old batch has not finished when the next is
-    made, and the memory held steps up (BENCHMARKS.md#memory). Batches the user keeps are theirs; the pool keeps
-    the newest ``keep``."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep_at_most = keep
-        self._kept: list[torch.Tensor] = []
-
-    def take(self, numel: int, before_reuse: Callable[[], None]) -> torch.Tensor | None:
-        """A kept batch of at least ``numel`` elements that nothing else refers to (``before_reuse()`` called
-        first), or None."""
-        for k in range(len(self._kept)):
-            t = self._kept[k]
-            if t.numel() >= numel and _only_the_pool(t):
-                self._kept.append(self._kept.pop(k))
-                before_reuse()
-                return t
-        return None
-
-    def keep(self, t: torch.Tensor) -> torch.Tensor:
-        if len(self._kept) >= self.keep_at_most:
-            self._kept.pop(0)
-        self._kept.append(t)
-        return t
 
 
 _STORAGE_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
@@ -498,3 +378,23 @@ class _Started:
         if not self.released:
             self.released = True
             self.batch.release()
+
+
+class GpuStage:
+    """HostBatch -> Delivered on the GPU path, in two steps one batch apart (the Prefetcher's staged
+    transform): ``GpuDecodeAugment``'s start and finish, then the per-sample ops, keeping the batch's count.
+    The stage hands each ring slot back itself, once the GPU has read it (``issued`` is None)."""
+
+    issued = None
+
+    def __init__(self, decode: GpuDecodeAugment, per_sample) -> None:
+        self.decode, self.per_sample = decode, per_sample
+        self.name, self.decoded_by, self.read_on = decode.name, decode.decoded_by, decode.read_on
+
+    def start(self, batch: "HostBatch") -> tuple["HostBatch", _Started]:
+        return batch, self.decode.start(batch)
+
+    def finish(self, started: tuple["HostBatch", _Started]) -> Delivered:
+        batch, inner = started
+        images, labels = self.decode.finish(inner)  # may put stand-ins in batch.indices
+        return Delivered(*self.per_sample(images, labels, batch), batch.indices, batch.consumed)
