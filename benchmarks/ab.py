@@ -1,12 +1,13 @@
 """The reference a/b harness: this working tree against a reference tree, in fresh processes, alternating.
 
-    python benchmarks/ab.py DATA --ref REV|DIR [--rows none,resnet50,resnet18,recipe,compiled-resnet50]
-        [--rounds 3] [--epochs 4] [--batch-size 256] [--workers N] [--device cuda] [--json OUT]
+    python benchmarks/ab.py DATA --ref REV|DIR [--ref REV|DIR ...] [--rows none,resnet50,resnet18,recipe,
+        compiled-resnet50] [--rounds 3] [--epochs 4] [--batch-size 256] [--workers N] [--device cuda] [--json OUT]
 
 ``--ref``: a commit of this repository (exported with ``git archive`` into ``~/.cache/gpufeed/ab/<commit>``,
-its cropped-decode extension built there) or a folder holding a tree's ``src/``. Each round runs every row
-with each tree in turn (the order swapped every other round, so that drift over the run falls on both), each
-run a fresh process of ``plain_loop.py`` with that tree's ``src`` first on PYTHONPATH. Rows: ``none`` (loader
+its cropped-decode extension built there) or a folder holding a tree's ``src/``; several may be given, each
+compared with the working tree. Each round runs every row with each tree in turn (the order reversed every
+other round, so that drift over the run falls on all), each run a fresh process of ``plain_loop.py`` with
+that tree's ``src`` first on PYTHONPATH. Rows: ``none`` (loader
 only), a model (its share of its own rate, the ceiling measured in the same process), ``recipe``
 (trivialaugment-mix with ResNet-50), ``compiled-MODEL``. Prints per row the median and spread of each tree and
 the verdict: faster or slower when every run of one tree beats every run of the other, else within noise.
@@ -47,7 +48,7 @@ def reference_tree(ref: str) -> Path:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("data")
-    p.add_argument("--ref", required=True)
+    p.add_argument("--ref", required=True, action="append", help="a commit or a folder with src/; repeatable")
     p.add_argument("--rows", default="none,resnet50,resnet18,recipe,compiled-resnet50")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=4)
@@ -58,7 +59,8 @@ def main() -> int:
     p.add_argument("--log", help="append every run's output to this file")
     p.add_argument("--json")
     args = p.parse_args()
-    trees = {"reference": reference_tree(args.ref) / "src", "current": REPO / "src"}
+    trees = {ref: reference_tree(ref) / "src" for ref in args.ref}
+    trees["current"] = REPO / "src"
     rows = args.rows.split(",")
     runs: dict[tuple[str, str], list[dict]] = {(r, t): [] for r in rows for t in trees}
     for rnd in range(args.rounds):
@@ -72,21 +74,23 @@ def main() -> int:
                       ", ".join(f"{x:,.0f}" for x in run["epochs"]) + " images/s by epoch"
                       + (f", {100 * run['of_ceiling']:.1f}% of {run['ceiling']:,.0f}" if run.get("ceiling") else "")),
                       flush=True)
-    print(f"\nreference {args.ref} ({trees['reference'].parent}) against the current tree ({REPO}); "
-          f"{args.rounds} rounds, {args.epochs} epochs a run, batch {args.batch_size}")
-    print("| row | reference | current | change | verdict |\n|---|---|---|---|---|")
     summary = {}
-    for row in rows:
-        ref = [v for v in map(figure, runs[(row, "reference")]) if v is not None]
-        cur = [v for v in map(figure, runs[(row, "current")]) if v is not None]
-        share = any(r.get("of_ceiling") is not None for r in runs[(row, "current")] + runs[(row, "reference")])
-        what = "of its own rate" if share else "images/s"
-        change = f"{100 * (statistics.median(cur) / statistics.median(ref) - 1):+.1f}%" if ref and cur else "-"
-        summary[row] = {"reference": ref, "current": cur, "verdict": verdict(ref, cur)}
-        print(f"| {row} ({what}) | {describe(ref, share)} | {describe(cur, share)} | {change} | {verdict(ref, cur)} |")
+    for ref in args.ref:
+        print(f"\nreference {ref} ({trees[ref].parent}) against the current tree ({REPO}); "
+              f"{args.rounds} rounds, {args.epochs} epochs a run, batch {args.batch_size}")
+        print("| row | reference | current | change | verdict |\n|---|---|---|---|---|")
+        for row in rows:
+            old = [v for v in map(figure, runs[(row, ref)]) if v is not None]
+            cur = [v for v in map(figure, runs[(row, "current")]) if v is not None]
+            share = any(r.get("of_ceiling") is not None for r in runs[(row, "current")] + runs[(row, ref)])
+            what = "of its own rate" if share else "images/s"
+            change = f"{100 * (statistics.median(cur) / statistics.median(old) - 1):+.1f}%" if old and cur else "-"
+            summary[f"{row}/{ref}"] = {"reference": old, "current": cur, "verdict": verdict(old, cur)}
+            print(f"| {row} ({what}) | {describe(old, share)} | {describe(cur, share)} | {change} | "
+                  f"{verdict(old, cur)} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"ref": args.ref, "summary": summary,
+            json.dump({"refs": args.ref, "summary": summary,
                        "runs": {f"{r}/{t}": v for (r, t), v in runs.items()}}, f, indent=1)
     return 0
 

@@ -160,7 +160,7 @@ def test_ab_harness_runs_a_commit_against_the_working_tree(synth_root, tmp_path)
     assert cells[0] == "none (images/s)" and cells[4] in ("faster", "slower", "within noise")
     assert re.fullmatch(r"[\d,]+ \([\d,]+-[\d,]+\)", cells[1]) and re.fullmatch(r"[\d,]+ \([\d,]+-[\d,]+\)", cells[2])
     result = json.loads((tmp_path / "ab.json").read_text())
-    ref, cur = result["runs"]["none/reference"], result["runs"]["none/current"]
+    ref, cur = result["runs"]["none/HEAD"], result["runs"]["none/current"]
     assert len(ref) == len(cur) == 2 and all(len(r["epochs"]) == 2 for r in ref + cur)
     exported = next((tmp_path / ".cache" / "gpufeed" / "ab").iterdir())
     assert all(r["tree"].startswith(str(exported)) for r in ref)  # each tree ran its own code
