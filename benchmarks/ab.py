@@ -11,6 +11,10 @@ that tree's ``src`` first on PYTHONPATH. Rows: ``none`` (loader
 only), a model (its share of its own rate, the ceiling measured in the same process), ``recipe``
 (trivialaugment-mix with ResNet-50), ``compiled-MODEL``. Prints per row the median and spread of each tree and
 the verdict: faster or slower when every run of one tree beats every run of the other, else within noise.
+
+``--bench`` adds ``gpufeed bench --pipelines gpufeed`` of the working tree to every round, beside its plain
+loop and with the same loader settings, and prints how far the bench's figure is from the loop's: the
+bench's own check that it measures what a training script gets. ``--ref`` may then be left out.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import REPO, describe, figure, fresh_run, plain_loop_cmd, verdict
+from harness import REPO, bench_cmd, bench_figure, describe, figure, fresh_run, plain_loop_cmd, verdict
 
 
 def reference_tree(ref: str) -> Path:
@@ -48,33 +52,53 @@ def reference_tree(ref: str) -> Path:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("data")
-    p.add_argument("--ref", required=True, action="append", help="a commit or a folder with src/; repeatable")
+    p.add_argument("--ref", action="append", default=[], help="a commit or a folder with src/; repeatable")
+    p.add_argument("--bench", action="store_true", help="also time gpufeed bench of the working tree each round")
     p.add_argument("--rows", default="none,resnet50,resnet18,recipe,compiled-resnet50")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--ceiling-seconds", type=float, default=5.0, help="how long each run times the model alone")
     p.add_argument("--device", default="cuda")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take before it is stopped")
     p.add_argument("--log", help="append every run's output to this file")
     p.add_argument("--json")
     args = p.parse_args()
+    if not args.ref and not args.bench:
+        p.error("give --ref REV|DIR (repeatable), --bench, or both")
     trees = {ref: reference_tree(ref) / "src" for ref in args.ref}
     trees["current"] = REPO / "src"
+    if args.bench:
+        trees["bench"] = REPO / "src"
     rows = args.rows.split(",")
     runs: dict[tuple[str, str], list[dict]] = {(r, t): [] for r in rows for t in trees}
     for rnd in range(args.rounds):
         order = list(trees) if rnd % 2 == 0 else list(trees)[::-1]
         for row in rows:
             for tree in order:
-                run = fresh_run(plain_loop_cmd(args.data, row, args), src=trees[tree], timeout=args.timeout,
-                                log=Path(args.log) if args.log else None)
+                cmd = bench_cmd(args.data, row, args) if tree == "bench" else plain_loop_cmd(args.data, row, args)
+                run = fresh_run(cmd, src=trees[tree], timeout=args.timeout, log=Path(args.log) if args.log else None)
+                if tree == "bench":
+                    run = bench_figure(run)
                 runs[(row, tree)].append(run)
                 print(f"round {rnd + 1} {row} {tree}: " + (run.get("error") or run.get("unsupported") or
                       ", ".join(f"{x:,.0f}" for x in run["epochs"]) + " images/s by epoch"
                       + (f", {100 * run['of_ceiling']:.1f}% of {run['ceiling']:,.0f}" if run.get("ceiling") else "")),
                       flush=True)
     summary = {}
+    if args.bench:
+        print(f"\ngpufeed bench against a plain loop over the same loader, the working tree; {args.rounds} rounds, "
+              f"{args.epochs} epochs a run, batch {args.batch_size}")
+        print("| row | gpufeed bench | plain loop | bench against loop |\n|---|---|---|---|")
+        for row in rows:
+            bench = [v for v in map(figure, runs[(row, "bench")]) if v is not None]
+            loop = [v for v in map(figure, runs[(row, "current")]) if v is not None]
+            share = any(r.get("of_ceiling") is not None for r in runs[(row, "current")])
+            gap = f"{100 * (statistics.median(bench) / statistics.median(loop) - 1):+.1f}%" if bench and loop else "-"
+            summary[f"{row}/bench"] = {"bench": bench, "loop": loop}
+            print(f"| {row} ({'of its own rate' if share else 'images/s'}) | {describe(bench, share)} | "
+                  f"{describe(loop, share)} | {gap} |")
     for ref in args.ref:
         print(f"\nreference {ref} ({trees[ref].parent}) against the current tree ({REPO}); "
               f"{args.rounds} rounds, {args.epochs} epochs a run, batch {args.batch_size}")

@@ -3,15 +3,16 @@
 #   STEPS="tests gauge" bash benchmarks/gpu_machine.sh    the steps named, in this order:
 #     tests     the tests marked gpu (their exit status is this script's)
 #     monitors  each of gpufeed bench's monitors timed against a plain epoch (benchmarks/monitor_cost.py)
-#     gauge     gpufeed bench against a plain training loop, fresh processes, alternating (bench_vs_loop.py)
 #     readme    the README's main command as written
-#     ab        this tree against AB_REF (a folder holding a tree's src/, e.g. `git archive REV | tar -x -C DIR`),
-#               fresh processes, alternating, ROUNDS rounds of AB_ROWS (benchmarks/ab.py)
+#     ab        this tree against each of AB_REFS (folders holding a tree's src/, e.g. `git archive REV | tar -x -C
+#               DIR`), and with AB_BENCH=1 gpufeed bench against its plain loop, fresh processes, alternating,
+#               ROUNDS rounds of AB_ROWS (benchmarks/ab.py)
 #     shards    pre-resized shards against the original JPEGs (benchmarks/shards.py)
 #     decode    each decode backend alone (decode_only.py)     memory    GPU memory per epoch (gpu_memory.py)
 #     formats   folder, tar shards and Parquet (formats.py)    paced     the loader's GPU work against a training
 #     progressive  an epoch at each size (progressive.py)      ddp       every GPU under torchrun, gpufeed bench
-# Narrowing variables: TESTS (pytest arguments), EPOCHS, ROUNDS, MODELS, AB_ROWS, AB_TIMEOUT.
+# Narrowing variables: TESTS (pytest arguments), TESTS_TIMEOUT, EPOCHS, ROUNDS, MODELS, AB_ROWS, AB_TIMEOUT,
+# AB_LIMIT (seconds for the whole a/b step), CEILING_S (seconds each a/b run times the model alone).
 # Packages that machine lacks (simplejpeg, nvImageCodec, nvJPEG) are installed from .whl/ when it is there.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpufeed-out}; mkdir -p "$OUT"
@@ -27,7 +28,7 @@ python3 setup.py -q build_ext --inplace > "$OUT/build_ext.txt" 2>&1 || echo "cro
   python3 -m gpufeed info; cat "$OUT/build_ext.txt"; } > "$OUT/info.txt" 2>&1
 rm -f "$OUT/build_ext.txt"
 grep -i "decode\|gpu 0" "$OUT/info.txt"
-STEPS=" ${STEPS:-tests gauge readme} "
+STEPS=" ${STEPS:-tests readme ab} "
 step() { [[ "$STEPS" == *" $1 "* ]]; }
 status=0
 DATA=/tmp/synth10k
@@ -41,15 +42,13 @@ if step tests; then
 fi
 step monitors && timeout 300 python3 benchmarks/monitor_cost.py $DATA --models ${MODELS:-none,resnet18} \
   --rounds ${ROUNDS:-3} > "$OUT/monitors.txt" 2>&1
-step gauge && timeout 600 python3 benchmarks/bench_vs_loop.py $DATA --models ${MODELS:-none,resnet50,resnet18} \
-  --rounds ${ROUNDS:-2} --epochs $E --json $J/gauge.json > "$OUT/gauge.txt" 2>&1
 step readme && (cd /tmp && timeout 300 python3 -m gpufeed bench --json $J/readme.json --chart "$OUT/readme.png") \
   > "$OUT/readme.txt" 2>&1
 if step ab; then
-  [ -d "${AB_REF:-}/src" ] || { echo "ab: AB_REF=DIR with DIR/src is needed"; exit 2; }
-  timeout 590 python3 benchmarks/ab.py $DATA --ref "$AB_REF" --rows ${AB_ROWS:-none,resnet50,resnet18} \
-    --rounds ${ROUNDS:-3} --epochs $E --timeout ${AB_TIMEOUT:-200} --log "$OUT/ab-runs.txt" --json $J/ab.json \
-    > "$OUT/ab.txt" 2>&1
+  refs=""; for r in ${AB_REFS:-}; do [ -d "$r/src" ] || { echo "ab: $r holds no src/"; exit 2; }; refs="$refs --ref $r"; done
+  timeout ${AB_LIMIT:-590} python3 benchmarks/ab.py $DATA $refs ${AB_BENCH:+--bench} \
+    --rows ${AB_ROWS:-none,resnet50,resnet18} --rounds ${ROUNDS:-3} --epochs $E --timeout ${AB_TIMEOUT:-200} \
+    --ceiling-seconds ${CEILING_S:-5} --log "$OUT/ab-runs.txt" --json $J/ab-${AB_ROWS:-all}.json > "$OUT/ab.txt" 2>&1
 fi
 step shards && timeout 300 python3 benchmarks/shards.py $DATA ${SHARDS_ARGS:-} > "$OUT/shards.txt" 2>&1
 step decode && timeout 200 python3 benchmarks/decode_only.py $DATA > "$OUT/decode.txt" 2>&1
@@ -71,7 +70,7 @@ if step ddp; then
       >> "$OUT/ddp.txt" 2>&1
   done
 fi
-for s in monitors gauge readme ab shards decode memory formats paced progressive ddp; do
+for s in monitors readme ab shards decode memory formats paced progressive ddp; do
   step $s && [ -f "$OUT/$s.txt" ] && { echo "== $s"; grep -E "^\||^gpufeed bench|^- |FAILED|Error|round " "$OUT/$s.txt" | cut -c1-260; }
 done
 tar -czf "$OUT/json.tgz" -C $J . 2>/dev/null

@@ -41,15 +41,38 @@ def plain_loop_cmd(data: str, row: str, args) -> list[str]:
     """The plain loop's command for a row: none (loader only), a model name, "recipe" (trivialaugment-mix with
     ResNet-50) or "compiled-MODEL"."""
     cmd = [sys.executable, str(HERE / "plain_loop.py"), data, "--epochs", str(args.epochs),
-           "--batch-size", str(args.batch_size), "--device", args.device]
-    if args.workers:
-        cmd += ["--workers", str(args.workers)]
+           "--batch-size", str(args.batch_size), "--device", args.device,
+           "--ceiling-seconds", str(getattr(args, "ceiling_seconds", 5.0))]
+    return cmd + _row_args(row, args)
+
+
+def _row_args(row: str, args) -> list[str]:
+    """A row's arguments, the same for the plain loop and for gpufeed bench."""
+    extra = ["--workers", str(args.workers)] if args.workers else []
     if row == "recipe":
-        return cmd + ["--model", "resnet50" if args.device.startswith("cuda") else "none", "--recipe",
-                      "trivialaugment-mix"]
+        return extra + ["--model", "resnet50" if args.device.startswith("cuda") else "none", "--recipe",
+                        "trivialaugment-mix"]
     if row.startswith("compiled-"):
-        return cmd + ["--model", row[len("compiled-"):], "--compile"]
-    return cmd + ["--model", row]
+        return extra + ["--model", row[len("compiled-"):], "--compile"]
+    return extra + ["--model", row]
+
+
+def bench_cmd(data: str, row: str, args) -> list[str]:
+    """``gpufeed bench`` of its gpufeed pipeline alone, with the plain loop's settings for ``row``."""
+    return [sys.executable, "-m", "gpufeed", "bench", "--data", data, "--pipelines", "gpufeed",
+            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--device", args.device,
+            *_row_args(row, args)]
+
+
+def bench_figure(run: dict) -> dict:
+    """The bench's JSON as a plain loop's result: its gpufeed row's rate, share and epochs."""
+    if "error" in run:
+        return run
+    row = next(r for r in run["rows"] if r["pipeline"].startswith("gpufeed"))
+    if row.get("error"):
+        return {"error": row["pipeline"]}
+    return {"images_per_s": row["images_per_s"], "of_ceiling": row.get("of_ceiling"),
+            "epochs": [e["images_per_s"] for e in row["epochs"]], "bench_overhead": row.get("bench_overhead")}
 
 
 def figure(run: dict) -> float | None:

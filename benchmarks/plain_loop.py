@@ -98,6 +98,7 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--ceiling-seconds", type=float, default=5.0, help="how long the model alone is timed")
     p.add_argument("--json")
     args = p.parse_args()
     device = torch.device(args.device)
@@ -110,7 +111,7 @@ def main() -> int:
         if device.type != "cuda":
             raise SystemExit("--model needs a CUDA device")
         step = make_step(args.model, device, args.compile)
-        result["ceiling"] = ceiling(step, args.batch_size, device)
+        result["ceiling"] = ceiling(step, args.batch_size, device, args.ceiling_seconds)
     transform, mix = recipe(args.recipe)
     kwargs = {"transform": transform, "batch_transform": mix} if transform is not None else {}
     try:

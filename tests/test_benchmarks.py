@@ -167,12 +167,14 @@ def test_ab_harness_runs_a_commit_against_the_working_tree(synth_root, tmp_path)
     assert all(r["tree"].startswith(str(BENCHMARKS.parent / "src")) for r in cur)
 
 
-def test_bench_vs_loop_prints_both(synth_root, tmp_path):
-    out = _script("bench_vs_loop.py", [str(synth_root), "--models", "none", "--rounds", "1", "--epochs", "2",
-                                       "--batch-size", "8", "--workers", "1", "--device", "cpu"], tmp_path)
+def test_ab_harness_checks_the_bench_against_a_plain_loop(synth_root, tmp_path):
+    """``--bench``: gpufeed bench of the working tree in every round beside its plain loop, and the gap."""
+    out = _script("ab.py", [str(synth_root), "--bench", "--rows", "none", "--rounds", "1", "--epochs", "2",
+                            "--batch-size", "8", "--workers", "1", "--device", "cpu"], tmp_path)
     (row,) = _rows(out)
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[0] == "none (images/s)" and re.fullmatch(r"[+-]\d+\.\d%", cells[3])
+    assert "round 1 none bench:" in out and "round 1 none current:" in out
 
 
 def test_monitor_cost_times_every_monitor(synth_root, tmp_path):
