@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks and times, in one call: logs and JSON under $OUT, a short table last.
-#   STEPS="tests gauge" bash benchmarks/gpu_machine.sh    the steps named, in this order:
+#   STEPS="tests ab" bash benchmarks/gpu_machine.sh    the steps named, in this order:
 #     tests     the tests marked gpu (their exit status is this script's)
 #     monitors  each of gpufeed bench's monitors timed against a plain epoch (benchmarks/monitor_cost.py)
 #     readme    the README's main command as written

@@ -1,4 +1,4 @@
-"""What ``ab.py`` and ``bench_vs_loop.py`` share: one measurement in a fresh process, and the verdict on two
+"""What the scripts of the a/b harness share (``ab.py``, ``plain_loop.py``): one measurement in a fresh process, and the verdict on two
 sets of runs."""
 
 from __future__ import annotations

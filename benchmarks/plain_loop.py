@@ -1,5 +1,5 @@
 """A plain training loop over ImageLoader, in this process alone: the yardstick of the a/b harness (``ab.py``)
-and of the bench's own check (``bench_vs_loop.py``).
+and of the bench's own check (``ab.py --bench``).
 
     python benchmarks/plain_loop.py DATA [--model none|resnet50|resnet18|...] [--compile]
         [--recipe standard|trivialaugment-mix] [--epochs 4] [--batch-size 256] [--workers N] [--json OUT]
