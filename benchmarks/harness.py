@@ -1,5 +1,5 @@
-"""What the scripts of the a/b harness share (``ab.py``, ``plain_loop.py``): one measurement in a fresh process, and the verdict on two
-sets of runs."""
+"""What the a/b harness (``ab.py``) uses: one measurement in a fresh process (``plain_loop.py`` or
+``gpufeed bench``), and the verdict on two sets of runs."""
 
 from __future__ import annotations
 
