@@ -2,7 +2,9 @@
 
 What makes a snippet run here is declared once, below: ``SUBSTITUTIONS`` (text replaced in every snippet:
 the README's paths become generated data, the GPU the CPU, batches small, one epoch, the S3 bucket and
-endpoint a local S3 server's) and ``GIVEN`` (names a snippet takes as the reader's own, such as ``model``).
+endpoint a local S3 server's), ``GIVEN`` (names a snippet takes as the reader's own, such as ``model``) and
+``NO_GPU`` (what ``torch.cuda`` answers while a snippet runs, so that ``device="auto"`` and Lightning's
+accelerator pick the CPU on a GPU machine too).
 Each snippet runs in a fresh namespace, in this process, in README order; none builds on another's names.
 A snippet that raises fails its test, and so does a substitution that no snippet contains any more (the
 README changed under it), or a README without Python snippets.
@@ -68,6 +70,9 @@ def _tiny_lightning_module():
 # names a snippet uses as the reader's own: made only for the snippets that use them
 GIVEN = {"model": _tiny_lightning_module}
 
+# torch.cuda as a machine without a GPU answers it
+NO_GPU = {"is_available": lambda: False, "device_count": lambda: 0}
+
 
 def _snippets() -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", README.read_text(), flags=re.S | re.M)
@@ -116,6 +121,8 @@ def _runnable(snippet: str, places: dict[str, str]) -> str:
 def test_the_readme_snippet_runs(snippet, data, request, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # what a snippet writes (Lightning's logs and checkpoints) lands here
     monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "cache"))  # the shard index, for this test alone
+    for name, answer in NO_GPU.items():
+        monkeypatch.setattr(torch.cuda, name, answer)
     places = dict(data)
     if "s3://" in snippet:  # credentials come the usual way, from the environment
         server = request.getfixturevalue("s3")
