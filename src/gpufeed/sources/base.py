@@ -3,31 +3,95 @@
 from __future__ import annotations
 
 import bisect
+import errno
+import hashlib
+import operator
 import os
+import stat
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 # The extensions torchvision's ImageFolder accepts (torchvision.datasets.folder.IMG_EXTENSIONS).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+LABEL_MAX = (1 << 63) - 1  # labels travel as int64
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
 
 
-def read_file(path: str) -> bytes:
+class TooLarge(OSError):
+    """A file or a response over its byte cap, refused before it was read whole."""
+
+
+def read_file(path: str, max_bytes: int | None = None) -> bytes:
     """A whole file's bytes. Plain os calls (open, fstat, read until the end): 13 us against 19-20 us for
-    ``Path.read_bytes`` per ~100 KB file in the page cache, on the development machine."""
-    fd = os.open(path, os.O_RDONLY)
+    ``Path.read_bytes`` per ~100 KB file in the page cache, on the development machine. Only regular files:
+    a FIFO or a device named like an image is refused at once (opened without waiting for a writer), never
+    read; a file over ``max_bytes`` is refused before any byte is read (``TooLarge``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # no effect on a regular file; a FIFO opens at once
     try:
-        data = os.read(fd, os.fstat(fd).st_size or 1 << 16)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
+            raise OSError(errno.EINVAL, f"not a regular file ({kind})", path)
+        if max_bytes is not None and info.st_size > max_bytes:
+            raise TooLarge(errno.EFBIG, f"{info.st_size} bytes, over max_bytes={max_bytes}: refused unread", path)
+        data = os.read(fd, info.st_size or 1 << 16)
         more = os.read(fd, 1 << 16) if data else b""
         if not more:  # the usual case: the size stat gave was the whole file, returned without a copy
             return data
         parts = [data, more]  # a file that grew, or one whose size stat does not give: read until the end
+        total = len(data) + len(more)
         while parts[-1]:
+            if max_bytes is not None and total > max_bytes:
+                raise TooLarge(errno.EFBIG, f"over max_bytes={max_bytes} bytes (it grew while read)", path)
             parts.append(os.read(fd, 1 << 20))
+            total += len(parts[-1])
         return b"".join(parts)
     finally:
         os.close(fd)
+
+
+def check_label(value: Any, where: str, num_classes: int | None = None) -> int:
+    """``value`` as a label: an integer in [0, ``num_classes``) (or [0, 2**63) without it); else a
+    ValueError naming ``where`` (the file, member or row) and the value."""
+    try:
+        label = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{where}: label must be an integer, got {value!r}") from None
+    if label < 0:
+        raise ValueError(f"{where}: label must be >= 0, got {label}")
+    if num_classes is not None and label >= num_classes:
+        raise ValueError(f"{where}: label {label} is not below num_classes={num_classes}")
+    if label > LABEL_MAX:
+        raise ValueError(f"{where}: label {label} does not fit in int64")
+    return label
+
+
+def digest(*parts: "bytes | str | np.ndarray | Sequence[str]") -> str:
+    """A hex digest of ``parts`` (bytes, text, arrays, lists of names), each length-prefixed so no two
+    different inputs meet."""
+    h = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, np.ndarray):
+            part = np.ascontiguousarray(part).tobytes()
+        elif isinstance(part, str):
+            part = part.encode("utf-8", "surrogateescape")
+        elif not isinstance(part, (bytes, bytearray, memoryview)):
+            part = "\n".join(part).encode("utf-8", "surrogateescape")
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()[:32]
+
+
+def fingerprint(source: "Source") -> dict[str, Any]:
+    """What identifies ``source`` in a saved state: its sample count and a digest of its paths or URLs and,
+    where they are known without reading the data, its labels (``source.digest()`` when it has one, else the
+    digest of every ``path(i)``)."""
+    own = getattr(source, "digest", None)
+    value = own() if callable(own) else digest(type(source).__name__, [source.path(i) for i in range(len(source))])
+    return {"samples": len(source), "digest": value}
 
 
 @runtime_checkable
@@ -54,7 +118,8 @@ class Source(Protocol):
     def label(self, index: int) -> int: ...
 
     def read(self, index: int) -> bytes:
-        """The encoded bytes of sample ``index``; OSError names the file."""
+        """The encoded bytes of sample ``index``; OSError names the file. gpufeed's own sources also take
+        ``max_bytes`` and refuse a larger sample before reading it (``TooLarge``)."""
         ...
 
 
@@ -79,8 +144,12 @@ class FileSource:
     def label(self, index: int) -> int:
         return int(self.labels[index])
 
-    def read(self, index: int) -> bytes:
-        return read_file(self.paths[index])
+    def read(self, index: int, max_bytes: int | None = None) -> bytes:
+        return read_file(self.paths[index], max_bytes)
+
+    def digest(self) -> str:
+        """The paths and labels, hashed (``fingerprint``): about 0.2 s for a million files."""
+        return digest("files", self.paths, np.asarray(self.labels, np.int64))
 
 
 class Groups:

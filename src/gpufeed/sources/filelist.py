@@ -6,16 +6,16 @@ import csv
 import os
 from pathlib import Path
 
-from .base import FileSource
+from .base import FileSource, check_label
 
 
 def filelist_source(list_file: str | os.PathLike, *, root: str | os.PathLike | None = None) -> FileSource:
     """Read ``path,label`` lines (comma, tab or space separated; ``#`` comments).
 
-    Relative paths are taken from ``root``, by default the list file's folder.
-    A header line ``path,label`` is skipped. Raises ``ValueError`` naming the
-    line for a malformed row, and ``FileNotFoundError`` naming the first file
-    that does not exist, before any loading starts.
+    Relative paths are taken from ``root``, by default the list file's folder. A header line
+    ``path,label`` is skipped. Raises ``ValueError`` naming the line for a malformed row or a label that is
+    not an integer in [0, 2**63), and ``FileNotFoundError`` naming the first file that does not exist,
+    before any loading starts.
     """
     list_file = Path(list_file)
     if not list_file.is_file():
@@ -35,12 +35,10 @@ def filelist_source(list_file: str | os.PathLike, *, root: str | os.PathLike | N
             continue
         if len(row) < 2:
             raise ValueError(f"{list_file}:{lineno}: expected 'path,label', got {','.join(row)!r}")
-        try:
-            label = int(row[1])
-        except ValueError:
-            raise ValueError(f"{list_file}:{lineno}: label must be an integer, got {row[1]!r}") from None
-        if label < 0:
-            raise ValueError(f"{list_file}:{lineno}: label must be >= 0, got {label}")
+        text = row[1]
+        if len(text) > 20 or not text.lstrip("+-").isdigit():
+            raise ValueError(f"{list_file}:{lineno}: label must be an integer, got {text[:20]!r}")
+        label = check_label(int(text), f"{list_file}:{lineno}")
         p = Path(row[0])
         paths.append(str(p if p.is_absolute() else base / p))
         labels.append(label)

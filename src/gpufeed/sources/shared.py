@@ -62,5 +62,5 @@ class SharedFileSource:
     def label(self, index: int) -> int:
         return int(self._labels[index])
 
-    def read(self, index: int) -> bytes:
-        return read_file(self.path(index))
+    def read(self, index: int, max_bytes: int | None = None) -> bytes:
+        return read_file(self.path(index), max_bytes)

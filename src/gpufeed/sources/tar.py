@@ -4,7 +4,8 @@ Members are indexed once (name, offset, size); reading a sample is one
 ``os.pread`` at its offset, so shards are never unpacked. Labels come from a
 WebDataset-style ``<key>.cls`` member when a sample has one, else from the
 member's folder inside the tar, ImageFolder style (classes sorted by name over
-all shards).
+all shards). A ``.cls`` that does not hold an integer >= 0 fails its own sample only, naming the shard and
+member, when that sample is loaded.
 """
 
 from __future__ import annotations
@@ -15,16 +16,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import IMG_EXTENSIONS
+from .base import IMG_EXTENSIONS, TooLarge, check_label, digest
+
+CLS_BYTES = 64  # a .cls member holds a number: a longer one is not read
 
 
 class TarSource:
     """Samples stored in tar shards; picklable (file handles are opened lazily in each process)."""
 
     def __init__(self, shards: list[str], shard: np.ndarray, offset: np.ndarray, size: np.ndarray,
-                 labels: np.ndarray, names: list[str], classes: list[str]) -> None:
+                 labels: np.ndarray, names: list[str], classes: list[str], bad: dict[int, str] | None = None) -> None:
         self.shards, self.classes = shards, classes
         self._shard, self._offset, self._size, self._labels, self._names = shard, offset, size, labels, names
+        self._bad = bad or {}  # sample -> why its label cannot be used
         self._fds: dict[int, int] = {}
 
     def __getstate__(self) -> dict:
@@ -39,18 +43,26 @@ class TarSource:
         return f"{self.shards[self._shard[index]]}:{self._names[index]}"
 
     def label(self, index: int) -> int:
+        if index in self._bad:
+            raise ValueError(self._bad[index])
         return int(self._labels[index])
 
-    def read(self, index: int) -> bytes:
+    def read(self, index: int, max_bytes: int | None = None) -> bytes:
+        size = int(self._size[index])
+        if max_bytes is not None and size > max_bytes:
+            raise TooLarge(f"{self.path(index)}: {size} bytes, over max_bytes={max_bytes}: refused unread")
         s = int(self._shard[index])
         fd = self._fds.get(s)
         if fd is None:
             fd = self._fds[s] = os.open(self.shards[s], os.O_RDONLY)
-        size = int(self._size[index])
         data = os.pread(fd, size, int(self._offset[index]))
         if len(data) != size:
             raise OSError(f"{self.path(index)}: read {len(data)} of {size} bytes (shard truncated?)")
         return data
+
+    def digest(self) -> str:
+        """The shards, member names and labels, hashed (``base.fingerprint``)."""
+        return digest("tar", self.shards, self._names, self._shard, self._labels)
 
     def __del__(self) -> None:
         for fd in self._fds.values():
@@ -67,7 +79,7 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
     if not shards:
         raise ValueError(f"no .tar shards in {str(path)!r}")
     images: list[tuple[int, int, int, str]] = []  # shard, offset, size, member name
-    cls_of: dict[tuple[int, str], int] = {}
+    cls_of: dict[tuple[int, str], int | str] = {}  # a label, or why the .cls holds none
     for s, shard in enumerate(shards):
         try:
             with tarfile.open(shard, "r:") as tf:
@@ -78,11 +90,8 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
                     if name.lower().endswith(extensions):
                         images.append((s, m.offset_data, m.size, name))
                     elif name.endswith(".cls"):
-                        text = tf.extractfile(m).read().strip()
-                        try:
-                            cls_of[(s, name[: -len(".cls")])] = int(text)
-                        except ValueError:
-                            raise ValueError(f"{shard}:{name}: label must be an integer, got {text[:20]!r}") from None
+                        cls_of[(s, name[: -len(".cls")])] = cls_label(tf.extractfile(m).read(CLS_BYTES + 1),
+                                                                      f"{shard}:{name}")
         except tarfile.TarError as e:
             raise ValueError(f"cannot read tar shard {str(shard)!r}: {e}") from None
     if not images:
@@ -90,10 +99,14 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
     folders = sorted({os.path.dirname(n) for _, _, _, n in images})
     folder_label = {f: i for i, f in enumerate(folders)}
     labels = []
+    bad: dict[int, str] = {}
     for s, _, _, name in images:
         key = os.path.splitext(name)[0]
         if (s, key) in cls_of:
-            labels.append(cls_of[(s, key)])
+            label = cls_of[(s, key)]
+            if isinstance(label, str):
+                bad[len(labels)], label = label, -1
+            labels.append(label)
         elif os.path.dirname(name):
             labels.append(folder_label[os.path.dirname(name)])
         else:
@@ -106,4 +119,17 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
         np.array(labels, np.int64),
         [i[3] for i in images],
         folders if not cls_of else [],
+        bad,
     )
+
+
+def cls_label(text: bytes, where: str) -> int | str:
+    """The label a ``.cls`` member's bytes hold (at most ``CLS_BYTES``), or, when they hold none, why
+    (naming ``where``, the shard and member)."""
+    text = text.strip()
+    if len(text) > CLS_BYTES or not text.lstrip(b"+-").isdigit():
+        return f"{where}: label must be an integer, got {text[:20]!r}"
+    try:
+        return check_label(int(text), where)
+    except ValueError as e:
+        return str(e)
