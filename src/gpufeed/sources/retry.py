@@ -1,18 +1,27 @@
-"""Retrying remote reads: transient errors (timeouts, dropped connections, 5xx) are retried with
-exponential backoff; errors that another attempt cannot fix (missing object, no permission) are not.
-The final error is an OSError naming the URL, so the worker's failure record names it too."""
+"""Retrying remote reads: transient errors (timeouts, dropped connections, 5xx, 408, 429) are retried
+with exponential backoff; errors that another attempt cannot fix are not: a missing or forbidden object
+(4xx), a certificate that fails verification, an object over its byte cap, and programming errors. The
+final error is an OSError naming the URL (its query string and credentials redacted), so the worker's
+failure record names it too."""
 
 from __future__ import annotations
 
 import random
+import ssl
 import time
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
+
+from .base import TooLarge
+from .urls import redact, scrub
 
 T = TypeVar("T")
 
-# What another attempt cannot change: the object is missing or forbidden, or the request itself is wrong.
-PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError)
+# What another attempt cannot change: the object is missing, forbidden or too large, the request itself is
+# wrong, or the code making it is.
+PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TooLarge,
+             TypeError, AttributeError, NameError, LookupError, AssertionError, NotImplementedError, ImportError,
+             ArithmeticError, RecursionError)
 
 
 @dataclass(frozen=True)
@@ -35,27 +44,47 @@ class RetryPolicy:
 
 
 def transient(e: BaseException) -> bool:
-    """Whether another attempt may succeed: anything but ``PERMANENT`` and HTTP 4xx statuses (except 408
-    and 429, which ask to come back later)."""
-    if isinstance(e, PERMANENT):
-        return False
-    status = getattr(e, "status", None) or getattr(e, "code", None)
-    if isinstance(status, int) and 400 <= status < 500:
-        return status in (408, 429)
+    """Whether another attempt may succeed: not for ``PERMANENT`` errors, certificate failures, or HTTP
+    4xx statuses (except 408 and 429, which ask to come back later), wherever they sit in the chain of
+    errors that wrapped them (``__cause__``, urllib's ``reason``)."""
+    for err in _wrapped(e):
+        if isinstance(err, PERMANENT) or _bad_certificate(err):
+            return False
+        status = getattr(err, "status", None) or getattr(err, "code", None)
+        if isinstance(status, int) and 400 <= status < 500:
+            return status in (408, 429)
     return True
 
 
+def _wrapped(e: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    err: BaseException | None = e
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        reason = getattr(err, "reason", None)
+        err = err.__cause__ or (reason if isinstance(reason, BaseException) else None)
+
+
+def _bad_certificate(e: BaseException) -> bool:
+    """A TLS certificate that failed verification: the standard library's error, or a client's own type for
+    it (aiohttp's ClientConnectorCertificateError, botocore's SSLError quoting OpenSSL's reason)."""
+    return (isinstance(e, ssl.SSLCertVerificationError) or type(e).__name__.endswith("CertificateError")
+            or "CERTIFICATE_VERIFY_FAILED" in str(e))
+
+
 def with_retries(fn: Callable[[], T], url: str, policy: RetryPolicy, what: str = "read") -> T:
-    """``fn()``, retried under ``policy``; the last failure as an OSError whose text names ``url``."""
+    """``fn()``, retried under ``policy``; the last failure as an OSError whose text names ``url`` (redacted,
+    as is the failure's own text)."""
     for attempt in range(policy.attempts):
         try:
             return fn()
         except Exception as e:  # fsspec backends raise their own types (botocore, aiohttp): judged by transient
+            why = f"{type(e).__name__}: {scrub(str(e))}"
             if not transient(e):
                 err = FileNotFoundError if isinstance(e, FileNotFoundError) else OSError
-                raise err(f"{url}: cannot {what} ({type(e).__name__}: {e})") from e
+                raise err(f"{redact(url)}: cannot {what} ({why})") from None
             if attempt + 1 == policy.attempts:
-                raise OSError(f"{url}: cannot {what} after {policy.attempts} attempts "
-                              f"({type(e).__name__}: {e})") from e
+                raise OSError(f"{redact(url)}: cannot {what} after {policy.attempts} attempts ({why})") from None
             time.sleep(policy.wait(attempt))
     raise AssertionError("unreachable")
