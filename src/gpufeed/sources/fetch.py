@@ -9,49 +9,94 @@ allow), and through ``fs.get_file`` otherwise. The plain GET must prove itself: 
 in a process, a failure that is not a passing one (those are retried) is tried again through fsspec at once, and if that works the process uses fsspec
 from then on (a proxy, a CA bundle or request headers only the fsspec client knows about), so it never
 turns a working setup into a failing one.
+
+Every plain GET has an overall deadline and a byte cap (``FetchLimits``): a server that drips a byte at a
+time, or sends a body without end, fails the request (the deadline as a passing failure, retried; the cap
+as a permanent one) instead of holding a fetch thread forever or filling the disk. A body over the cap is
+never handed over to fsspec, whose transfers are bounded by their own client's timeouts only.
 """
 
 from __future__ import annotations
 
 import http.client
+import os
+import socket
+import threading
 import urllib.error
 import urllib.request
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
 
+from .base import TooLarge
+from .private import open_file
 from .retry import transient
-from .urls import scheme
+from .urls import redact, scheme
 
 SIGNED_FOR = 3600  # seconds a signed URL stays valid: one fetch, retries included
 _CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class FetchLimits:
+    """Bounds on each plain GET of a whole file: ``deadline`` seconds for the whole transfer (a 1 GB shard
+    at 4 MB/s fits), ``read_timeout`` seconds for the server to send anything at all, ``max_bytes`` for the
+    body (far above any real shard or Parquet file)."""
+
+    deadline: float = 300.0
+    read_timeout: float = 60.0
+    max_bytes: int = 64 << 30
+
+    def __post_init__(self) -> None:
+        for name in ("deadline", "read_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if not isinstance(self.max_bytes, int) or isinstance(self.max_bytes, bool) or self.max_bytes < 1:
+            raise ValueError(f"max_bytes must be an integer >= 1, got {self.max_bytes!r}")
+
+
+def version_of(headers: Mapping[str, Any]) -> str | None:
+    """What tells one version of a stored object from another, from its response headers or an fsspec
+    ``info``: the ETag (quotes and a weak mark dropped), else the Last-Modified date of a plain HTTP server;
+    None when the store gives neither."""
+    etag = headers.get("ETag") or headers.get("etag")
+    if etag:
+        return "etag:" + str(etag).removeprefix("W/").strip('"')
+    modified = headers.get("Last-Modified")
+    return f"modified:{modified}" if isinstance(modified, str) and modified else None
 
 
 class Fetcher:
     """Fetches whole files for one spool; ``direct``: None (plain GET untried here), True (it worked), False
     (fsspec only)."""
 
-    def __init__(self, storage_options: dict[str, Any], direct: bool = True) -> None:
-        self.storage_options = storage_options
+    def __init__(self, storage_options: dict[str, Any], direct: bool = True,
+                 limits: FetchLimits = FetchLimits()) -> None:
+        self.storage_options, self.limits = storage_options, limits
         self.direct: bool | None = None if direct else False
 
-    def get(self, fs, url: str, path: str) -> None:
-        """Write ``url``'s bytes to ``path``; raises the transfer's error (OSError, HTTPError, ...)."""
+    def get(self, fs, url: str, path: str) -> str | None:
+        """Write ``url``'s bytes to ``path``; the object's version as the GET saw it (``version_of``; None
+        through fsspec). Raises the transfer's error (OSError, HTTPError, ...)."""
         if self.direct is not False:
             plain = self._plain_url(fs, url)
             if plain is not None:
                 try:
-                    http_get(plain, path)
+                    version = http_get(plain, path, self.limits)
                     self.direct = True
-                    return
+                    return version
                 except Exception as e:
                     if self.direct and isinstance(e, urllib.error.HTTPError) and e.code == 404:
-                        raise FileNotFoundError(f"HTTP 404 for {url}") from None
-                    if self.direct or transient(e):  # proven here, or a passing failure the retries are for
+                        raise FileNotFoundError(f"HTTP 404 for {redact(url)}") from None
+                    # proven here, a passing failure the retries are for, or the object itself over the cap
+                    if self.direct or transient(e) or isinstance(e, TooLarge):
                         raise
                 # not proven here yet: fsspec decides; if it succeeds, the plain GET is not for this setup
                 fs.get_file(url, path)
                 self.direct = False
-                return
+                return None
         fs.get_file(url, path)
+        return None
 
     def _plain_url(self, fs, url: str) -> str | None:
         if scheme(url) in ("http", "https"):
@@ -64,17 +109,56 @@ class Fetcher:
         return signed if scheme(str(signed)) in ("http", "https") else None
 
 
-def http_get(url: str, path: str, timeout: float = 60.0) -> None:
+def http_get(url: str, path: str, limits: FetchLimits = FetchLimits()) -> str | None:
     """Stream ``url`` into ``path`` with the standard library, through one reused buffer (a fresh 1 MB
-    bytes object per read would page-fault its memory in every time); a body shorter than its
-    Content-Length raises ``http.client.IncompleteRead``."""
+    bytes object per read would page-fault its memory in every time); the object's version
+    (``version_of``). A body shorter than its Content-Length raises ``http.client.IncompleteRead``; one
+    over ``limits.max_bytes`` raises ``TooLarge`` (before any byte is read when its Content-Length says so);
+    a transfer not complete within ``limits.deadline`` raises ``TimeoutError``."""
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
-    with urllib.request.urlopen(url, timeout=timeout) as r, open(path, "wb", buffering=0) as f:
+    shown = redact(url)
+    with urllib.request.urlopen(url, timeout=limits.read_timeout) as r:
         expected = r.headers.get("Content-Length")
+        if expected is not None and int(expected) > limits.max_bytes:
+            raise TooLarge(f"{shown}: {int(expected)} bytes, over the cap of {limits.max_bytes} bytes per request")
+        # the deadline cuts the connection: a drip of one byte at a time never lets a read time out
+        cut = threading.Event()
+        timer = threading.Timer(limits.deadline, _cut, (r, cut))
+        timer.daemon = True
+        timer.start()
         got = 0
-        while n := r.readinto(buf):
-            f.write(view[:n])
-            got += n
+        try:
+            with os.fdopen(open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb", buffering=0) as f:
+                while n := r.readinto(buf):
+                    got += n
+                    if got > limits.max_bytes:
+                        raise TooLarge(f"{shown}: more than the cap of {limits.max_bytes} bytes per request")
+                    f.write(view[:n])
+        except (OSError, http.client.HTTPException, ValueError):
+            if cut.is_set():  # the read failed because the deadline cut the connection
+                raise TimeoutError(f"{shown}: not complete within the deadline of {limits.deadline:g} s "
+                                   f"({got} bytes came)") from None
+            raise
+        finally:
+            timer.cancel()
+        if cut.is_set():
+            raise TimeoutError(f"{shown}: not complete within the deadline of {limits.deadline:g} s ({got} bytes came)")
         if expected is not None and got != int(expected):
             raise http.client.IncompleteRead(b"", int(expected) - got)
+        return version_of(r.headers)
+
+
+def _cut(response: Any, cut: threading.Event) -> None:
+    """Shut the response's connection down from the timer's thread, which wakes the read blocked on it."""
+    cut.set()
+    try:
+        sock = socket.socket(fileno=os.dup(response.fileno()))
+    except (OSError, ValueError):  # already closed: the transfer ended meanwhile
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()

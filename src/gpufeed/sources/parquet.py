@@ -16,8 +16,10 @@ together in the order (``sampling``), so each rank fetches only its own files, e
 two it shares with its neighbouring ranks).
 
 An item's layout: the image bytes | rows (n, 4) int64: offset, size (``NULL_IMAGE``, or ``UNREADABLE``:
-its row group could not be read), label, whether the label is set | JSON {row group: error} |
-``_TRAILER`` (n, the JSON's length, ``_MAGIC``).
+its row group could not be read), label, the label's state (``LABEL_SET``, ``LABEL_NULL``, or a value that
+is no label: ``LABEL_NEGATIVE``, ``LABEL_OVERFLOW`` for an unsigned one past int64, kept as its bits) | JSON
+{row group: error} | ``_TRAILER`` (n, the JSON's length, ``_MAGIC``). A row whose label is no label fails
+alone, naming the file and row; the rest of its row group is read.
 """
 
 from __future__ import annotations
@@ -32,15 +34,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .base import Groups
+from .base import LABEL_MAX, Groups, TooLarge, digest
+from .fetch import FetchLimits
 from .retry import RetryPolicy, with_retries
 from .spool import Make, Readahead, Spool
-from .urls import is_url
+from .urls import is_url, redact, unsigned
 
 _OPEN_ITEMS = 8  # per worker: items held open (one the main process deleted stays readable while open)
 _MAGIC = b"GFPQROWS"
 _TRAILER = struct.Struct("<qq8s")
 NULL_IMAGE, UNREADABLE = -1, -2  # a row's size when it has no image bytes
+LABEL_NULL, LABEL_SET, LABEL_NEGATIVE, LABEL_OVERFLOW = 0, 1, 2, 3  # a row's label state
 
 
 def _pyarrow():
@@ -85,10 +89,24 @@ def _rows(batch, image_column: str, label_column: str, where: str) -> tuple[np.n
     rows = np.empty((n, 4), np.int64)
     rows[:, 0] = ends[:-1] - ends[0]
     rows[:, 1] = np.where(images.is_null().to_numpy(zero_copy_only=False), NULL_IMAGE, np.diff(ends))
-    rows[:, 2] = pa.compute.fill_null(labels, 0).cast(pa.int64()).to_numpy(zero_copy_only=False)
-    rows[:, 3] = labels.is_valid().to_numpy(zero_copy_only=False)
+    rows[:, 2], rows[:, 3] = _labels(labels)
     start, stop = int(ends[0]), int(ends[-1])
     return rows, memoryview(data)[start:stop] if stop > start else memoryview(b"")
+
+
+def _labels(labels) -> tuple[np.ndarray, np.ndarray]:
+    """An integer label column's values as int64 and each row's label state, row by row: a negative value
+    or an unsigned one past int64 marks its own row, never the batch (a cast of the column would fail it
+    whole)."""
+    pa = _pyarrow()
+    values = pa.compute.fill_null(labels, 0).to_numpy(zero_copy_only=False)
+    state = labels.is_valid().to_numpy(zero_copy_only=False).astype(np.int64)  # LABEL_SET or LABEL_NULL
+    if values.dtype.kind == "u" and values.dtype.itemsize == 8:
+        state[values > LABEL_MAX] = LABEL_OVERFLOW
+        return values.view(np.int64), state  # the bits, so the error can show the value
+    values = values.astype(np.int64)
+    state[(values < 0) & (state == LABEL_SET)] = LABEL_NEGATIVE
+    return values, state
 
 
 def _read_item(fd: int, name: str) -> tuple[list[list[int]], dict[int, str]]:
@@ -116,8 +134,9 @@ class ParquetSource:
         if len(files) != len(rows):
             raise ValueError(f"{len(files)} files but row counts for {len(rows)}")
         if sum(map(sum, rows)) == 0:
-            raise ValueError(f"no rows in the Parquet files {list(files)[:3]}")
+            raise ValueError(f"no rows in the Parquet files {[redact(f) for f in list(files)[:3]]}")
         self.files, self.image_column, self.label_column = list(files), image_column, label_column
+        self.shown = [redact(f) for f in self.files]  # as errors and paths show them
         self.spool = spool if spool is not None else Spool(None, None, RetryPolicy())
         self.ahead, self.window = ahead, window
         sizes = [(f, r, n) for f, per in enumerate(rows) for r, n in enumerate(per) if n > 0]
@@ -162,7 +181,7 @@ class ParquetSource:
 
     def path(self, index: int) -> str:
         g, k = self._groups.locate(index)
-        return f"{self.files[self._file[g]]}[row {int(self._row0[g]) + k}]"
+        return f"{self.shown[self._file[g]]}[row {int(self._row0[g]) + k}]"
 
     def _make(self, item: int) -> Make:
         return functools.partial(self._extract, item)
@@ -172,7 +191,8 @@ class ParquetSource:
         naming the file when it cannot be fetched or opened."""
         pa = _pyarrow()
         groups = range(int(self._first[item]), int(self._first[item + 1]))
-        url = self.files[int(self._file[groups[0]])]
+        f = int(self._file[groups[0]])
+        url, shown = self.files[f], self.shown[f]
         local = part + ".download" if is_url(url) else url
         try:
             if local != url:
@@ -180,15 +200,15 @@ class ParquetSource:
             try:
                 pf = pa.parquet.ParquetFile(local)
             except Exception as e:  # pyarrow's errors for a missing, corrupt or cut-short file
-                raise OSError(f"{url}: cannot open the Parquet file ({type(e).__name__}: {e})") from None
+                raise OSError(f"{shown}: cannot open the Parquet file ({type(e).__name__}: {e})") from None
             with pf, open(part, "wb") as out:
-                self._write_groups(pf, groups, url, out)
+                self._write_groups(pf, groups, shown, out)
         finally:
             if local != url and os.path.exists(local):
                 os.unlink(local)
 
     def _write_groups(self, pf, groups: range, url: str, out) -> None:
-        """Row groups ``groups`` of the open file ``pf`` (from ``url``) as an item, into ``out``. A row
+        """Row groups ``groups`` of the open file ``pf`` (from ``url``, as shown) as an item, into ``out``. A row
         group that cannot be read is recorded in the item, and fails its samples when they are read."""
         rows, errors = [], {}
         for g in groups:
@@ -241,20 +261,32 @@ class ParquetSource:
             raise OSError(errors[int(self._group[g])])
         return fd, row
 
-    def read(self, index: int) -> bytes:
+    def read(self, index: int, max_bytes: int | None = None) -> bytes:
         fd, (offset, size, _, _) = self._row(index)
         if size == NULL_IMAGE:
             raise OSError(f"{self.path(index)}: the image column {self.image_column!r} is null")
+        if max_bytes is not None and size > max_bytes:
+            raise TooLarge(f"{self.path(index)}: {size} bytes, over max_bytes={max_bytes}: refused unread")
         data = os.pread(fd, size, offset)
         if len(data) != size:
             raise OSError(f"{self.path(index)}: read {len(data)} of {size} bytes of its extracted row group")
         return data
 
     def label(self, index: int) -> int:
-        _, (_, _, label, is_set) = self._row(index)
-        if not is_set:
+        _, (_, _, label, state) = self._row(index)
+        if state == LABEL_SET:
+            return label
+        if state == LABEL_NULL:
             raise ValueError(f"{self.path(index)}: the label column {self.label_column!r} is null")
-        return label
+        value = label % (1 << 64) if state == LABEL_OVERFLOW else label  # an unsigned value's bits
+        raise ValueError(f"{self.path(index)}: label must be an integer in [0, 2**63), got {value} in the label "
+                         f"column {self.label_column!r}")
+
+    def digest(self) -> str:
+        """The files (as signed for no one: ``urls.unsigned``), their row groups' sizes and the columns,
+        hashed (``base.fingerprint``)."""
+        return digest("parquet", [unsigned(f) for f in self.files], self._file, self._groups.sizes,
+                      self.image_column, self.label_column)
 
     def readahead(self, order: Sequence[int]) -> Readahead:
         """Main process: extract the row groups along ``order`` ahead of the workers (``Spool.readahead``)."""
@@ -289,16 +321,16 @@ def parquet_files(path: str | os.PathLike | Sequence[str], storage_options: dict
 def parquet_source(path: str | os.PathLike | Sequence[str], *, image_column: str = "image",
                    label_column: str = "label", storage_options: dict[str, Any] | None = None,
                    retry: RetryPolicy = RetryPolicy(), spool_dir: str | None = None, readahead: int = 8,
-                   window: int = 4, direct_get: bool = True) -> ParquetSource:
+                   window: int = 4, direct_get: bool = True, limits: FetchLimits = FetchLimits()) -> ParquetSource:
     """A Parquet file, a folder of them, a URL of either, or a list. Reads each file's footer (its row
     groups' sizes and schema, checked here); ``image_column``/``label_column`` name the columns.
     Row groups are extracted into ``spool_dir`` (default: a temporary folder), remote files fetched whole
     into it, ``readahead`` items (a local file's row groups, remote files) ahead of the workers;
-    ``window``: row groups whose samples the epoch order shuffles together; ``direct_get`` as for
-    ``remote_tar_source``."""
+    ``window``: row groups whose samples the epoch order shuffles together; ``direct_get``, ``limits`` and
+    ``spool_dir`` as for ``remote_tar_source``."""
     pa = _pyarrow()
     files = parquet_files(path, storage_options)
-    spool = Spool(spool_dir, storage_options, retry, direct_get)
+    spool = Spool(spool_dir, storage_options, retry, direct_get, limits)
     rows: list[list[int]] = []
     for f in files:
         def footer(f=f):
@@ -309,16 +341,16 @@ def parquet_source(path: str | os.PathLike | Sequence[str], *, image_column: str
         try:
             pf = with_retries(footer, f, retry, "read the Parquet footer") if is_url(f) else footer()
         except pa.ArrowInvalid as e:
-            raise ValueError(f"{f}: not a Parquet file ({e})") from None
+            raise ValueError(f"{redact(f)}: not a Parquet file ({e})") from None
         schema = pf.schema_arrow
         for column in (image_column, label_column):
             if schema.get_field_index(column) < 0:
-                raise ValueError(f"{f}: no column {column!r} (columns: {', '.join(schema.names)}); "
+                raise ValueError(f"{redact(f)}: no column {column!r} (columns: {', '.join(schema.names)}); "
                                  "name them with image_column= / label_column=")
         label_type = schema.field(label_column).type
         if not pa.types.is_integer(label_type):
-            raise ValueError(f"{f}: label column {label_column!r} must hold integers, not {label_type}")
-        _image_values(pa.array([], schema.field(image_column).type), image_column, f)
+            raise ValueError(f"{redact(f)}: label column {label_column!r} must hold integers, not {label_type}")
+        _image_values(pa.array([], schema.field(image_column).type), image_column, redact(f))
         rows.append([pf.metadata.row_group(r).num_rows for r in range(pf.metadata.num_row_groups)])
     return ParquetSource(files, rows, image_column=image_column, label_column=label_column, spool=spool,
                          ahead=readahead, window=window)

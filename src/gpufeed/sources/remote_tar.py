@@ -4,29 +4,35 @@ Sample i is the k-th image of shard s, where the shards' sample counts are known
 (``samples_per_shard``), or from the local index cache a previous run (or an indexing pass) wrote. So the
 loader starts without opening any shard. Shards are read whole: the ``Spool`` fetches each once into a
 local folder ahead of the epoch's order, and workers read members from that copy (their offsets parsed
-from its tar headers, once per process). Labels come from each sample's ``<key>.cls`` member.
+from its tar headers, once per machine, and kept beside it as JSON). Labels come from each sample's
+``<key>.cls`` member; one that holds no integer >= 0 fails its own sample, naming the URL and member.
 
 A shard whose content disagrees with its count fails every read naming the URL and both counts; a shard
-cut short fails the samples past the cut, naming the URL and the sample's position.
+cut short fails the samples past the cut, naming the URL and the sample's position. URLs are shown with
+their query strings and credentials redacted (``urls.redact``): a presigned URL's signature never reaches an
+error, a log or a cache file.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
-import json
+import logging
 import mmap
 import os
-import pickle
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-
-from .base import IMG_EXTENSIONS, Groups
+from .base import IMG_EXTENSIONS, Groups, TooLarge, digest
+from .fetch import FetchLimits
+from .private import private_dir, read_json, write_json
 from .retry import RetryPolicy
 from .spool import Readahead, Spool
-from .urls import expand_braces, filesystem, join, scheme
+from .tar import CLS_BYTES, cls_label
+from .urls import expand_braces, filesystem, join, redact, scheme, unsigned
+
+_log = logging.getLogger("gpufeed")
 
 DEFAULT = "default"  # index_cache: $GPUFEED_CACHE_DIR/shard-index, else ~/.cache/gpufeed/shard-index
 _OPEN_SHARDS = 8  # per worker: local copies held open (an evicted copy stays readable while open)
@@ -35,13 +41,38 @@ _OPEN_SHARDS = 8  # per worker: local copies held open (an evicted copy stays re
 @dataclass(frozen=True)
 class Members:
     """A shard's images in tar order: names, data offsets and sizes, labels (-1: none); lists, which index
-    faster than arrays one element at a time."""
+    faster than arrays one element at a time. ``bad``: image position -> why its ``.cls`` gives no label."""
 
     names: list[str]
     offsets: list[int]
     sizes: list[int]
     labels: list[int]
     complete: bool  # False: the tar ended early (a truncated shard)
+    bad: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, value: Any, size: int) -> "Members | None":
+        """The members a JSON index (``asdict``) holds for a copy of ``size`` bytes; None unless every field
+        has its type and every member lies within the copy."""
+        if not isinstance(value, dict) or set(value) != {f.name for f in cls.__dataclass_fields__.values()}:
+            return None
+        names, offsets, sizes, labels = (value[k] for k in ("names", "offsets", "sizes", "labels"))
+        bad, complete = value["bad"], value["complete"]
+        lists = (names, offsets, sizes, labels)
+        if not all(isinstance(x, list) and len(x) == len(names) for x in lists) or not isinstance(complete, bool):
+            return None
+        if not all(isinstance(n, str) for n in names) or not isinstance(bad, dict):
+            return None
+        numbers = (offsets, sizes, labels)
+        if not all(type(v) is int for x in numbers for v in x) or not all(l >= -1 for l in labels):
+            return None
+        if not all(0 <= o and 0 <= n and o + n <= size for o, n in zip(offsets, sizes)):
+            return None
+        try:
+            bad = {int(k): str(v) for k, v in bad.items()}
+        except ValueError:
+            return None
+        return cls(names, offsets, sizes, labels, complete, bad)
 
 
 def parse_members(path: str | int, extensions: tuple[str, ...] = IMG_EXTENSIONS) -> Members:
@@ -52,7 +83,7 @@ def parse_members(path: str | int, extensions: tuple[str, ...] = IMG_EXTENSIONS)
     whose checksum fails, or a member running past the end of the file, ends the shard (``complete=False``).
     """
     images: list[tuple[str, int, int]] = []
-    cls_of: dict[str, int] = {}
+    cls_of: dict[str, int | str] = {}  # a label, or why the .cls holds none
     with open(path, "rb", closefd=not isinstance(path, int)) as f:
         total = os.fstat(f.fileno()).st_size
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if total else b""
@@ -83,17 +114,20 @@ def parse_members(path: str | int, extensions: tuple[str, ...] = IMG_EXTENSIONS)
             if name.lower().endswith(extensions):
                 images.append((name, data, size))
             elif name.endswith(".cls"):
-                try:
-                    cls_of[name[: -len(".cls")]] = int(mm[data : data + size].strip())
-                except ValueError:
-                    cls_of[name[: -len(".cls")]] = -1
+                cls_of[name[: -len(".cls")]] = cls_label(mm[data : data + min(size, CLS_BYTES + 1)], name)
         else:
             complete = pos == total  # no end marker, but ends at a member's boundary
     finally:
         if total:
             mm.close()
-    return Members([n for n, _, _ in images], [o for _, o, _ in images], [s for _, _, s in images],
-                   [cls_of.get(os.path.splitext(n)[0], -1) for n, _, _ in images], complete)
+    labels, bad = [], {}
+    for k, (n, _, _) in enumerate(images):
+        label = cls_of.get(os.path.splitext(n)[0], -1)
+        if isinstance(label, str):
+            bad[k], label = label, -1
+        labels.append(label)
+    return Members([n for n, _, _ in images], [o for _, o, _ in images], [s for _, _, s in images], labels,
+                   complete, bad)
 
 
 def _number(field: bytes) -> int | None:
@@ -140,20 +174,17 @@ _recorded: set[str] = set()  # shards whose count this process has put in the in
 
 
 def _members(fd: int, local: str) -> Members:
-    """The members of the spooled shard open at ``fd``: from the index the first worker to read it left
-    beside it (``<copy>.members``), else parsed and left there for the others."""
+    """The members of the spooled shard open at ``fd``: from the JSON index the first worker to read it left
+    beside it (``<copy>.members``; never unpickled: checked field by field against the copy), else parsed
+    and left there for the others."""
     side = local + ".members"
-    try:
-        with open(side, "rb") as f:
-            return pickle.load(f)
-    except (OSError, pickle.UnpicklingError, EOFError):
-        pass
+    size = os.fstat(fd).st_size
+    members = Members.from_json(read_json(side), size)
+    if members is not None:
+        return members
     members = parse_members(fd)
     try:
-        tmp = f"{side}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(members, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, side)
+        write_json(side, asdict(members))
     except OSError:  # only the other workers' time is lost
         pass
     return members
@@ -171,6 +202,7 @@ class RemoteTarSource:
         if len(urls) != len(counts):
             raise ValueError(f"{len(urls)} shard URLs but {len(counts)} sample counts")
         self.urls, self.spool, self.ahead, self.window = list(urls), spool, ahead, window
+        self.shown = [redact(u) for u in self.urls]  # as errors and paths show them
         self.index_cache = default_index_cache() if index_cache == DEFAULT else index_cache
         self._groups = Groups(counts)
         self.counts = self._groups.sizes
@@ -192,8 +224,8 @@ class RemoteTarSource:
         s, k = self._groups.locate(index)
         held = self._open.get(s)
         if held is not None and k < len(held[1].names):
-            return f"{self.urls[s]}:{held[1].names[k]}"
-        return f"{self.urls[s]}[sample {k}]"
+            return f"{self.shown[s]}:{held[1].names[k]}"
+        return f"{self.shown[s]}[sample {k}]"
 
     def _shard(self, s: int) -> tuple[int, Members]:
         held = self._open.get(s)
@@ -207,7 +239,7 @@ class RemoteTarSource:
         cache = _cache_path(self.index_cache, url, self.spool.storage_options)
         if len(members.names) > expected or (members.complete and len(members.names) < expected):
             os.close(fd)
-            raise OSError(f"{url}: holds {len(members.names)} samples, {expected} expected (the declared "
+            raise OSError(f"{self.shown[s]}: holds {len(members.names)} samples, {expected} expected (the declared "
                           f"samples_per_shard, or a stale index cache entry {cache!r})")
         if members.complete and url not in _recorded:
             write_index_entry(cache, url, os.fstat(fd).st_size, expected)
@@ -217,13 +249,15 @@ class RemoteTarSource:
             os.close(self._open.popitem(last=False)[1][0])
         return held
 
-    def read(self, index: int) -> bytes:
+    def read(self, index: int, max_bytes: int | None = None) -> bytes:
         s, k = self._groups.locate(index)
         fd, members = self._shard(s)
         if k >= len(members.names):
-            raise OSError(f"{self.urls[s]}: sample {k} missing: the shard ends after {len(members.names)} "
+            raise OSError(f"{self.shown[s]}: sample {k} missing: the shard ends after {len(members.names)} "
                           f"complete samples of {int(self.counts[s])} (truncated)")
         size = members.sizes[k]
+        if max_bytes is not None and size > max_bytes:
+            raise TooLarge(f"{self.path(index)}: {size} bytes, over max_bytes={max_bytes}: refused unread")
         data = os.pread(fd, size, members.offsets[k])
         if len(data) != size:
             raise OSError(f"{self.path(index)}: read {len(data)} of {size} bytes")
@@ -232,15 +266,21 @@ class RemoteTarSource:
     def label(self, index: int) -> int:
         s, k = self._groups.locate(index)
         members = self._shard(s)[1]
+        if k in members.bad:
+            raise ValueError(f"{self.shown[s]}:{members.bad[k]}")
         label = members.labels[k] if k < len(members.labels) else -1
         if label < 0:
             name = members.names[k] if k < len(members.names) else f"sample {k}"
-            raise ValueError(f"{self.urls[s]}:{name}: no '{os.path.splitext(name)[0]}.cls' member holding an "
-                             "integer label")
+            raise ValueError(f"{self.shown[s]}:{name}: no '{os.path.splitext(name)[0]}.cls' member")
         return label
 
     def readahead(self, order: Sequence[int]) -> Readahead:
         return self.spool.readahead(self.urls, self._groups.of(order), self.ahead)
+
+    def digest(self) -> str:
+        """The shards' URLs (as signed for no one: ``urls.unsigned``) and sample counts, hashed
+        (``base.fingerprint``); their labels are in the shards, not read for this."""
+        return digest("remote-tar", [unsigned(u) for u in self.urls], self.counts)
 
     def __del__(self) -> None:
         for fd, _ in self._open.values():
@@ -255,25 +295,23 @@ def write_index_entry(path: str | None, url: str, size: int, count: int) -> None
     if path is None or read_index_entry(path, url) == (size, count):
         return
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"url": url, "size": size, "samples": count}, f)
-        os.replace(tmp, path)
+        write_json(path, {"url": redact(url), "size": size, "samples": count})
     except OSError:
         pass
 
 
 def read_index_entry(path: str | None, url: str) -> tuple[int, int] | None:
-    """(size, samples) recorded for ``url``, or None."""
+    """(size, samples) recorded for ``url``, or None (also for an entry whose fields are not what they
+    should be: the cache is checked, never trusted)."""
     if path is None:
         return None
-    try:
-        with open(path) as f:
-            entry = json.load(f)
-    except (OSError, ValueError):
+    entry = read_json(path, limit=1 << 16)
+    if not isinstance(entry, dict) or entry.get("url") != redact(url):
         return None
-    return (entry["size"], entry["samples"]) if entry.get("url") == url else None
+    size, samples = entry.get("size"), entry.get("samples")
+    if type(size) is not int or type(samples) is not int or size < 0 or samples < 0:
+        return None
+    return size, samples
 
 
 def shard_urls(urls: str | Sequence[str], storage_options: dict[str, Any] | None = None,
@@ -287,7 +325,7 @@ def shard_urls(urls: str | Sequence[str], storage_options: dict[str, Any] | None
         listed = fs.find(urls, detail=True)
         files = sorted(n for n, d in listed.items() if n.endswith(suffix) and d.get("type") != "directory")
         if not files:
-            raise ValueError(f"no {suffix} files under {urls!r}")
+            raise ValueError(f"no {suffix} files under {redact(urls)!r}")
         found = [join(urls, n) for n in files]
         return found, {u: int(listed[n]["size"]) for u, n in zip(found, files) if listed[n].get("size") is not None}
     return [u for pattern in urls for u in expand_braces(str(pattern))], {}
@@ -296,30 +334,34 @@ def shard_urls(urls: str | Sequence[str], storage_options: dict[str, Any] | None
 def remote_tar_source(urls: str | Sequence[str], *, samples_per_shard: int | Sequence[int] | None = None,
                       storage_options: dict[str, Any] | None = None, retry: RetryPolicy = RetryPolicy(),
                       spool_dir: str | None = None, readahead: int = 8, window: int = 4,
-                      index_cache: str | None = DEFAULT, direct_get: bool = True) -> RemoteTarSource:
+                      index_cache: str | None = DEFAULT, direct_get: bool = True,
+                      limits: FetchLimits = FetchLimits()) -> RemoteTarSource:
     """Tar shards at ``urls``: a brace pattern (``.../shard-{000000..001023}.tar``), a list of URLs, or a
     folder URL whose ``.tar`` files are the shards (sorted by name).
 
     Sample counts: ``samples_per_shard`` (one count for every shard, or one per shard) lets the first batch
     come without touching any other shard; otherwise each shard's count comes from the index cache
-    (``index_cache``: a folder, None for none; written whenever a shard is read whole, checked against the listing's sizes when
-    there is one), and shards missing from it are fetched and indexed now, eight at a time. A wrong count
-    is found when the shard is read, and fails its samples with an error naming the URL.
+    (``index_cache``: a folder only this user can write, None for none; written whenever a shard is read
+    whole, checked against the listing's sizes when there is one), and shards missing from it are fetched
+    and indexed now, eight at a time. A wrong count is found when the shard is read, and fails its samples
+    with an error naming the URL.
 
-    ``storage_options`` go to fsspec (endpoint, credentials, ...); ``retry`` governs every fetch;
-    ``spool_dir`` holds the local copies (default: a temporary folder, deleted at exit); ``readahead``: shards
-    fetched ahead of the workers; ``window``: shards whose samples the epoch order shuffles together;
-    ``direct_get``: fetch through a plain GET of the URL or of the URL the filesystem signs, where that
-    works (``fetch.Fetcher``: less CPU per byte), else through fsspec; False: always through fsspec.
+    ``storage_options`` go to fsspec (endpoint, credentials, ...); ``retry`` governs every fetch, ``limits``
+    bounds each plain GET (``fetch.FetchLimits``: deadline, byte cap); ``spool_dir`` holds the local copies
+    (a folder only this user can write, ``spool.Spool``; default: a fresh one in this user's temporary
+    folder, deleted at exit); ``readahead``: shards fetched ahead of the workers; ``window``: shards whose
+    samples the epoch order shuffles together; ``direct_get``: fetch through a plain GET of the URL or of
+    the URL the filesystem signs, where that works (``fetch.Fetcher``: less CPU per byte), else through
+    fsspec; False: always through fsspec.
     """
-    index_cache = default_index_cache() if index_cache == DEFAULT else index_cache
+    index_cache = usable_index_cache(default_index_cache() if index_cache == DEFAULT else index_cache)
     found, sizes = shard_urls(urls, storage_options)
     if not found:
-        raise ValueError(f"no shard URLs in {urls!r}")
+        raise ValueError(f"no shard URLs in {redact(urls) if isinstance(urls, str) else urls!r}")
     for u in found:
         if scheme(u) is None:
             raise ValueError(f"{u!r} is not a URL (local shards: pass a folder or .tar path)")
-    spool = Spool(spool_dir, storage_options, retry, direct_get)
+    spool = Spool(spool_dir, storage_options, retry, direct_get, limits)
     if samples_per_shard is not None:
         counts = [samples_per_shard] * len(found) if isinstance(samples_per_shard, int) else list(samples_per_shard)
         if len(counts) != len(found) or min(counts) < 1:
@@ -337,14 +379,28 @@ def default_index_cache() -> str:
     return os.path.join(base, "shard-index")
 
 
+def usable_index_cache(path: str | None) -> str | None:
+    """``path`` made if missing (mode 0700), or None with a warning when another user could write in it:
+    the cache only saves a start's indexing, so one that cannot be trusted is not used."""
+    if path is None:
+        return None
+    try:
+        return private_dir(path, "index_cache")
+    except OSError as e:
+        _log.warning("gpufeed: the shard index cache is not used: %s", e)
+        return None
+
+
 def _cache_path(index_cache: str | None, url: str, storage_options: dict[str, Any]) -> str | None:
-    """The index cache file of ``url``, keyed by the URL and the endpoint it is read from (the same bucket
-    name on two S3-compatible servers is two shards)."""
+    """The index cache file of ``url``, keyed by the object it names (``urls.unsigned``: a presigned URL's
+    signature is not part of the key) and the endpoint it is read from (the same bucket name on two
+    S3-compatible servers is two shards)."""
     if index_cache is None:
         return None
     kwargs = storage_options.get("client_kwargs") or {}
     endpoint = storage_options.get("endpoint_url") or kwargs.get("endpoint_url") or ""
-    return os.path.join(index_cache, hashlib.sha256(f"{endpoint} {url}".encode()).hexdigest()[:32] + ".json")
+    key = f"{unsigned(str(endpoint))} {unsigned(url)}"
+    return os.path.join(index_cache, hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
 
 
 def _counts(urls: list[str], sizes: dict[str, int], spool: Spool, index_cache: str | None) -> list[int]:
@@ -360,7 +416,7 @@ def _counts(urls: list[str], sizes: dict[str, int], spool: Spool, index_cache: s
         local = spool.local(u)
         members = parse_members(local)
         if not members.complete:
-            raise ValueError(f"{u}: not a complete tar file (it ends after {len(members.names)} images)")
+            raise ValueError(f"{redact(u)}: not a complete tar file (it ends after {len(members.names)} images)")
         counts[u] = len(members.names)
         write_index_entry(_cache_path(index_cache, u, spool.storage_options), u, os.path.getsize(local), counts[u])
         spool.drop(u)
@@ -370,5 +426,5 @@ def _counts(urls: list[str], sizes: dict[str, int], spool: Spool, index_cache: s
         list(pool.map(index, missing))
     empty = [u for u in urls if counts[u] == 0]
     if empty:
-        raise ValueError(f"no images with an extension in {IMG_EXTENSIONS} in shard {empty[0]!r}")
+        raise ValueError(f"no images with an extension in {IMG_EXTENSIONS} in shard {redact(empty[0])!r}")
     return [counts[u] for u in urls]

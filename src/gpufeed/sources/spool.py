@@ -8,10 +8,17 @@ image bytes, ``parquet``), made ahead of need and deleted once the epoch's order
                                         made; makes it itself if nobody has)
 
 One process makes an item at a time: a per-item ``flock`` guards the making, whose file lands under a
-temporary name and is renamed when complete, so a reader never sees a partial one. An item whose making
-failed (after its retries) leaves a marker for ``FAILED_TTL`` seconds, so the other samples of that item
-fail at once (each reported) rather than each waiting out the retries again. Each making is logged in
-the folder (``Spool.made``).
+random temporary name (created exclusively, never through a link) and is renamed when complete, so a
+reader never sees a partial one. An item whose making failed (after its retries) leaves a marker for
+``FAILED_TTL`` seconds, so the other samples of that item fail at once (each reported) rather than each
+waiting out the retries again. Each making is logged in the folder (``Spool.made``), URLs redacted.
+
+Trust: the folder is this user's alone (``private``: mode 0700, or a ``spool_dir`` that only this user can
+write; anything else is refused). Each item has a JSON record beside it (``<item>.meta``: its size, the
+remote object's version where the store gave one, the session that made it); an item is used only when its
+size is the recorded one and its maker's session still lives (ranks sharing a ``spool_dir``), or, for a
+copy left by a process that is gone, when the remote object still has that size and version (asked once);
+otherwise it is made again. A default spool left by a killed process is removed by the next one made.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ import functools
 import hashlib
 import os
 import queue
+import secrets
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -31,14 +40,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .fetch import Fetcher
+from .fetch import Fetcher, FetchLimits, version_of
+from .private import (Session, create_file, open_file, private_dir, read_json, sweep_spools, user_base,
+                      with_missing_ok, write_file, write_json)
 from .retry import RetryPolicy, with_retries
-from .urls import filesystem
+from .urls import filesystem, scrub, unsigned
 
 FETCH_THREADS = 4  # items (whole files, extracted row groups) made at once, per loader
 FAILED_TTL = 10.0  # seconds a failed fetch is remembered (retries already waited before it was declared)
 MADE_LOG = "made.log"  # in the folder: one line per item made, by any process
 MADE_LOG_BYTES = 1 << 20  # then it becomes made.log.1 (the one before is dropped): a kept spool_dir stays small
+SPOOL_PREFIX = "spool-"  # default spools: <temporary folder>/gpufeed-<uid>/spool-<pid>-<random>
 
 Make = Callable[[str], None]  # writes an item's whole content to the path it is given
 
@@ -51,40 +63,57 @@ class Spool:
     """A local folder of whole copies of remote files, or of items a source makes (picklable: workers get
     the folder's name). An item is named by a string: a URL, fetched whole unless a ``make`` is given.
 
-    ``root`` None: a fresh folder under the system's temporary directory, deleted when this object (in the
-    process that made it) is garbage-collected or the interpreter exits. ``storage_options`` go to fsspec;
-    ``retry`` governs each fetch; ``direct``: fetch through a plain or signed HTTP GET where possible
-    (``fetch.Fetcher``), else always through fsspec.
+    ``root`` None: a fresh folder in this user's temporary folder (``private.user_base``), deleted when
+    this object (in the process that made it) is garbage-collected or the interpreter exits, or by the next
+    spool made after a kill; else a folder only this user can write (made with mode 0700 if missing;
+    ``PermissionError`` saying why otherwise). ``storage_options`` go to fsspec; ``retry`` governs each
+    fetch, ``limits`` bounds each plain GET; ``direct``: fetch through a plain or signed HTTP GET where
+    possible (``fetch.Fetcher``), else always through fsspec.
     """
 
     def __init__(self, root: str | None, storage_options: dict[str, Any] | None, retry: RetryPolicy,
-                 direct: bool = True) -> None:
-        self.storage_options, self.retry, self.direct = dict(storage_options or {}), retry, direct
-        self._fetcher = Fetcher(self.storage_options, direct)
+                 direct: bool = True, limits: FetchLimits = FetchLimits()) -> None:
+        self.storage_options, self.retry, self.direct, self.limits = dict(storage_options or {}), retry, direct, limits
+        self._fetcher = Fetcher(self.storage_options, direct, limits)
         owned = root is None
         if owned:
-            root = tempfile.mkdtemp(prefix="gpufeed-spool-")
+            base = user_base()
+            sweep_spools(base, SPOOL_PREFIX)
+            root = tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-", dir=base)
         else:
-            os.makedirs(root, exist_ok=True)
+            root = private_dir(os.fspath(root), "spool_dir")
+            Session.sweep(root)
         self.root = root
-        self._fs: dict[str, Any] = {}
+        session = Session(root)  # held by this process only: workers carry its token
+        self.session = session.token
+        self._init_local()
         self._users: collections.Counter[str] = collections.Counter()  # main process: readaheads wanting a file
-        self._lock = threading.Lock()
         self._queue: queue.SimpleQueue | None = None  # URLs for the fetch threads, made on the first readahead
-        if owned:  # at garbage collection or exit
-            weakref.finalize(self, shutil.rmtree, root, True)
+        # at garbage collection or exit: the session ends; a default spool goes with it
+        weakref.finalize(self, _end, session, root if owned else None)
+
+    def _init_local(self) -> None:
+        self._fs: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._live = {self.session}  # sessions seen alive from this process
 
     def __getstate__(self) -> dict:
         return {"storage_options": self.storage_options, "retry": self.retry, "root": self.root,
-                "direct": self.direct}
+                "direct": self.direct, "limits": self.limits, "session": self.session}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._fetcher = Fetcher(self.storage_options, self.direct)
-        self._fs, self._users, self._lock, self._queue = {}, collections.Counter(), threading.Lock(), None
+        self._fetcher = Fetcher(self.storage_options, self.direct, self.limits)
+        self._init_local()
+        self._users, self._queue = collections.Counter(), None
 
     def path_of(self, url: str) -> str:
-        return os.path.join(self.root, _key(url) + os.path.splitext(url)[1])
+        """Where item ``url`` lives: named by a digest of the whole name, with the suffix of the object it
+        names (never a query string's)."""
+        suffix = os.path.splitext(url)[1]
+        if not suffix[1:].isalnum():  # ".tar?X-Amz-Signature=...": the object's own suffix
+            suffix = os.path.splitext(unsigned(url))[1]
+        return os.path.join(self.root, _key(url) + (suffix if suffix[1:].isalnum() and len(suffix) <= 16 else ""))
 
     def filesystem(self, url: str):
         proto = url.split("://", 1)[0]
@@ -93,53 +122,85 @@ class Spool:
             fs = self._fs[proto] = filesystem(url, self.storage_options)
         return fs
 
-    def fetch(self, url: str, path: str) -> None:
-        """Write the whole of ``url`` to ``path`` (OSError naming the URL when that fails after the retries)."""
+    def fetch(self, url: str, path: str) -> str | None:
+        """Write the whole of ``url`` to ``path`` (OSError naming the URL when that fails after the retries);
+        the object's version as the GET saw it (``fetch.version_of``), if it gave one."""
         fs = self.filesystem(url)
-        with_retries(lambda: self._fetcher.get(fs, url, path), url, self.retry, "fetch the file")
+        return with_retries(lambda: self._fetcher.get(fs, url, path), url, self.retry, "fetch the file")
 
     def local(self, url: str, make: Make | None = None) -> str:
-        """The path of the complete item ``url``, made now if no process has: ``make(path)`` writes it
-        (an OSError naming what failed), by default a fetch of the URL (``fetch``)."""
+        """The path of the complete item ``url``, made now if no process has (or if the one found cannot be
+        trusted: module docstring): ``make(path)`` writes it (an OSError naming what failed), by default a
+        fetch of the URL (``fetch``)."""
         path = self.path_of(url)
-        if os.path.exists(path):
+        if self._usable(url, path, make):
             return path
-        lock = os.open(path + ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+        lock = open_file(path + ".lock", os.O_CREAT | os.O_RDWR)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be fetching it: wait for that
-            if os.path.exists(path):
+            if self._usable(url, path, make):
                 return path
-            failed = path + ".failed"
+            for leftover in (path, path + ".meta", path + ".members"):  # untrusted, or gone: made anew
+                with_missing_ok(os.unlink, leftover)
+            failed = _recent_failure(path + ".failed")
+            if failed is not None:
+                raise OSError(failed)
+            part = f"{path}.{secrets.token_hex(6)}.part"
+            os.close(create_file(part))
             try:
-                if time.time() - os.stat(failed).st_mtime < FAILED_TTL:
-                    with open(failed) as f:
-                        raise OSError(f.read())
-            except FileNotFoundError:
-                pass
-            part = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
-            try:
-                (make or functools.partial(self.fetch, url))(part)
+                version = (make or functools.partial(self.fetch, url))(part)
+                write_json(path + ".meta", {"size": os.stat(part).st_size, "version": version if make is None else None,
+                                            "session": self.session})
                 os.replace(part, path)  # complete: get_file raises on a dropped or cut-short transfer
             except OSError as e:
-                with open(failed, "w") as f:
-                    f.write(str(e))
+                write_file(path + ".failed", scrub(str(e)).encode("utf-8", "replace"))
                 raise
             finally:
-                if os.path.exists(part):
-                    os.unlink(part)
+                with_missing_ok(os.unlink, part)
             self._log(url)
             return path
         finally:
             os.close(lock)  # closing the descriptor releases the lock
 
+    def _usable(self, url: str, path: str, make: Make | None) -> bool:
+        """Whether the item at ``path`` is complete and may be trusted: a regular file of the size its record
+        gives, made by a session that still lives, or (a fetched copy left by a process now gone) matching
+        the remote object's size and version, after which the record is this session's."""
+        meta = read_json(path + ".meta", limit=1 << 16)
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        if not isinstance(meta, dict) or not stat.S_ISREG(info.st_mode) or meta.get("size") != info.st_size:
+            return False
+        session = meta.get("session")
+        if session in self._live or (isinstance(session, str) and Session.alive(self.root, session)):
+            self._live.add(session)
+            return True
+        if make is not None:  # something a source made: made again rather than checked
+            return False
+        remote = self._remote(url)
+        if remote is None or remote.get("size") != info.st_size or (
+                meta.get("version") and version_of(remote) and version_of(remote) != meta["version"]):
+            return False
+        write_json(path + ".meta", dict(meta, session=self.session))
+        return True
+
+    def _remote(self, url: str) -> dict | None:
+        """What the store says of the object at ``url`` (size, ETag, ...), or None when it cannot say."""
+        try:
+            return with_retries(lambda: self.filesystem(url).info(url), url, self.retry, "look the file up")
+        except OSError:
+            return None
+
     def _log(self, name: str) -> None:
         log = os.path.join(self.root, MADE_LOG)
         try:  # one short append: whole lines, whichever processes write at once
-            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = open_file(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             try:
                 if os.fstat(fd).st_size > MADE_LOG_BYTES:
                     os.replace(log, log + ".1")  # this line ends the old log; the next write starts a new one
-                os.write(fd, (name.replace("\n", " ") + "\n").encode("utf-8", "surrogateescape"))
+                os.write(fd, (scrub(name).replace("\n", " ") + "\n").encode("utf-8", "surrogateescape"))
             finally:
                 os.close(fd)
         except OSError:  # the log is for diagnosis: a full disk fails the next item, not this one
@@ -152,10 +213,11 @@ class Spool:
         counts: collections.Counter[str] = collections.Counter()
         for name in (MADE_LOG + ".1", MADE_LOG):
             try:
-                with open(os.path.join(self.root, name), encoding="utf-8", errors="surrogateescape") as f:
-                    counts.update(line.rstrip("\n") for line in f)
-            except FileNotFoundError:
-                pass
+                fd = os.open(os.path.join(self.root, name), os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:  # missing, or a link: not a log this spool wrote
+                continue
+            with open(fd, encoding="utf-8", errors="surrogateescape") as f:
+                counts.update(line.rstrip("\n") for line in f)
         return counts
 
     def open(self, url: str, make: Make | None = None) -> tuple[int, str]:
@@ -164,11 +226,11 @@ class Spool:
         for _ in range(2):
             path = self.local(url, make)
             try:
-                return os.open(path, os.O_RDONLY), path
+                return os.open(path, os.O_RDONLY | os.O_NOFOLLOW), path
             except FileNotFoundError:
                 continue
         path = self.local(url, make)
-        return os.open(path, os.O_RDONLY), path
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW), path
 
     def drop(self, url: str) -> None:
         """Delete the local copy and what readers left beside it (readers holding it open keep reading it). A
@@ -176,7 +238,7 @@ class Spool:
         own part file and renames it whole, so either copy is complete."""
         path = self.path_of(url)
         # the copy after its index: a reader that sees it finds its index
-        for leftover in (path + ".members", path, path + ".failed", path + ".lock"):
+        for leftover in (path + ".members", path, path + ".meta", path + ".failed", path + ".lock"):
             try:
                 os.unlink(leftover)
             except FileNotFoundError:
@@ -230,6 +292,25 @@ class Spool:
         except Exception:  # the worker that reads it fetches again and reports the error with the sample
             pass
         self.drop_unless_wanted(url)
+
+
+def _end(session: Session, root: str | None) -> None:
+    session.close()
+    if root is not None:
+        shutil.rmtree(root, True)
+
+
+def _recent_failure(marker: str) -> str | None:
+    """The error a failed making left at ``marker`` within ``FAILED_TTL`` seconds, else None (a link there
+    is no marker)."""
+    try:
+        fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with open(fd, "rb") as f:
+        if time.time() - os.fstat(f.fileno()).st_mtime >= FAILED_TTL:
+            return None
+        return f.read(1 << 14).decode("utf-8", "replace")
 
 
 def _fetch_loop(spool_ref: weakref.ref, items: queue.SimpleQueue) -> None:

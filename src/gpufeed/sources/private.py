@@ -1,0 +1,186 @@
+"""Folders and files only this user can write: where gpufeed keeps what it reads back later (the spool, the
+index cache), and how it writes there.
+
+A folder is taken only when this user owns it and nobody else may write in it (no group or world write
+bit); a missing one is made with mode 0700. Files are created exclusively (``O_EXCL``), never through a
+symbolic link (``O_NOFOLLOW``), under a random temporary name, and renamed into place whole, so a reader
+sees a complete file or none. Nothing read back is unpickled or evaluated: indexes are JSON.
+
+Liveness: a process that uses a folder holds an exclusive ``flock`` on a session file there for as long as it
+lives (``Session``); the kernel drops it when the process dies, however it dies, so a later process can tell
+what a dead one left behind (``Session.alive``).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import stat
+import tempfile
+import time
+from typing import Any
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+SESSION_PREFIX = ".session-"
+YOUNG_S = 60.0  # a default spool without a session file younger than this may be one just being made
+
+
+def check_private(path: str, what: str) -> None:
+    """Raise ``PermissionError`` saying why, unless ``path`` is a folder of this user's that no one else may
+    write in (a symbolic link to one counts when the link is this user's too)."""
+    try:
+        link = os.lstat(path)
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path!r} does not exist") from None
+    uid = os.getuid()
+    if stat.S_ISLNK(link.st_mode) and link.st_uid != uid:
+        raise PermissionError(f"{what} {path!r} is a symbolic link owned by uid {link.st_uid}, not by this user "
+                              f"(uid {uid}): another user could point it anywhere")
+    if not stat.S_ISDIR(info.st_mode):
+        raise NotADirectoryError(f"{what} {path!r} is not a directory")
+    if info.st_uid != uid:
+        raise PermissionError(f"{what} {path!r} is owned by uid {info.st_uid}, not by this user (uid {uid}): its "
+                              "owner could plant files gpufeed would read; give a folder of your own")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(f"{what} {path!r} has mode {stat.S_IMODE(info.st_mode):04o}: group- or world-writable, "
+                              "so other users could plant files gpufeed would read; use a folder only you can "
+                              f"write (chmod go-w {path}, or a fresh one: gpufeed makes it with mode 0700)")
+
+
+def private_dir(path: str, what: str) -> str:
+    """``path``, made with mode 0700 (and its missing parents) if absent, after ``check_private``."""
+    try:
+        os.makedirs(path, mode=0o700)
+    except FileExistsError:
+        pass
+    check_private(path, what)
+    return path
+
+
+def user_base() -> str:
+    """This user's folder under the system's temporary directory (``gpufeed-<uid>``, mode 0700), where
+    default spools live."""
+    return private_dir(os.path.join(tempfile.gettempdir(), f"gpufeed-{os.getuid()}"), "gpufeed's temporary folder")
+
+
+def write_file(path: str, data: bytes) -> None:
+    """Write ``data`` as ``path``: created exclusively under a random name beside it, renamed into place."""
+    tmp = f"{path}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, _CREATE, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with_missing_ok(os.unlink, tmp)
+        raise
+
+
+def create_file(path: str) -> int:
+    """A new empty file at ``path`` (which must not exist, not even as a link), open for writing."""
+    return os.open(path, _CREATE, 0o600)
+
+
+def open_file(path: str, flags: int, mode: int = 0o600) -> int:
+    """``os.open`` that never follows a symbolic link at ``path``: one found there (only this user could have
+    put it in a private folder, by mistake) is removed and the open tried once more."""
+    flags |= os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(path, flags, mode)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+    os.unlink(path)
+    return os.open(path, flags, mode)
+
+
+def read_json(path: str, limit: int = 64 << 20) -> Any:
+    """The JSON value in ``path`` (not followed through a link; at most ``limit`` bytes), or None when it is
+    missing, a link, too large or not JSON."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def write_json(path: str, value: Any) -> None:
+    write_file(path, json.dumps(value, separators=(",", ":")).encode())
+
+
+def with_missing_ok(fn, path: str) -> None:
+    try:
+        fn(path)
+    except FileNotFoundError:
+        pass
+
+
+class Session:
+    """This process's hold on a private folder: a file ``.session-<token>`` there, exclusively locked while
+    the process lives. ``token`` travels with pickled objects to the worker processes, which never hold it."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.token = secrets.token_hex(8)
+        self.path = os.path.join(folder, SESSION_PREFIX + self.token)
+        self._fd = create_file(self.path)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with_missing_ok(os.unlink, self.path)
+            os.close(self._fd)
+            self._fd = None
+
+    @staticmethod
+    def alive(folder: str, token: str) -> bool:
+        """Whether the process that took session ``token`` in ``folder`` still lives (its lock is held)."""
+        try:
+            fd = os.open(os.path.join(folder, SESSION_PREFIX + token), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True  # held: its process lives
+        finally:
+            os.close(fd)
+        return False
+
+    @staticmethod
+    def sweep(folder: str) -> None:
+        """Remove the session files of processes that no longer exist."""
+        for name in os.listdir(folder):
+            if name.startswith(SESSION_PREFIX) and not Session.alive(folder, name[len(SESSION_PREFIX):]):
+                with_missing_ok(os.unlink, os.path.join(folder, name))
+
+
+def sweep_spools(base: str, prefix: str) -> None:
+    """Remove the folders ``<base>/<prefix>*`` that no living process holds a session in: default spools left
+    by processes that were killed (the spool's own cleanup runs only at a normal exit)."""
+    now = time.time()
+    for entry in os.scandir(base):
+        if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            tokens = [n[len(SESSION_PREFIX):] for n in os.listdir(entry.path) if n.startswith(SESSION_PREFIX)]
+            young = now - entry.stat(follow_symlinks=False).st_mtime < YOUNG_S
+        except OSError:
+            continue
+        if any(Session.alive(entry.path, t) for t in tokens) or (not tokens and young):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
