@@ -41,8 +41,14 @@ __all__ = ["CpuDecoder", "cropped_decode_available"]
 def cropped_decode_available() -> bool:
     return _decode_crop is not None
 
-# Pillow's own bomb check would warn or raise at its own limit; ours is checked first.
-Image.MAX_IMAGE_PIXELS = None
+
+def own_pixel_cap_only() -> None:
+    """In gpufeed's worker processes only (never where the user's code runs): Pillow's own bomb check off,
+    since ``max_pixels`` is checked from the header first and would otherwise be second-guessed at Pillow's
+    limit (a warning above 89 MP, an error above 179 MP). ``import gpufeed`` leaves Pillow's setting as the
+    user's process has it."""
+    Image.MAX_IMAGE_PIXELS = None
+
 
 _TURBO_RGB_SOURCES = {"Gray", "YCbCr", "RGB"}
 

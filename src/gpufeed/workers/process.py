@@ -70,7 +70,9 @@ def run(args: WorkerArgs) -> None:
         with contextlib.suppress(OSError, AttributeError):
             os.sched_setaffinity(0, args.cpus)
     from .chunks import ChunkServer  # numpy, OpenCV and the decoders load now, with one-thread pools
+    from ..decode.cpu import own_pixel_cap_only
 
+    own_pixel_cap_only()  # this process is gpufeed's own: max_pixels, checked first, is the pixel cap here
     server = ChunkServer(pickle.loads(args.spec_pickle), args.shm_name, args.ring_shape)
     try:
         while True:
