@@ -13,6 +13,17 @@ from .decode.base import DEFAULT_MAX_PIXELS
 from .placement import DECODE_CHOICES, ShareControl
 
 ON_ERROR = ("raise", "skip")
+# Deadlines and caps that hold by default, so no wait of the loader's is without an end (docs/security.md).
+# Five minutes: hundreds of times a real sample's read and decode (a shard fetched whole included), and
+# under torch.distributed's default 10-minute collective timeout, so the rank that is stuck names the file
+# before the other ranks time out naming nothing.
+DEFAULT_SAMPLE_TIMEOUT = 300.0
+DEFAULT_BATCH_TIMEOUT = 600.0  # a batch whose samples each keep under sample_timeout still ends
+DEFAULT_MAX_BYTES = 256 << 20  # far above any real image file; a 3 GB ".jpg" is refused unread
+# An outage under on_error="skip" (the storage is gone, not a few files bad) raises: more than this share of
+# the rank's epoch failed, or this many batches in a row had no sample that loaded.
+OUTAGE_FRACTION = 0.5
+OUTAGE_BATCHES = 10
 
 
 @dataclass(frozen=True)
@@ -47,22 +58,45 @@ class DecodeOptions:
 
 @dataclass(frozen=True)
 class ErrorPolicy:
-    """What happens to input that cannot be loaded.
+    """What happens to input that cannot be loaded, and how long anything may take.
 
     ``on_error``: "raise" stops at the first bad file with an error naming it; "skip" drops it, records it
-    in ``loader.stats`` and goes on. ``max_pixels``: images whose header claims more are refused before
-    anything is allocated. ``sample_timeout``: seconds one sample's decode may take before its worker is
-    replaced (None: no limit).
+    in ``loader.stats`` and goes on, unless the failures are an outage (``is_outage``), which raises naming
+    the first ones. ``max_pixels``: images whose header claims more are refused before anything is
+    allocated. ``max_bytes``: files larger are refused before they are read. ``num_classes``: labels must lie
+    in [0, num_classes) (None: any integer >= 0). ``sample_timeout``: seconds one sample's read and decode
+    may take before its worker is replaced; ``batch_timeout``: seconds a batch may take in all before the
+    loader raises, naming the workers and the samples in flight (None: no limit, for either).
     """
 
     on_error: str = "raise"
     max_pixels: int = DEFAULT_MAX_PIXELS
-    sample_timeout: float | None = None
+    sample_timeout: float | None = DEFAULT_SAMPLE_TIMEOUT
+    max_bytes: int = DEFAULT_MAX_BYTES
+    batch_timeout: float | None = DEFAULT_BATCH_TIMEOUT
+    num_classes: int | None = None
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
-        if not isinstance(self.max_pixels, int) or self.max_pixels < 1:
-            raise ValueError(f"max_pixels must be an integer >= 1, got {self.max_pixels!r}")
-        if self.sample_timeout is not None and self.sample_timeout <= 0:
-            raise ValueError(f"sample_timeout must be > 0 seconds or None, got {self.sample_timeout}")
+        for name in ("max_pixels", "max_bytes"):
+            value = getattr(self, name)
+            if not _integer(value) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.num_classes is not None and (not _integer(self.num_classes) or self.num_classes < 1):
+            raise ValueError(f"num_classes must be an integer >= 1 or None, got {self.num_classes!r}")
+        for name in ("sample_timeout", "batch_timeout"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+                raise ValueError(f"{name} must be > 0 seconds or None, got {value!r}")
+
+
+def is_outage(failed: int, of: int, failed_batches: int) -> bool:
+    """Whether ``failed`` of the ``of`` samples of a rank's epoch (so far), the last ``failed_batches``
+    batches in a row with no sample loaded, are an outage rather than bad files (``OUTAGE_FRACTION``,
+    ``OUTAGE_BATCHES``)."""
+    return failed > OUTAGE_FRACTION * of or failed_batches >= OUTAGE_BATCHES
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -14,7 +14,9 @@ Bad samples (``on_error="skip"``): a sample a worker could not load is replaced 
 sample of the same batch (``decode.base.stand_ins``); a batch whose samples all failed is filled from the
 next entries of the order, which stay in their own batches too. Every batch keeps the entries it was cut
 with, so every rank yields ``len(loader)`` full batches and the sampler's position is exact and the same
-on every rank. Samples a dead worker left undone are loaded again first.
+on every rank. Samples a dead worker left undone are loaded again first. Each entry of the order that fails
+is recorded once, however often it is loaded; failures that are an outage (``options.is_outage``) raise,
+naming the first ones.
 
 Sources read whole group by group (remote shards, Parquet row groups: ``readahead``): the source is told
 this rank's order of each epoch (which holds about ``1 / world_size`` of the groups: ``sampling``, "Grouped
@@ -43,6 +45,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import torch
 
 from .decode.base import SkipLog, stand_ins
+from .options import OUTAGE_BATCHES, OUTAGE_FRACTION, is_outage
 from .placement import ShareControl
 from .records import HostBatch, Meta
 from .sampling import ShardedSampler
@@ -100,6 +103,9 @@ class EpochRun:
     cursor: int = 0
     inflight: collections.deque[Submitted] = field(default_factory=collections.deque)
     fetch: Any = None  # the source's readahead along ``order`` (``sources.spool.Readahead``), if it has one
+    failed: set[int] = field(default_factory=set)  # entries of the order whose failure is recorded
+    first_failures: list[tuple[str | None, str]] = field(default_factory=list)  # (path, reason) of the first few
+    failed_batches: int = 0  # batches in a row (refills included) in which no sample loaded
 
     def progress(self) -> None:
         """Tell the readahead how far the workers have got: entries submitted, and entries delivered."""
@@ -231,10 +237,13 @@ class Scheduler:
         good sample of the batch (``stand_ins``), copied within the slot; ``indices`` follows. A batch with
         no good sample is first filled from the next entries of the order (wrapping to its start)."""
         n = len(indices)
-        bad = self._reload(batch.slot, indices, failures, run)
+        entries = list(range(batch.first, batch.first + n))  # the entry of the order at each position
+        bad = self._reload(batch.slot, indices, entries, failures, run)
         repeats = len(bad)
         ahead = list(range(batch.first + n, len(run.order))) + list(range(batch.first))  # positions in the order
         while len(bad) == n:  # nothing to stand in: load the next entries of the order into the whole slot
+            run.failed_batches += 1
+            self._check_outage(run)
             if not ahead:
                 last = self.skips.listed[-1][0] if self.skips.listed else None
                 raise WorkerError(f"no sample of this rank's epoch {run.epoch} could be loaded under "
@@ -242,10 +251,14 @@ class Scheduler:
             positions, ahead = ahead[:n], ahead[n:]
             take = [run.order[p] for p in positions]
             indices[: len(take)] = take
-            bad = self._reload(batch.slot, indices, self._load(batch.slot, run, take, 0), run) | set(range(len(take), n))
+            entries[: len(take)] = positions
+            failed = self._load(batch.slot, run, take, 0)
+            bad = self._reload(batch.slot, indices, entries, failed, run) | set(range(len(take), n))
             if run.fetch is not None:  # read now: an item the order had passed goes again
                 run.fetch.loaded_again(positions)
             repeats = n  # every sample of this batch is delivered in its own batch as well
+        run.failed_batches = 0
+        self._check_outage(run)
         for p, g in stand_ins(n, bad).items():
             for arr in (view.pixels, view.labels, view.meta, view.output):  # images are a view of the pixels
                 if arr is not None:
@@ -257,20 +270,35 @@ class Scheduler:
         self.skips.repeated += repeats
         return view
 
-    def _reload(self, slot: int, indices: list[int], failures: list[Failure], run: EpochRun) -> set[int]:
-        """Load again, in place, the positions a dead worker left undone; record every other failure. The
-        positions that failed."""
+    def _reload(self, slot: int, indices: list[int], entries: list[int], failures: list[Failure],
+                run: EpochRun) -> set[int]:
+        """Load again, in place, the positions a dead worker left undone; record every other failure, once
+        per entry of the order (``entries``: each position's). The positions that failed."""
         bad: set[int] = set()
         while failures:
             retry = sorted(f.position for f in failures if f.reason == RETRY)
             for f in failures:
                 if f.reason != RETRY:
-                    self.skips.record(f.path, f.reason)
                     bad.add(f.position)
+                    if entries[f.position] not in run.failed:  # a refill loads entries of later batches too
+                        run.failed.add(entries[f.position])
+                        self.skips.record(f.path, f.reason)
+                        if len(run.first_failures) < 3:
+                            run.first_failures.append((f.path, f.reason))
             failures = []
             for first, last in _runs(retry):  # each run of consecutive positions in one call
                 failures += self._load(slot, run, indices[first : last + 1], first)
         return bad
+
+    def _check_outage(self, run: EpochRun) -> None:
+        """Raise when this run's failures are an outage (``options.is_outage``), naming the first ones."""
+        if not is_outage(len(run.failed), len(run.order), run.failed_batches):
+            return
+        first = "; ".join(f"{p!r}: {r}" for p, r in run.first_failures)
+        raise WorkerError(f"on_error='skip' gave up: {len(run.failed)} of this rank's {len(run.order)} samples of "
+                          f"epoch {run.epoch} failed so far, the last {run.failed_batches} batch(es) with none loaded; "
+                          f"over {OUTAGE_FRACTION:.0%} of an epoch failing, or {OUTAGE_BATCHES} batches in a row, is an "
+                          f"outage, not a few bad files. The first failures: {first}")
 
     def _load(self, slot: int, run: EpochRun, indices: list[int], start: int) -> list[Failure]:
         """Load ``indices`` into positions ``start...`` of ``slot`` now; their failures."""

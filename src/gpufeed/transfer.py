@@ -32,7 +32,9 @@ Stream contract (CUDA):
   finished, so the decoders never wait for this thread. An
   exception in the iterable or the transform is re-raised in the consumer
   with its original traceback; leaving the loop early stops the thread and
-  closes the iterable.
+  closes the iterable. With ``timeout``, the consumer waits at most that many
+  seconds for each batch, then raises ``TimeoutError`` naming where the
+  background thread is (its innermost frames).
 
 Without CUDA (or for ``device="cpu"``) the same object applies ``transform``
 and passes batches through, in the caller's thread: one API everywhere.
@@ -43,7 +45,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import queue
+import sys
 import threading
+import traceback
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -72,7 +76,8 @@ class Prefetcher:
 
     ``transform(batch) -> batch`` runs on the device, on the side stream, after
     the copy (e.g. normalise, cast, channels_last). ``depth``: batches in
-    flight ahead of the consumer. ``on_issued``, ``on_take``: see the module docstring.
+    flight ahead of the consumer. ``on_issued``, ``on_take``, ``timeout`` (seconds the consumer waits
+    for one batch on CUDA; None: no limit): see the module docstring.
     Iterating it iterates ``iterable``; ``iterate(other)`` runs the same
     stream and settings over another iterable (one at a time).
     """
@@ -86,9 +91,13 @@ class Prefetcher:
         transform: Callable[[Any], Any] | None = None,
         on_issued: Callable[[Any], None] | None = None,
         on_take: Callable[[bool], None] | None = None,
+        timeout: float | None = None,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
+        self.timeout = timeout
         self.iterable = iterable
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -136,7 +145,11 @@ class Prefetcher:
         try:
             while True:
                 waited = handoff.empty()
-                item = handoff.get()
+                try:
+                    item = handoff.get(timeout=self.timeout)
+                except queue.Empty:
+                    raise TimeoutError(f"no batch within {self.timeout:g} s; the prefetch thread is at "
+                                       f"{_where(thread)}") from None
                 if item is _END:
                     return
                 if isinstance(item, _Failure):
@@ -229,6 +242,14 @@ _END = object()
 class _Failure:
     def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+def _where(thread: threading.Thread) -> str:
+    """The innermost frames of ``thread`` now, as one line."""
+    frame = sys._current_frames().get(thread.ident)
+    if frame is None:
+        return "no frame (it has ended)"
+    return " <- ".join(f"{f.name} ({f.filename}:{f.lineno})" for f in reversed(traceback.extract_stack(frame)[-4:]))
 
 
 def _put(handoff: queue.Queue, item: Any, stop: threading.Event) -> bool:

@@ -7,15 +7,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .base import IMG_EXTENSIONS, FileSource, Source
+from .fetch import FetchLimits
 from .filelist import filelist_source
 from .folder import folder_source
 from .parquet import ParquetSource, parquet_source
 from .remote_tar import RemoteTarSource, remote_tar_source
 from .retry import RetryPolicy
 from .tar import TarSource, tar_source
-from .urls import filesystem, is_url, scheme
+from .urls import filesystem, is_url, redact, scheme
 
-__all__ = ["IMG_EXTENSIONS", "FileSource", "ParquetSource", "RemoteTarSource", "RetryPolicy", "Source",
+__all__ = ["IMG_EXTENSIONS", "FetchLimits", "FileSource", "ParquetSource", "RemoteTarSource", "RetryPolicy", "Source",
            "TarSource", "create_source", "filelist_source", "folder_source", "parquet_source", "remote_tar_source",
            "tar_source"]
 
@@ -69,4 +70,4 @@ def _url_source(url: str, storage_options: dict[str, Any] | None) -> Source:
         return remote_tar_source(url, storage_options=storage_options)
     if any(n.endswith(".parquet") for n in names):
         return parquet_source(url, storage_options=storage_options)
-    raise ValueError(f"no .tar shards or .parquet files under {url!r}")
+    raise ValueError(f"no .tar shards or .parquet files under {redact(url)!r}")

@@ -11,6 +11,8 @@ decoder should see are finished here (``KIND_PIXELS``).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import time
 import traceback
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from ..decode.cpu import CpuDecoder
 from ..decode.exif import read_orientation, swaps_axes
 from ..placement.samples import Candidate, cheapest_on_cpu, gpu_may_take
 from ..ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, Ring
-from ..sources.base import Source
+from ..sources.base import Source, check_label
 from .records import Failure, OutputSize, Progress, Task
 
 
@@ -43,14 +45,34 @@ class PipelineSpec:
     on_error: str = "raise"  # "raise": stop at the first bad sample; "skip": report it and go on
     exif_orientation: bool = False  # apply EXIF orientation (default: ignore it, as torchvision does)
     normalize: WorkerNormalize | None = None  # a CPU device: also write each image's final float32 values
+    max_bytes: int | None = None  # larger samples are refused, unread where the source can tell (gpufeed's can)
+    num_classes: int | None = None  # labels must lie in [0, num_classes)
+
+    @functools.cached_property
+    def bounded_read(self) -> bool:
+        """Whether the source's ``read`` takes ``max_bytes`` (gpufeed's own sources do), so it refuses a
+        larger sample before reading it."""
+        try:
+            return "max_bytes" in inspect.signature(self.source.read).parameters
+        except (TypeError, ValueError):  # a read no signature can be found for
+            return False
 
 
 def _read(spec: PipelineSpec, index: int) -> tuple[str, bytes]:
     path = spec.source.path(index)
+    cap = spec.max_bytes
     try:
-        return path, spec.source.read(index)
+        data = spec.source.read(index, max_bytes=cap) if spec.bounded_read else spec.source.read(index)
     except OSError as e:
         raise DecodeError(path, f"cannot read the file ({type(e).__name__}: {e.strerror or e})") from None
+    if cap is not None and len(data) > cap:  # a source of the user's that could not refuse it unread
+        raise DecodeError(path, f"{len(data)} bytes, over max_bytes={cap}")
+    return path, data
+
+
+def _label(spec: PipelineSpec, index: int, path: str) -> int:
+    """Sample ``index``'s label, checked: an integer in [0, ``num_classes``), else a ValueError naming ``path``."""
+    return check_label(spec.source.label(index), path, spec.num_classes)
 
 
 def _finish_on_cpu(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int, path: str,
@@ -83,7 +105,7 @@ def load_sample_into(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: 
     """CPU path: read, decode and augment sample ``index`` into ``out`` ((S, S, 3) uint8); its label."""
     path, data = _read(spec, index)
     _finish_on_cpu(spec, decoder, seed, epoch, index, path, data, out)
-    return spec.source.label(index)
+    return _label(spec, index, path)
 
 
 @dataclass
@@ -128,20 +150,20 @@ def place_sample(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int,
         ring.arena[slot, k, : len(s.data)] = np.frombuffer(s.data, np.uint8)
         ring.meta[slot, k] = (KIND_BYTES, len(s.data), width, height, box.x, box.y, box.width, box.height,
                               int(box.flip))
-        return spec.source.label(s.index)
+        return _label(spec, s.index, s.path)
     if s.gpu_ok:  # the CPU's share: a plain JPEG that passed the structural check, its box drawn already
         rows = decode_box_rows_into(decoder, s.data, s.path, box, (width, height), spec.augment.image_size,
                                     ring.rooms[slot, k])
         if rows is not None:
             w, h, x, y, bw, bh = rows
             ring.meta[slot, k] = (KIND_ROWS, w * h * 3, w, h, x, y, bw, bh, int(box.flip))
-            return spec.source.label(s.index)
+            return _label(spec, s.index, s.path)
         decode_box_into(decoder, s.data, s.path, box, (width, height), fast, ring.images[slot, k])
     else:
         _finish_on_cpu(spec, decoder, seed, epoch, s.index, s.path, s.data, ring.images[slot, k], s.header,
                        s.orientation)
     ring.meta[slot, k] = (KIND_PIXELS, 0, width, height, 0, 0, 0, 0, 0)
-    return spec.source.label(s.index)
+    return _label(spec, s.index, s.path)
 
 
 class ChunkServer:

@@ -122,19 +122,23 @@ class WorkerPool:
     A worker that dies, or holds one sample longer than ``sample_timeout`` seconds, is reported within
     about a second: under "raise" as a ``WorkerError`` naming the worker and the file; under "skip" its
     sample is a failure, the rest of its chunk comes back as ``RETRY`` positions, and a fresh worker takes
-    its place.
+    its place. A batch not collected within ``batch_timeout`` seconds of the ``collect`` call (however its
+    samples each fare) stops the pool with a ``WorkerError`` naming the workers on it and the samples in
+    flight; ``cancel`` gives up waiting after as long and stops the pool.
     """
 
     def __init__(self, spec: PipelineSpec, *, num_workers: int, num_slots: int, batch_size: int,
-                 sample_timeout: float | None = None, cpus: set[int] | None = None) -> None:
+                 sample_timeout: float | None = None, cpus: set[int] | None = None,
+                 batch_timeout: float | None = None) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-        if sample_timeout is not None and sample_timeout <= 0:
-            raise ValueError(f"sample_timeout must be > 0 seconds or None, got {sample_timeout}")
+        for name, value in (("sample_timeout", sample_timeout), ("batch_timeout", batch_timeout)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 seconds or None, got {value}")
         check_source_importable(spec.source)
         size = spec.augment.image_size
         self.num_slots, self.batch_size, self.size = num_slots, batch_size, size
-        self.sample_timeout, self.cpus = sample_timeout, cpus
+        self.sample_timeout, self.batch_timeout, self.cpus = sample_timeout, batch_timeout, cpus
         self.chunk_size = max(1, -(-batch_size // (2 * num_workers)))  # ~2 chunks per worker per batch
         self.last_wait = 0.0  # see collect
         self._ctx = ctx = _default_context()
@@ -224,6 +228,8 @@ class WorkerPool:
         asked = time.monotonic()
         self._check_workers()  # a dead worker is reported even if others finish its share
         while entry.left:
+            if self.batch_timeout is not None and time.monotonic() - asked > self.batch_timeout:
+                self._overdue(batch_id, entry, time.monotonic() - asked)
             self._receive_one()
         self.last_wait = max(0.0, entry.finished - asked)
         del self._pending[batch_id]
@@ -244,9 +250,32 @@ class WorkerPool:
             self._pending.clear()
             return
         self._generation.value += 1
+        asked = time.monotonic()
         while any(e.left for e in self._pending.values()):
+            if self.batch_timeout is not None and time.monotonic() - asked > self.batch_timeout:
+                self.close()  # workers that never answer: stopped, fresh ones next time
+                break
             self._receive_one()
         self._pending.clear()
+
+    def _overdue(self, batch_id: int, entry: _Pending, waited: float) -> None:
+        """Stop the pool and raise ``WorkerError`` for batch ``batch_id``, not done after ``waited`` seconds:
+        which worker holds which of its samples and since when, and its samples no worker has taken yet."""
+        now, held, taken = time.monotonic(), [], set()
+        for i, w in enumerate(self._workers):
+            hand = self._progress[i].read()
+            if hand is None or hand.batch_id != batch_id or hand.chunk_id not in entry.left:
+                continue
+            first, chunk = entry.chunks[hand.chunk_id]
+            taken.add(hand.chunk_id)
+            held.append(f"worker {i} (pid {w.pid}) on {self._spec.source.path(chunk[hand.position - first])!r} "
+                        f"for {now - hand.since:.0f} s")
+        queued = [i for c in sorted(entry.left - taken) for i in entry.chunks[c][1]]
+        names = ", ".join(repr(self._spec.source.path(i)) for i in queued[:5]) + (" ..." if len(queued) > 5 else "")
+        self.close()
+        raise WorkerError(f"gpufeed: a batch was not done within batch_timeout={self.batch_timeout}s "
+                          f"({waited:.0f} s): {'; '.join(held) or 'no worker is on it'}"
+                          + (f"; not taken by any worker yet: {len(queued)} sample(s), {names}" if queued else ""))
 
     def _receive_one(self) -> None:
         """Take one result, or, after a quiet poll interval, check the workers (which may settle a chunk by
