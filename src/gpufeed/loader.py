@@ -37,11 +37,12 @@ from .augment.mix import BatchMix, read_batch_transform
 from .augment.ops import SampleOps
 from .augment.recipe import read_transform
 from .decode.base import DEFAULT_MAX_PIXELS, SkipLog
-from .options import DecodeOptions, ErrorPolicy
-from .sampling import ShardedSampler, resolve_rank
+from .options import DEFAULT_BATCH_TIMEOUT, DEFAULT_MAX_BYTES, DEFAULT_SAMPLE_TIMEOUT, DecodeOptions, ErrorPolicy
+from .sampling import STATE_VERSION, ShardedSampler, check_loader_state, resolve_rank
 from .schedule import Scheduler
 from .stage import PerSample, create_stage
 from .sources import Source, create_source
+from .sources.base import fingerprint
 from .sources.urls import is_url
 from .transfer import Prefetcher
 from .workers import PipelineSpec, WorkerPool
@@ -51,6 +52,9 @@ from .workers.records import OutputSize
 __all__ = ["ImageLoader", "resolve_device"]
 
 _log = logging.getLogger("gpufeed")
+# the consumer's own wait for a batch on CUDA outlasts the pool's batch_timeout: the pool's error, naming the
+# workers and samples, comes first
+_PREFETCH_GRACE_S = 30.0
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -106,10 +110,14 @@ class ImageLoader:
     Bad input: ``on_error="raise"`` (default) stops at the first file that cannot be read or decoded,
     with an error naming it; ``"skip"`` drops it, puts a good sample of the same batch in its place (so
     every batch keeps its size and every rank its batch count; labels stay with their images), counts both
-    in ``loader.stats`` (``skipped_count``, ``repeated``) and logs one line per epoch. ``max_pixels`` rejects images
-    whose header claims more pixels, before any allocation. ``sample_timeout`` (seconds) bounds one
-    sample's decode; a worker over it is replaced. ``exif_orientation=True`` applies EXIF rotation
-    (default: ignored, as torchvision does).
+    in ``loader.stats`` (``skipped_count``, ``repeated``) and logs one line per epoch; failures that are an
+    outage (over half the epoch, or ten batches in a row with nothing loaded: ``options.is_outage``) raise,
+    naming the first. ``max_pixels`` rejects images whose header claims more pixels, before any allocation;
+    ``max_bytes`` (256 MiB) files larger than that, before reading them; ``num_classes`` labels outside
+    [0, num_classes) (each is a bad sample, named). ``sample_timeout`` (seconds, 300 by default) bounds one
+    sample's read and decode (a worker over it is replaced), ``batch_timeout`` (600) a whole batch (the error
+    names the workers and the samples in flight); None lifts either. ``exif_orientation=True`` applies EXIF
+    rotation (default: ignored, as torchvision does).
 
     ``cpu_share`` (GPU decode only): the fraction of each batch that the CPU workers decode beside the GPU
     decoders ("auto": ``placement.ShareControl``); ``loader.stats["cpu_share"]`` gives the current value.
@@ -158,7 +166,9 @@ class ImageLoader:
         decode: str = "auto",
         on_error: str = "raise",
         exif_orientation: bool = False,
-        sample_timeout: float | None = None,
+        sample_timeout: float | None = DEFAULT_SAMPLE_TIMEOUT,
+        max_bytes: int = DEFAULT_MAX_BYTES, num_classes: int | None = None,
+        batch_timeout: float | None = DEFAULT_BATCH_TIMEOUT,
         cpu_share: float | str = "auto",
         max_gpu_memory: int | None = None,
         storage_options: dict[str, Any] | None = None,
@@ -171,7 +181,8 @@ class ImageLoader:
         self.decoding = DecodeOptions(decode=decode, cpu_share=cpu_share, num_workers=num_workers,
                                       prefetch_depth=prefetch_depth, exif_orientation=exif_orientation,
                                       max_gpu_memory=max_gpu_memory)
-        self.errors = ErrorPolicy(on_error=on_error, max_pixels=max_pixels, sample_timeout=sample_timeout)
+        self.errors = ErrorPolicy(on_error=on_error, max_pixels=max_pixels, sample_timeout=sample_timeout,
+                                  max_bytes=max_bytes, batch_timeout=batch_timeout, num_classes=num_classes)
         self.device = resolve_device(device)
         recipe = None
         if transform is not None:  # the user's torchvision pipeline in place of train/sizes/mean/std
@@ -226,7 +237,7 @@ class ImageLoader:
         self.spec = PipelineSpec(source=self.source, augment=self.augment, max_pixels=max_pixels,
                                  gpu_bytes_capacity=placement.GPU_BYTES_CAPACITY if gpu_path else 0,
                                  gpu_buffer_bytes=self.gpu_memory.buffer_bytes, on_error=on_error,
-                                 exif_orientation=exif_orientation,
+                                 exif_orientation=exif_orientation, max_bytes=max_bytes, num_classes=num_classes,
                                  # pixel ops start from uint8 (SampleOps.from_pixels): no normalising and back
                                  normalize=self.normalize.for_workers() if (
                                      self.device.type == "cpu" and not self.sample_ops.pixel
@@ -249,12 +260,13 @@ class ImageLoader:
         # so a dropped loader (and its workers and shared memory) goes at once, without a garbage collection
         start_pool = functools.partial(_start_pool, self.spec, num_workers=self.num_workers, num_slots=num_slots,
                                        batch_size=batch_size, sample_timeout=sample_timeout, cpus=self.worker_cpus,
-                                       page_lock=self.device.type == "cuda")
+                                       page_lock=self.device.type == "cuda", batch_timeout=batch_timeout)
         self._scheduler = Scheduler(start_pool=start_pool, num_slots=num_slots, batch_size=batch_size,
                                     drop_last=drop_last, share=self._share, skips=self._skips, path=self.source.path,
                                     cuda=self.device.type == "cuda", readahead=getattr(self.source, "readahead", None))
         self._prefetcher = Prefetcher(device=self.device, depth=prefetch_depth, transform=self._stage,
-                                      on_issued=self._stage.issued, on_take=self._share.taken)
+                                      on_issued=self._stage.issued, on_take=self._share.taken,
+                                      timeout=batch_timeout and batch_timeout + _PREFETCH_GRACE_S)
 
     # -- public API ---------------------------------------------------------
     @property
@@ -306,12 +318,22 @@ class ImageLoader:
         self.augment = self.augment.at_size(image_size, resize_size)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict(), "batch_size": self.batch_size,
-                "image_size": self.augment.image_size, "resize_size": self.augment.resize_size}
+        """Where the epoch stands (``sampling``), with the format ``version`` and the ``source``'s fingerprint
+        (its sample count and a digest of its paths or URLs and labels, computed once per loader)."""
+        return {"version": STATE_VERSION, "source": dict(self._fingerprint), "sampler": self.sampler.state_dict(),
+                "batch_size": self.batch_size, "image_size": self.augment.image_size,
+                "resize_size": self.augment.resize_size}
+
+    @functools.cached_property
+    def _fingerprint(self) -> dict[str, Any]:
+        return fingerprint(self.source)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at ``state`` (``state_dict()`` of this loader or another on the same data), with its image
-        size when it has one."""
+        size when it has one. The state is checked first (``sampling.check_loader_state``): a ``ValueError``
+        names what does not match (keys, types, a later format version, another source), and nothing is
+        changed then."""
+        check_loader_state(state, self._fingerprint)
         previous = self.augment
         if "image_size" in state:  # first: a size this loader cannot take raises before anything changed
             self.set_image_size(state["image_size"], resize_size=state.get("resize_size"))

@@ -46,20 +46,79 @@ size its epoch's order was made for: a resume on another continues the rest of t
 new ranks, exact, but each rank then reads groups of others for the rest of that epoch; the next epoch is
 dealt to the new ranks. Unshuffled (``shuffle=False``), the line is the groups in index order, not shuffled,
 cut the same way.
+
+Saved states are checked before anything is taken from them (``check_loader_state``, and the sampler's own
+fields in ``load_state_dict``): a format ``version`` (``STATE_VERSION``; none: the unversioned format
+that came before), the source's fingerprint (its sample count and a digest of its paths or URLs and
+labels, ``sources.base.fingerprint``), the keys and each value's type. What does not match raises a
+``ValueError`` naming it; a state of another seed is taken with its seed (the rest of its order), and
+says so in a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["ShardedSampler", "resolve_rank"]
+__all__ = ["STATE_VERSION", "ShardedSampler", "check_loader_state", "resolve_rank"]
+
+_log = logging.getLogger("gpufeed")
+
+STATE_VERSION = 1  # ImageLoader.state_dict()'s format; a state of a later one is refused
+# the keys of a loader's state and their types; "version" and "source" from version 1 on
+_LOADER_KEYS = {"version": int, "source": dict, "sampler": dict, "batch_size": int, "image_size": int,
+                "resize_size": int}
+# the sampler's keys: those always there, and those only some states have
+_SAMPLER_NEEDS = ("epoch", "seed", "num_samples_total", "world_size")
+_SAMPLER_MAY = ("offset", "position", "groups", "order_world_size", "begun")
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_loader_state(state: object, fingerprint: Mapping[str, Any]) -> int:
+    """Check a loader's saved ``state`` against this loader's source ``fingerprint`` ({"samples", "digest"}):
+    its version, keys and types, and that it was saved over the same source. Raises ``ValueError`` naming
+    what does not match; returns the state's version (0: saved before states had one, whose source cannot
+    be checked: a warning says so)."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"state_dict must be a dict (ImageLoader.state_dict()), got {type(state).__name__}")
+    version = state.get("version", 0)
+    if not _integer(version) or version < 0:
+        raise ValueError(f"state_dict['version'] must be an integer >= 0, got {version!r}")
+    if version > STATE_VERSION:
+        raise ValueError(f"state_dict has format version {version}; this gpufeed reads versions up to "
+                         f"{STATE_VERSION}: it was saved by a newer gpufeed")
+    needed = ["sampler"] + (["version", "source"] if version >= 1 else [])
+    missing = [k for k in needed if k not in state]
+    if missing:
+        raise ValueError(f"state_dict lacks {', '.join(map(repr, missing))} (keys: {sorted(map(str, state))}): "
+                         "give it a whole ImageLoader.state_dict()")
+    unknown = sorted(str(k) for k in state if k not in _LOADER_KEYS)
+    if unknown:
+        raise ValueError(f"state_dict has keys this gpufeed does not know: {', '.join(map(repr, unknown))}")
+    for key, kind in _LOADER_KEYS.items():
+        if key in state and not (isinstance(state[key], kind) and not isinstance(state[key], bool)):
+            raise ValueError(f"state_dict[{key!r}] must be a {kind.__name__}, got {state[key]!r}")
+    if version == 0:
+        _log.warning("gpufeed: this state_dict has no format version (an older gpufeed saved it): whether it was "
+                     "saved over the same data cannot be checked")
+        return version
+    saved = state["source"]
+    if saved != dict(fingerprint):
+        raise ValueError(f"state_dict was saved over another source: {saved.get('samples')!r} samples, digest "
+                         f"{saved.get('digest')!r}; this loader's source has {fingerprint['samples']} samples, digest "
+                         f"{fingerprint['digest']!r} (a digest of its paths or URLs and labels): resume over the "
+                         "data the state was saved with")
+    return version
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -271,7 +330,10 @@ class ShardedSampler:
         continues as the order of the world size it was made for (``order_world_size``; a state that does
         not record it holds the order made for one rank), so after a resume on another world size the ranks
         fetch shards they do not own for the rest of that epoch; the next epoch is dealt to the new ranks. A
-        state from before ``offset`` existed (``position`` per rank) needs the same world size."""
+        state from before ``offset`` existed (``position`` per rank) needs the same world size. Its keys and
+        types are checked first (``ValueError`` naming the first that is wrong); another seed's state is
+        taken with its seed, and a warning says so."""
+        _check_sampler_state(state)
         if state["num_samples_total"] != self.num_samples_total:
             raise ValueError(f"state_dict has num_samples_total={state['num_samples_total']}, "
                              f"this loader has {self.num_samples_total}")
@@ -301,7 +363,34 @@ class ShardedSampler:
         if not (isinstance(begun, (list, tuple)) and len(begun) == 2
                 and all(isinstance(v, int) and v >= 1 for v in begun)):
             raise ValueError(f"state_dict begun must be [world size, batch size], integers >= 1, got {begun!r}")
+        if state["seed"] != self.seed:
+            _log.warning("gpufeed: the state_dict was saved with seed=%d, this loader was made with seed=%d: it goes "
+                         "on with seed %d, the order the state was saved in", state["seed"], self.seed, state["seed"])
         self.seed, self.epoch, self.start, self.position = state["seed"], state["epoch"], start, position
         self.begun = None if tuple(begun) == (self.world_size, self.batch_size) else tuple(begun)
         # nothing of the epoch delivered yet: the new world size's own order serves as exactly
         self.order_world_size = None if order_world == self.world_size or start == position == 0 else order_world
+
+
+def _check_sampler_state(state: object) -> None:
+    """``ValueError`` naming the first key of a sampler's saved ``state`` that is missing, unknown or of the
+    wrong type."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"state_dict['sampler'] must be a dict, got {type(state).__name__}")
+    missing = [k for k in _SAMPLER_NEEDS if k not in state]
+    if "offset" not in state and "position" not in state:
+        missing.append("offset")
+    if missing:
+        raise ValueError(f"state_dict['sampler'] lacks {', '.join(map(repr, missing))}")
+    unknown = sorted(str(k) for k in state if k not in _SAMPLER_NEEDS + _SAMPLER_MAY)
+    if unknown:
+        raise ValueError(f"state_dict['sampler'] has keys this gpufeed does not know: {', '.join(map(repr, unknown))}")
+    for key, value in state.items():
+        if key == "groups":
+            if value is not None and not isinstance(value, Mapping):
+                raise ValueError(f"state_dict['sampler']['groups'] must be a dict, got {value!r}")
+        elif key != "begun" and not _integer(value):  # begun: a pair, checked where it is read
+            raise ValueError(f"state_dict['sampler'][{key!r}] must be an integer, got {value!r}")
+    if state["epoch"] < 0 or state["world_size"] < 1:
+        raise ValueError(f"state_dict['sampler'] needs epoch >= 0 and world_size >= 1, got epoch={state['epoch']}, "
+                         f"world_size={state['world_size']}")
