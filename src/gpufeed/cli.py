@@ -56,14 +56,7 @@ def _bench(args: argparse.Namespace, cuda: bool, rank: int, local_ranks: int, ra
     model = args.model if args.model != "none" else None
     if args.model is None:
         model = "resnet50" if device.startswith("cuda") else None
-    storage_options = None
-    if args.storage_options:
-        try:
-            storage_options = json.loads(args.storage_options)
-        except ValueError as e:
-            raise ValueError(f"--storage-options must be a JSON object, got {args.storage_options!r} ({e})") from None
-        if not isinstance(storage_options, dict):
-            raise ValueError(f"--storage-options must be a JSON object, got {args.storage_options!r}")
+    storage_options = _storage_options(args.storage_options)
     # the baseline (torchvision's ImageFolder) reads only local folders: by default URLs, shards and
     # Parquet files are measured with gpufeed alone
     pipelines = args.pipelines or ("baseline,gpufeed" if args.data is None or Path(args.data).is_dir() and not
@@ -74,7 +67,7 @@ def _bench(args: argparse.Namespace, cuda: bool, rank: int, local_ranks: int, ra
         pipelines=tuple(pipelines.split(",")), storage_options=storage_options, recipe=args.recipe,
         compile=args.compile,
     )
-    result = run_bench(cfg)
+    result = _without_secrets(run_bench(cfg), storage_options)
     failed = [r for r in result["rows"] if r.get("error")]
     if rank != 0:  # rank 0 reports for all
         return 1 if failed else 0
@@ -87,6 +80,59 @@ def _bench(args: argparse.Namespace, cuda: bool, rank: int, local_ranks: int, ra
     for r in failed:
         print(f"\n{r['pipeline']}:\n{r['error']}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _storage_options(text: str | None) -> dict | None:
+    """``--storage-options`` as a dict; errors say what is wrong with it without repeating it (it may hold
+    credentials)."""
+    if not text:
+        return None
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--storage-options must be a JSON object; it is not JSON ({e.msg} at line {e.lineno}, "
+                         f"column {e.colno})") from None
+    if not isinstance(options, dict):
+        raise ValueError(f"--storage-options must be a JSON object, got a JSON {type(options).__name__}")
+    return options
+
+
+def _secrets(options: object, key: str = "") -> dict[str, str]:
+    """The text values in storage options (credentials among them, at any depth) -> the key that holds each,
+    as ``client_kwargs.endpoint_url``; values shorter than 4 characters are no secret worth hiding."""
+    found: dict[str, str] = {}
+    items = options.items() if isinstance(options, dict) else enumerate(options) if isinstance(options, list) else ()
+    for k, v in items:
+        name = f"{key}.{k}" if key else str(k)
+        if isinstance(v, str) and len(v) >= 4:
+            found[v] = name
+            found[json.dumps(v)[1:-1]] = name  # as it reads inside the JSON of the command line
+        else:
+            found.update(_secrets(v, name))
+    return found
+
+
+def _without_secrets(value: object, options: dict | None) -> object:
+    """``value`` (the bench's result: text, lists, dicts) with each storage option's value replaced by the
+    name of its key, and URLs redacted; the options in its config keep their keys only."""
+    from .sources.urls import scrub
+
+    secrets = _secrets(options or {})
+
+    def clean(v: object, key: str | None = None) -> object:
+        if key == "storage_options" and isinstance(v, dict):
+            return {k: "<redacted>" for k in v}
+        if isinstance(v, str):
+            for secret in sorted(secrets, key=len, reverse=True):
+                v = v.replace(secret, f"<storage_options {secrets[secret]}>")
+            return scrub(v)
+        if isinstance(v, dict):
+            return {k: clean(x, k) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+
+    return clean(value)
 
 
 def _holds_only(folder: Path, suffixes: tuple[str, ...]) -> bool:
@@ -185,7 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (ValueError, FileNotFoundError, ImportError) as e:
-        print(f"gpufeed {args.command}: error: {e}", file=sys.stderr)
+        options = None
+        try:  # the message names storage options by their keys, never their values
+            options = _storage_options(getattr(args, "storage_options", None))
+        except ValueError:
+            pass
+        print(f"gpufeed {args.command}: error: {_without_secrets(str(e), options)}", file=sys.stderr)
         return 2
 
 
