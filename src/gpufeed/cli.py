@@ -99,12 +99,13 @@ def _storage_options(text: str | None) -> dict | None:
 
 def _secrets(options: object, key: str = "") -> dict[str, str]:
     """The text values in storage options (credentials among them, at any depth) -> the key that holds each,
-    as ``client_kwargs.endpoint_url``; values shorter than 4 characters are no secret worth hiding."""
+    as ``client_kwargs.endpoint_url``; values shorter than 8 characters are no credential (and would match
+    common words)."""
     found: dict[str, str] = {}
     items = options.items() if isinstance(options, dict) else enumerate(options) if isinstance(options, list) else ()
     for k, v in items:
         name = f"{key}.{k}" if key else str(k)
-        if isinstance(v, str) and len(v) >= 4:
+        if isinstance(v, str) and len(v) >= 8:
             found[v] = name
             found[json.dumps(v)[1:-1]] = name  # as it reads inside the JSON of the command line
         else:

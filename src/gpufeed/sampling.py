@@ -107,7 +107,8 @@ def check_loader_state(state: object, fingerprint: Mapping[str, Any]) -> int:
         raise ValueError(f"state_dict has keys this gpufeed does not know: {', '.join(map(repr, unknown))}")
     for key, kind in _LOADER_KEYS.items():
         if key in state and not (isinstance(state[key], kind) and not isinstance(state[key], bool)):
-            raise ValueError(f"state_dict[{key!r}] must be a {kind.__name__}, got {state[key]!r}")
+            raise ValueError(f"state_dict[{key!r}] must be {'an integer' if kind is int else 'a dict'}, "
+                             f"got {state[key]!r}")
     if version == 0:
         _log.warning("gpufeed: this state_dict has no format version (an older gpufeed saved it): whether it was "
                      "saved over the same data cannot be checked")

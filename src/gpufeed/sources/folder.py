@@ -62,7 +62,7 @@ def _walk(top: str, seen: set[tuple[int, int]]) -> list[tuple[str, list[str]]]:
     for dirpath, dirnames, files in os.walk(top, followlinks=True):
         found.append((dirpath, files))
         keep = []
-        for d in dirnames:
+        for d in sorted(dirnames):  # sorted: the same name claims a folder reached twice, every time
             try:
                 sub = os.stat(os.path.join(dirpath, d))
             except OSError:  # a dangling link: nothing to list

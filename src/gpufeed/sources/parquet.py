@@ -28,6 +28,7 @@ import collections
 import functools
 import json
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any, Sequence
@@ -47,6 +48,9 @@ NULL_IMAGE, UNREADABLE = -1, -2  # a row's size when it has no image bytes
 LABEL_NULL, LABEL_SET, LABEL_NEGATIVE, LABEL_OVERFLOW = 0, 1, 2, 3  # a row's label state
 
 
+PYARROW_SAFE = (14, 0, 1)  # earlier versions run code from an untrusted Parquet file (CVE-2023-47248)
+
+
 def _pyarrow():
     try:
         import pyarrow
@@ -54,6 +58,10 @@ def _pyarrow():
         import pyarrow.parquet
     except ImportError:
         raise ImportError("reading Parquet needs pyarrow: pip install 'gpufeed[parquet]'") from None
+    if tuple(int(p) for p in re.findall(r"\d+", pyarrow.__version__)[:3]) < PYARROW_SAFE:
+        raise ImportError(f"pyarrow {pyarrow.__version__} runs code from an untrusted Parquet file "
+                          "(CVE-2023-47248); gpufeed reads Parquet with pyarrow 14.0.1 or later: "
+                          "pip install 'gpufeed[parquet]'")
     return pyarrow
 
 
