@@ -17,6 +17,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -26,6 +27,7 @@ from typing import Any
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 SESSION_PREFIX = ".session-"
+_TOKEN = re.compile(r"[0-9a-f]{16}")  # secrets.token_hex(8)
 YOUNG_S = 60.0  # a default spool without a session file younger than this may be one just being made
 
 
@@ -147,8 +149,11 @@ class Session:
             self._fd = None
 
     @staticmethod
-    def alive(folder: str, token: str) -> bool:
-        """Whether the process that took session ``token`` in ``folder`` still lives (its lock is held)."""
+    def alive(folder: str, token: object) -> bool:
+        """Whether the process that took session ``token`` in ``folder`` still lives (its lock is held); False
+        for anything that is not a token (a record's field is checked, never trusted)."""
+        if not isinstance(token, str) or _TOKEN.fullmatch(token) is None:
+            return False
         try:
             fd = os.open(os.path.join(folder, SESSION_PREFIX + token), os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:

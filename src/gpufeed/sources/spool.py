@@ -174,7 +174,7 @@ class Spool:
         if not isinstance(meta, dict) or not stat.S_ISREG(info.st_mode) or meta.get("size") != info.st_size:
             return False
         session = meta.get("session")
-        if session in self._live or (isinstance(session, str) and Session.alive(self.root, session)):
+        if isinstance(session, str) and (session in self._live or Session.alive(self.root, session)):
             self._live.add(session)
             return True
         if make is not None:  # something a source made: made again rather than checked
