@@ -196,6 +196,28 @@ def test_a_default_spool_left_by_a_killed_process_is_removed_at_the_next_start(t
     assert not os.path.exists(root) and os.path.dirname(fresh.spool.root) == base
 
 
+def test_bad_labels_in_a_remote_shard_fail_alone_naming_url_and_member(tmp_path, src):
+    from .test_security import TAR_LABELS, _tar_with_labels
+
+    root = tmp_path / "www"
+    root.mkdir()
+    _tar_with_labels(root / "s.tar", TAR_LABELS)
+    server = HttpServer(root)
+    try:
+        source = remote_tar_source([f"{server.url}/s.tar"], samples_per_shard=8)
+        assert [source.label(k) for k in (0, 1, 4, 5, 7)] == [0, 1, 10**12, 2, 1]
+        with pytest.raises(ValueError, match=r"/s\.tar:000002\.cls: label must be >= 0, got -3"):
+            source.label(2)  # not a missing .cls: the one there holds no label
+        with pytest.raises(ValueError, match=r"/s\.tar:000006\.cls: label 9{30} does not fit in int64"):
+            source.label(6)
+        with ImageLoader(source, num_classes=3, on_error="skip", num_workers=2, drop_last=False, **KW) as loader:
+            labels = [y for _, ys in loader for y in ys.tolist()]
+            skipped = sorted(p.rsplit(":", 1)[-1] for p, _ in loader.stats["skipped"])
+        assert skipped == [f"{k:06d}.jpg" for k in (2, 3, 4, 6)] and len(labels) == 8 and set(labels) <= {0, 1, 2}
+    finally:
+        server.stop()
+
+
 # ---- secrets -------------------------------------------------------------------------------------
 
 
