@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -191,6 +192,10 @@ def test_a_state_saved_over_another_dataset_is_refused(two_datasets):
     with ImageLoader(a, **dict(KW, train=True)) as same:
         same.load_state_dict(state)
         assert len([i for _ in same for i in same.batch_indices]) == 8
+    moved = shutil.copytree(a, a.parent / "copied" / "elsewhere")  # as to a node's local disk
+    with ImageLoader(moved, **dict(KW, train=True)) as copy:
+        copy.load_state_dict(state)
+        assert len([i for _ in copy for i in copy.batch_indices]) == 8
 
 
 @pytest.mark.parametrize("change, message", [

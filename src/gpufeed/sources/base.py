@@ -85,13 +85,25 @@ def digest(*parts: "bytes | str | np.ndarray | Sequence[str]") -> str:
     return h.hexdigest()[:32]
 
 
+def relative(paths: Sequence[str]) -> "Sequence[str]":
+    """``paths`` less the folder they all share (local paths; URLs come back as they are): the same dataset
+    copied to another place (a node's local disk) gives the same names."""
+    if not paths or "://" in paths[0]:
+        return paths
+    lo, hi = min(paths), max(paths)  # the prefix all share is the prefix of these two
+    cut = lo.rfind(os.sep, 0, len(os.path.commonprefix([lo, hi]))) + 1
+    return [p[cut:] for p in paths] if cut else paths
+
+
 def fingerprint(source: "Source") -> dict[str, Any]:
-    """What identifies ``source`` in a saved state: its sample count and a digest of its paths or URLs and,
-    where they are known without reading the data, its labels (``source.digest()`` when it has one, else the
-    digest of every ``path(i)``)."""
+    """What identifies ``source`` in a saved state: its sample count and a digest of its paths (``relative``
+    to the folder they share) or URLs and, where they are known without reading the data, its labels
+    (``source.digest()`` when it has one, else the digest of every ``path(i)``)."""
     own = getattr(source, "digest", None)
-    value = own() if callable(own) else digest(type(source).__name__, [source.path(i) for i in range(len(source))])
-    return {"samples": len(source), "digest": value}
+    if callable(own):
+        return {"samples": len(source), "digest": own()}
+    names = relative([source.path(i) for i in range(len(source))])
+    return {"samples": len(source), "digest": digest(type(source).__name__, names)}
 
 
 @runtime_checkable
@@ -148,8 +160,8 @@ class FileSource:
         return read_file(self.paths[index], max_bytes)
 
     def digest(self) -> str:
-        """The paths and labels, hashed (``fingerprint``): about 0.2 s for a million files."""
-        return digest("files", self.paths, np.asarray(self.labels, np.int64))
+        """The paths (``relative``) and labels, hashed (``fingerprint``): about 0.2 s for a million files."""
+        return digest("files", relative(self.paths), np.asarray(self.labels, np.int64))
 
 
 class Groups:

@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .base import LABEL_MAX, Groups, TooLarge, digest
+from .base import LABEL_MAX, Groups, TooLarge, digest, relative
 from .fetch import FetchLimits
 from .retry import RetryPolicy, with_retries
 from .spool import Make, Readahead, Spool
@@ -291,9 +291,9 @@ class ParquetSource:
                          f"column {self.label_column!r}")
 
     def digest(self) -> str:
-        """The files (as signed for no one: ``urls.unsigned``), their row groups' sizes and the columns,
-        hashed (``base.fingerprint``)."""
-        return digest("parquet", [unsigned(f) for f in self.files], self._file, self._groups.sizes,
+        """The files (local ones ``base.relative``, URLs as signed for no one: ``urls.unsigned``), their row
+        groups' sizes and the columns, hashed (``base.fingerprint``)."""
+        return digest("parquet", relative([unsigned(f) for f in self.files]), self._file, self._groups.sizes,
                       self.image_column, self.label_column)
 
     def readahead(self, order: Sequence[int]) -> Readahead:

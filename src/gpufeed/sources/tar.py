@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import IMG_EXTENSIONS, TooLarge, check_label, digest
+from .base import IMG_EXTENSIONS, TooLarge, check_label, digest, relative
 
 CLS_BYTES = 64  # a .cls member holds a number: a longer one is not read
 
@@ -61,8 +61,8 @@ class TarSource:
         return data
 
     def digest(self) -> str:
-        """The shards, member names and labels, hashed (``base.fingerprint``)."""
-        return digest("tar", self.shards, self._names, self._shard, self._labels)
+        """The shards (``base.relative``), member names and labels, hashed (``base.fingerprint``)."""
+        return digest("tar", relative(self.shards), self._names, self._shard, self._labels)
 
     def __del__(self) -> None:
         for fd in self._fds.values():
