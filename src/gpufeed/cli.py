@@ -19,20 +19,21 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 def _start_ranks(cuda: bool) -> tuple[int, int, str | None]:
     """Under torchrun: join the process group (NCCL on CUDA, gloo otherwise), one GPU per local rank.
     (rank, local ranks on this node, this rank's device or None)."""
-    import os
-
     import torch
     import torch.distributed as dist
 
-    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or dist.is_initialized():
+    from .sampling import launcher_env
+
+    launched = launcher_env()
+    if launched is None or launched[1] < 2 or dist.is_initialized():
         return 0, 1, None
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local = launched[2]
     if cuda:
         torch.cuda.set_device(local)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     else:
         dist.init_process_group("gloo")
-    return dist.get_rank(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")), f"cuda:{local}" if cuda else "cpu"
+    return dist.get_rank(), launched[3], f"cuda:{local}" if cuda else "cpu"
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

@@ -25,38 +25,23 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from . import placement
-from .augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from .augment.params import AugmentSpec, default_resize_size
 from .augment.mix import BatchMix, read_batch_transform
-from .augment.ops import SampleOps
-from .augment.recipe import read_transform
-from .decode.base import DEFAULT_MAX_PIXELS, SkipLog
-from .options import DEFAULT_BATCH_TIMEOUT, DEFAULT_MAX_BYTES, DEFAULT_SAMPLE_TIMEOUT, DecodeOptions, ErrorPolicy
-from .sampling import STATE_VERSION, ShardedSampler, check_loader_state, resolve_rank
-from .schedule import Scheduler
-from .stage import PerSample, create_stage
-from .sources import Source, create_source
+from .decode.base import DEFAULT_MAX_PIXELS
+from .options import (DEFAULT_BATCH_TIMEOUT, DEFAULT_MAX_BYTES, DEFAULT_SAMPLE_TIMEOUT, DecodeOptions, ErrorPolicy,
+                      OrderOptions)
+from .pipeline import create_pipeline, read_settings
+from .sampling import STATE_VERSION, check_loader_state
+from .sources import Source
 from .sources.base import fingerprint
-from .sources.urls import is_url
-from .transfer import Prefetcher
-from .workers import PipelineSpec, WorkerPool
-from .workers.pool import check_source_importable
 from .workers.records import OutputSize
 
 __all__ = ["ImageLoader", "resolve_device"]
 
 _log = logging.getLogger("gpufeed")
-# the consumer's own wait for a batch on CUDA outlasts the pool's batch_timeout: the pool's error, naming the
-# workers and samples, comes first
-_PREFETCH_GRACE_S = 30.0
-
-
 def resolve_device(device: str | torch.device) -> torch.device:
     """"auto" -> the current CUDA device if there is one, else CPU; validates anything else."""
     if isinstance(device, str) and device == "auto":
@@ -75,10 +60,6 @@ def resolve_device(device: str | torch.device) -> torch.device:
         elif dev.index >= torch.cuda.device_count():
             raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
     return dev
-
-
-def _local_world_size(world_size: int) -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size if world_size > 1 else 1))
 
 
 class ImageLoader:
@@ -175,98 +156,32 @@ class ImageLoader:
         batch_transform: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
         transform: Any = None,
     ) -> None:
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         _check_batch_transform(batch_transform)
+        settings = read_settings(transform, train=train, image_size=image_size, resize_size=resize_size, mean=mean,
+                                 std=std, dtype=dtype, channels_last=channels_last)
+        self.augment, self.normalize, self.sample_ops = settings.augment, settings.normalize, settings.sample_ops
+        # validation sees its whole set unless told otherwise; training keeps every batch full
+        self.order = OrderOptions(batch_size=batch_size, drop_last=self.augment.train if drop_last is None else drop_last,
+                                  seed=seed, rank=rank, world_size=world_size)
         self.decoding = DecodeOptions(decode=decode, cpu_share=cpu_share, num_workers=num_workers,
                                       prefetch_depth=prefetch_depth, exif_orientation=exif_orientation,
                                       max_gpu_memory=max_gpu_memory)
         self.errors = ErrorPolicy(on_error=on_error, max_pixels=max_pixels, sample_timeout=sample_timeout,
                                   max_bytes=max_bytes, batch_timeout=batch_timeout, num_classes=num_classes)
         self.device = resolve_device(device)
-        recipe = None
-        if transform is not None:  # the user's torchvision pipeline in place of train/sizes/mean/std
-            recipe = read_transform(transform)
-            own = {"train": recipe.train, "image_size": recipe.image_size, "mean": recipe.mean, "std": recipe.std}
-            given = {"train": train, "image_size": image_size, "mean": mean, "std": std}
-            clash = [f"{k}={v!r} (the transform's: {own[k]!r})" for k, v in given.items()
-                     if v is not None and (tuple(v) if k in ("mean", "std") else v) != own[k]]
-            if resize_size is not None:
-                clash.append(f"resize_size={resize_size!r} (the transform's Resize sets it)")
-            if clash:
-                raise ValueError(f"transform= sets these itself; leave out {', '.join(clash)}")
-            if recipe.dtype is not None and dtype is not None and recipe.dtype != dtype:
-                raise ValueError(f"dtype={dtype} but the transform casts to {recipe.dtype}; give one of them")
-            mean, std, dtype = recipe.mean, recipe.std, recipe.dtype or dtype
-            self.augment = AugmentSpec(**recipe.augment_kwargs())
-        else:
-            train = True if train is None else train
-            image_size = 224 if image_size is None else image_size
-            mean = IMAGENET_MEAN if mean is None else mean
-            std = IMAGENET_STD if std is None else std
-            self.augment = AugmentSpec(train=train, image_size=image_size,
-                                       resize_size=resize_size or default_resize_size(image_size))
-        dtype = torch.float32 if dtype is None else dtype
-        self.normalize = Normalize(mean=tuple(mean), std=tuple(std), dtype=dtype, channels_last=channels_last)
-        train, image_size = self.augment.train, self.augment.image_size  # as the transform gave them, if any
-        # validation sees its whole set unless told otherwise; training keeps every batch full
-        drop_last = train if drop_last is None else drop_last
-        self.max_image_size = image_size  # what the ring and GPU batches hold (``set_image_size``)
-        # the recipe's per-sample ops on each delivered batch (pixel ops such as ColorJitter, RandomErasing)
-        self.sample_ops = SampleOps(pixel=recipe.pixel if recipe else (), erasing=recipe and recipe.erasing,
-                                    mean=mean, std=std)
-        _check_storage_options(source, storage_options)
-        self.source = create_source(source, storage_options=storage_options)
-        check_source_importable(self.source)
-        rank, world_size = resolve_rank(rank, world_size)
-        groups = getattr(self.source, "groups", None)  # read whole group by group: a grouped order (sampling.py)
-        self.sampler = ShardedSampler(len(self.source), shuffle=train, seed=seed, rank=rank, world_size=world_size,
-                                      drop_last=drop_last, groups=groups, window=getattr(self.source, "window", 4),
-                                      units=getattr(self.source, "units", None), batch_size=batch_size)
-        self.batch_size, self.drop_last = batch_size, drop_last
-        local_ranks = _local_world_size(world_size)
-        self.num_workers = num_workers or placement.default_num_workers(local_ranks)
-        gpu_decoders, self.decode_reason = placement.create_gpu_decoders(
-            decode, self.device, recipe=placement.cpu_crops(self.augment), batch_size=batch_size)
-        gpu_path = gpu_decoders is not None
-        _warn_unused(self.device, gpu_path, self.decode_reason, cpu_share=cpu_share, max_gpu_memory=max_gpu_memory)
-        # in ``dtype`` also where the GPU stage writes uint8 for pixel ops: their output batches are in flight instead
-        self.gpu_memory = placement.gpu_memory(
-            batch_size=batch_size, image_size=image_size, itemsize=torch.empty((), dtype=dtype).element_size(),
-            prefetch_depth=prefetch_depth, gpu_decode=gpu_path, max_gpu_memory=max_gpu_memory)
-        self.spec = PipelineSpec(source=self.source, augment=self.augment, max_pixels=max_pixels,
-                                 gpu_bytes_capacity=placement.GPU_BYTES_CAPACITY if gpu_path else 0,
-                                 gpu_buffer_bytes=self.gpu_memory.buffer_bytes, on_error=on_error,
-                                 exif_orientation=exif_orientation, max_bytes=max_bytes, num_classes=num_classes,
-                                 # pixel ops start from uint8 (SampleOps.from_pixels): no normalising and back
-                                 normalize=self.normalize.for_workers() if (
-                                     self.device.type == "cpu" and not self.sample_ops.pixel
-                                     and self.num_workers >= placement.WORKERS_NORMALISE_FROM) else None)
-        self.worker_cpus = placement.worker_cpus(gpu_path, local_ranks)
-        self._skips = SkipLog()
-        self.batch_indices: list[int] = []  # the source indices of the batch last yielded
-        self._share = placement.ShareControl(cpu_share if gpu_path else 1.0,
-                                             training_cores_kept=self.worker_cpus is not None)
-        self._per_sample = PerSample(self.sample_ops, self.normalize)
-        self.batch_transform = batch_transform  # read now (the property below)
-        self._stage = create_stage(gpu_decoders, self._per_sample, device=self.device, image_size=image_size,
-                                   normalize=self.normalize, max_pixels=max_pixels, memory=self.gpu_memory,
-                                   batch_size=batch_size, skips=self._skips if on_error == "skip" else None)
+        pipeline = create_pipeline(source, settings=settings, decoding=self.decoding, errors=self.errors,
+                                   order=self.order, device=self.device, storage_options=storage_options)
+        self.source, self.sampler, self.spec = pipeline.source, pipeline.sampler, pipeline.spec
+        self.batch_size, self.drop_last = self.order.batch_size, self.order.drop_last
+        self.max_image_size = self.augment.image_size  # what the ring and GPU batches hold (``set_image_size``)
+        self.num_workers, self.decode_reason = pipeline.num_workers, pipeline.decode_reason
+        self.gpu_memory, self.worker_cpus = pipeline.gpu_memory, pipeline.worker_cpus
+        self._skips, self._share, self._per_sample = pipeline.skips, pipeline.share, pipeline.per_sample
+        self._stage, self._scheduler, self._prefetcher = pipeline.stage, pipeline.scheduler, pipeline.prefetcher
         self._gpu_stage = getattr(self._stage, "decode", None)  # the GPU path's decode, for stats and tests
         self.decode_backend = self._stage.name
-        # one slot more on the GPU path: the GPU stage holds a batch until the next one is started
-        num_slots = max(4, prefetch_depth + 2) + gpu_path
-        # the pool factory refers to settings, not to the loader: nothing the loader owns may refer back to it,
-        # so a dropped loader (and its workers and shared memory) goes at once, without a garbage collection
-        start_pool = functools.partial(_start_pool, self.spec, num_workers=self.num_workers, num_slots=num_slots,
-                                       batch_size=batch_size, sample_timeout=sample_timeout, cpus=self.worker_cpus,
-                                       page_lock=self.device.type == "cuda", batch_timeout=batch_timeout)
-        self._scheduler = Scheduler(start_pool=start_pool, num_slots=num_slots, batch_size=batch_size,
-                                    drop_last=drop_last, share=self._share, skips=self._skips, path=self.source.path,
-                                    cuda=self.device.type == "cuda", readahead=getattr(self.source, "readahead", None))
-        self._prefetcher = Prefetcher(device=self.device, depth=prefetch_depth, transform=self._stage,
-                                      on_issued=self._stage.issued, on_take=self._share.taken,
-                                      timeout=batch_timeout and batch_timeout + _PREFETCH_GRACE_S)
+        self.batch_indices: list[int] = []  # the source indices of the batch last yielded
+        self.batch_transform = batch_transform  # read now (the property below)
 
     # -- public API ---------------------------------------------------------
     @property
@@ -403,39 +318,6 @@ class ImageLoader:
         return pool.pids if pool is not None else []
 
 
-def _check_storage_options(source: Any, storage_options: dict[str, Any] | None) -> None:
-    """``storage_options`` go to the URLs the loader opens itself; anywhere else they would be dropped."""
-    if storage_options is None:
-        return
-    if isinstance(source, Source):
-        raise ValueError(f"storage_options= applies to URLs ImageLoader opens itself, but the source is a "
-                         f"{type(source).__name__} made beforehand: give storage_options to the function that made "
-                         "it (remote_tar_source(..., storage_options=...), parquet_source(..., storage_options=...))")
-    names = list(source) if isinstance(source, (list, tuple)) else [source]
-    local = [str(n) for n in names if not (isinstance(n, str) and is_url(n) and not (n.startswith("file://") and "{" not in n))]
-    if local:
-        raise ValueError(f"storage_options= applies to URLs (s3://, gs://, az://, https://), but {local[0]!r} is a "
-                         "local path, read without fsspec")
-
-
-def _warn_unused(device: torch.device, gpu_path: bool, reason: str, *, cpu_share: Any,
-                 max_gpu_memory: int | None) -> None:
-    """One line for each option that cannot apply to this loader, said when it is made."""
-    if not gpu_path and cpu_share != "auto":
-        warnings.warn(f"gpufeed: cpu_share={cpu_share!r} has no effect: every sample is decoded by the CPU workers "
-                      f"({reason})", stacklevel=3)
-    if device.type != "cuda" and max_gpu_memory is not None:
-        warnings.warn(f"gpufeed: max_gpu_memory={max_gpu_memory!r} has no effect on device {str(device)!r}",
-                      stacklevel=3)
-
-
 def _check_batch_transform(transform: Any) -> None:
     if transform is not None and not callable(transform):
         raise TypeError(f"batch_transform must be callable as f(images, labels), got {transform!r}")
-
-
-def _start_pool(spec: PipelineSpec, *, page_lock: bool, **kw: Any) -> WorkerPool:
-    pool = WorkerPool(spec, **kw)
-    if page_lock:
-        pool.pin_images()
-    return pool

@@ -1,18 +1,22 @@
-"""ImageLoader's settings in groups, each frozen and validated when made (errors name the bad value).
+"""ImageLoader's settings in groups, each frozen and validated when made, and nowhere else (errors name the
+bad value).
 
 ``AugmentSpec`` (augment/params.py) says how samples become squares; ``Normalize`` (augment/normalize.py)
-what the delivered tensors look like; the groups here say how samples are decoded and what happens to
-bad input.
+what the delivered tensors look like; the groups here say in what order and batches samples come
+(``OrderOptions``), how they are decoded (``DecodeOptions``) and what happens to bad input and slow waits
+(``ErrorPolicy``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from .decode.base import DEFAULT_MAX_PIXELS
 from .placement import DECODE_CHOICES, ShareControl
 
-ON_ERROR = ("raise", "skip")
+OnError = Literal["raise", "skip"]
+ON_ERROR: tuple[OnError, ...] = ("raise", "skip")
 # Deadlines and caps that hold by default, so no wait of the loader's is without an end (docs/security.md).
 # Five minutes: hundreds of times a real sample's read and decode (a shard fetched whole included), and
 # under torch.distributed's default 10-minute collective timeout, so the rank that is stuck names the file
@@ -24,6 +28,25 @@ DEFAULT_MAX_BYTES = 256 << 20  # far above any real image file; a 3 GB ".jpg" is
 # the rank's epoch failed, or this many batches in a row had no sample that loaded.
 OUTAGE_FRACTION = 0.5
 OUTAGE_BATCHES = 10
+
+
+@dataclass(frozen=True)
+class OrderOptions:
+    """The batches and their order: ``batch_size`` samples a batch on each rank; ``drop_last`` drops the
+    ragged tail, across ranks and in the last batch; ``seed`` with the epoch gives the order; ``rank`` and
+    ``world_size`` (None: from torch.distributed or torchrun's environment) the shard."""
+
+    batch_size: int = 256
+    drop_last: bool = True
+    seed: int = 0
+    rank: int | None = None
+    world_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _integer(self.batch_size) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if not _integer(self.seed):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
 
 
 @dataclass(frozen=True)
@@ -69,7 +92,7 @@ class ErrorPolicy:
     loader raises, naming the workers and the samples in flight (None: no limit, for either).
     """
 
-    on_error: str = "raise"
+    on_error: OnError = "raise"
     max_pixels: int = DEFAULT_MAX_PIXELS
     sample_timeout: float | None = DEFAULT_SAMPLE_TIMEOUT
     max_bytes: int = DEFAULT_MAX_BYTES
@@ -89,6 +112,11 @@ class ErrorPolicy:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
                 raise ValueError(f"{name} must be > 0 seconds or None, got {value!r}")
+
+    @property
+    def skips(self) -> bool:
+        """Whether a bad sample is skipped (recorded, and another of its batch stands in) rather than raised."""
+        return self.on_error == "skip"
 
 
 def is_outage(failed: int, of: int, failed_batches: int) -> bool:

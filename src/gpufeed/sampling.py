@@ -67,7 +67,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-__all__ = ["STATE_VERSION", "ShardedSampler", "check_loader_state", "resolve_rank"]
+__all__ = ["STATE_VERSION", "ShardedSampler", "check_loader_state", "launcher_env", "local_world_size", "resolve_rank"]
 
 _log = logging.getLogger("gpufeed")
 
@@ -122,18 +122,34 @@ def check_loader_state(state: object, fingerprint: Mapping[str, Any]) -> int:
     return version
 
 
+def launcher_env() -> tuple[int, int, int, int] | None:
+    """(rank, world size, local rank, ranks on this node) from torchrun's environment (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``); None outside a launcher. The one place it is read."""
+    env = os.environ
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    world = int(env["WORLD_SIZE"])
+    return int(env["RANK"]), world, int(env.get("LOCAL_RANK", "0")), int(env.get("LOCAL_WORLD_SIZE", world))
+
+
+def local_world_size(world_size: int) -> int:
+    """The ranks on this node (they share its cores): the launcher's ``LOCAL_WORLD_SIZE``, else all of them."""
+    launched = launcher_env()
+    return launched[3] if launched is not None else max(1, world_size)
+
+
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Fill ``rank``/``world_size`` from ``torch.distributed`` when initialised, else from torchrun's
-    ``RANK``/``WORLD_SIZE`` environment (a loader made before ``init_process_group`` still gets its shard),
-    else (0, 1)."""
+    environment (``launcher_env``: a loader made before ``init_process_group`` still gets its shard), else
+    (0, 1)."""
     dist = torch.distributed
     initialised = dist.is_available() and dist.is_initialized()
     # torchrun's environment only when neither is given: one given alone means a sharding of the caller's own
-    env = rank is None and world_size is None and "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    launched = launcher_env() if rank is None and world_size is None else None
     if world_size is None:
-        world_size = dist.get_world_size() if initialised else int(os.environ["WORLD_SIZE"]) if env else 1
+        world_size = dist.get_world_size() if initialised else launched[1] if launched else 1
     if rank is None:
-        rank = dist.get_rank() if initialised else int(os.environ["RANK"]) if env else 0
+        rank = dist.get_rank() if initialised else launched[0] if launched else 0
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:

@@ -48,6 +48,7 @@ from .decode.base import SkipLog, stand_ins
 from .options import OUTAGE_BATCHES, OUTAGE_FRACTION, is_outage
 from .placement import ShareControl
 from .records import HostBatch, Meta
+from .ring import SlotView
 from .sampling import ShardedSampler
 from .workers import WorkerPool
 from .workers.records import RETRY, Failure, OutputSize, WorkerError

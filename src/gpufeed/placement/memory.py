@@ -45,3 +45,10 @@ def gpu_memory(*, batch_size: int, image_size: int, itemsize: int, prefetch_dept
                              f"{batches * batch} bytes and each decode buffer needs at least {least}; allow at "
                              f"least {batches * batch + 2 * least} or lower batch_size or prefetch_depth")
     return GpuMemory(buffer, batch, batches)
+
+
+def ring_slots(prefetch_depth: int, gpu_decode: bool) -> int:
+    """Batch slots in the shared-memory ring: the batches in flight on the device (``prefetch_depth``), one
+    being made by the workers and one handed over (at least four, so the workers never wait for a slot), and
+    one more with GPU decode, whose stage holds a batch until the next one is started."""
+    return max(4, prefetch_depth + 2) + gpu_decode

@@ -57,6 +57,11 @@ class PipelineSpec:
         except (TypeError, ValueError):  # a read no signature can be found for
             return False
 
+    @property
+    def raises(self) -> bool:
+        """Whether the first bad sample stops the batch (``on_error="raise"``; "skip" goes on)."""
+        return self.on_error == "raise"
+
 
 def _read(spec: PipelineSpec, index: int) -> tuple[str, bytes]:
     path = spec.source.path(index)
@@ -201,7 +206,7 @@ class ChunkServer:
             try:
                 return fn(*args)
             except Exception as e:
-                tb = traceback.format_exc() if spec.on_error == "raise" else ""
+                tb = traceback.format_exc() if spec.raises else ""
                 failures.append(Failure(k, spec.source.path(index), f"{type(e).__name__}: {e}", tb))
                 return None
 
@@ -209,7 +214,7 @@ class ChunkServer:
             label = attempt(k, index, fn, *args)                     # False once the chunk should stop
             if label is not None:
                 ring.labels[slot, k] = label
-            return not (failures and spec.on_error == "raise")
+            return not (failures and spec.raises)
 
         self._load(spec, ring, task, attempt, settle)
         return failures
@@ -233,7 +238,7 @@ class ChunkServer:
         forced = 0
         for k, index in enumerate(task.indices, task.start):
             sample = attempt(k, index, inspect_sample, spec, decoder, seed, epoch, index)
-            go_on = not (sample is None and spec.on_error == "raise")
+            go_on = not (sample is None and spec.raises)
             if sample is not None and sample.gpu_ok:
                 gpu_ok[k] = sample
             elif sample is not None:

@@ -234,7 +234,7 @@ class WorkerPool:
         self.last_wait = max(0.0, entry.finished - asked)
         del self._pending[batch_id]
         failures = sorted(entry.failures)
-        if failures and self._spec.on_error == "raise":
+        if failures and self._spec.raises:
             f = failures[0]
             raise WorkerError(f"failed to load {f.path!r}: {f.reason}"
                               + (f"\n\nworker traceback:\n{f.traceback}" if f.traceback else ""))
@@ -309,7 +309,7 @@ class WorkerPool:
                 why = (f"exited unexpectedly with code {w.exitcode()} (a negative code is the signal that killed "
                        "it, e.g. -9 for the out-of-memory killer)")
             where = f" while loading {path!r}" if path else ""
-            if self._spec.on_error == "raise" or entry is None:
+            if self._spec.raises or entry is None:
                 self.close()
                 raise WorkerError(f"gpufeed worker {i} (pid {w.pid}) {why}{where}")
             # skip: that sample fails, every other position of its chunk is loaded again (the chunk's report,
