@@ -14,6 +14,7 @@ byte, unless its format has no file extension the loader reads (then it is re-en
 from __future__ import annotations
 
 import io
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -26,6 +27,7 @@ from ..decode.exif import read_orientation
 RESAMPLE = "lanczos"  # Pillow's Image.LANCZOS: a windowed sinc scaled to the reduction, antialiased
 REDUCING_GAP = 3.0  # Pillow's docs: from 3.0 on, indistinguishable from resampling the full image
 _ORIENTATION_TAG = 0x0112
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 class Prepared(NamedTuple):
@@ -45,6 +47,11 @@ class Broken(NamedTuple):
     position: int
     path: str
     reason: str
+
+
+def _stable(reason: str) -> str:
+    """A reason without the object addresses Pillow's messages hold, so the manifest is the same each run."""
+    return _ADDRESS.sub("", reason)
 
 
 def file_extension(data: bytes) -> str | None:
@@ -97,12 +104,12 @@ class Preparer:
             data = source.read(index)
             label = source.label(index)
         except (OSError, ValueError) as e:  # the sources' errors for an unreadable file or a missing label
-            return Broken(position, source.path(index), str(e))
+            return Broken(position, source.path(index), _stable(str(e)))
         path = source.path(index)  # after the read: a remote shard's member names are known then
         try:
             data, ext, resized = self.convert(data, path)
         except DecodeError as e:
-            return Broken(position, path, e.reason)
+            return Broken(position, path, _stable(e.reason))
         return Prepared(position, data, ext, label, path, resized)
 
     def convert(self, data: bytes, path: str) -> tuple[bytes, str, bool]:

@@ -30,10 +30,11 @@ def create_engine(options: ShardOptions, source, preparer: Preparer):
 
 def write_shards(source: "str | os.PathLike | list[str] | Source", dest: str | os.PathLike, options: ShardOptions = ShardOptions(),
                  *, storage_options: dict[str, Any] | None = None,
-                 progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Write ``source`` (anything ``create_source`` reads: a folder, a file list, tar shards, Parquet, URLs
     of these) as shards into ``dest`` (a folder or folder URL) with ``options``; returns the manifest
-    (``shards.manifest``), also written as ``dest/manifest.json``. ``progress(n)``: n more inputs done.
+    (``shards.manifest``), also written as ``dest/manifest.json``. ``progress(done, total)``: inputs done
+    of all, as they are (shards already there count as done).
 
     ``dest`` must be empty, or hold this same conversion (same inputs, options and library versions),
     unfinished (its missing shards are made; finished ones are kept) or finished (nothing is done).
@@ -58,8 +59,7 @@ def write_shards(source: "str | os.PathLike | list[str] | Source", dest: str | o
         classes = tuple(getattr(src, "classes", ()) or ())
         job = ShardJob(plan, destination, classes, source if isinstance(source, str) else None, options.on_error)
         records = dict(state.done)
-        tell = progress or (lambda n: None)
-        tell(sum(r.inputs for r in records.values()))
+        tell = _Progress(progress, len(plan.order), sum(r.inputs for r in records.values()))
         todo = [k for k in range(len(plan.names)) if k not in records]
         for record in engine.write(job, todo, tell):
             records[record.index] = record
@@ -69,6 +69,19 @@ def write_shards(source: "str | os.PathLike | list[str] | Source", dest: str | o
         return manifest
     finally:
         engine.close()
+
+
+class _Progress:
+    """The engines' "n more inputs done" as the caller's ``progress(done, total)``."""
+
+    def __init__(self, progress: Callable[[int, int], None] | None, total: int, done: int) -> None:
+        self.progress, self.total, self.done = progress, total, done
+        self(0)
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done, self.total)
 
 
 def describe(source: "str | os.PathLike | Source") -> str:

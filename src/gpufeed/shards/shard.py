@@ -2,7 +2,7 @@
 prepared them (the local engine's processes, or one Ray actor).
 
     prepared samples (in the plan's order) ─► ShardWriter (a local temporary file) ─► sha256, size
-        ─► Destination.publish (rename / upload) ─► progress record PROGRESS/<name>.json
+        ─► progress record PROGRESS/<name>.json ─► Destination.publish (rename / upload)
 """
 
 from __future__ import annotations
@@ -96,13 +96,14 @@ def write_shard(job: ShardJob, k: int, samples: Iterator[Prepared | Broken]) -> 
         os.unlink(temp)
         raise
     size, digest = _size_and_digest(temp) if count else (0, "")
+    record = ShardRecord(k, name, size, digest, count, len(plan.positions(k)), resized,
+                         dict(sorted(labels.items(), key=lambda kv: int(kv[0]))), list(writer.row_groups), broken)
+    # the record first: a shard that is there always has one, so a resumed conversion never writes it again
+    job.dest.write_json(job.record_name(k), record.to_json(plan.fingerprint))
     if count:
         job.dest.publish(temp, name)
     else:  # every input broken: no shard (the loader refuses empty ones)
         os.unlink(temp)
-    record = ShardRecord(k, name, size, digest, count, len(plan.positions(k)), resized,
-                         dict(sorted(labels.items(), key=lambda kv: int(kv[0]))), list(writer.row_groups), broken)
-    job.dest.write_json(job.record_name(k), record.to_json(plan.fingerprint))
     return record
 
 
