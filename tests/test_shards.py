@@ -276,8 +276,19 @@ def test_tar_shards_and_parquet_convert_again(synth_root, tmp_path):
         sorted((src.read(i), src.label(i)) for i in range(len(src)))
 
 
-def _python_env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(Path(gpufeed.__file__).resolve().parents[1]))
+def kill_part_way(argv: list[str], shards_done, at: int = 3) -> None:
+    """Run ``gpufeed argv`` in a subprocess and SIGKILL it as soon as ``shards_done()`` reaches ``at``."""
+    env = dict(os.environ, PYTHONPATH=str(Path(gpufeed.__file__).resolve().parents[1]))
+    proc = subprocess.Popen([sys.executable, "-m", "gpufeed", *argv], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if shards_done() >= at:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.002)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the conversion ended before it was killed"
 
 
 def test_a_killed_conversion_resumes_to_the_same_shards_keeping_the_finished_ones(tmp_path):
@@ -289,18 +300,7 @@ def test_a_killed_conversion_resumes_to_the_same_shards_keeping_the_finished_one
     args = [str(root), "--max-side", "40", "--shard-size", "8", "--workers", "1"]
     assert main(["shards", str(root), str(tmp_path / "whole"), *args[1:]]) == 0
     dest = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "gpufeed", "shards", str(root), str(dest), *args[1:]],
-                            env=_python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    shards: list[str] = []
-    while time.monotonic() < deadline and proc.poll() is None:
-        shards = sorted(p.name for p in dest.glob("shard-*.tar")) if dest.exists() else []
-        if len(shards) >= 3:
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.002)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the conversion ended before it was killed"
+    kill_part_way(["shards", str(root), str(dest), *args[1:]], lambda: len(list(dest.glob("shard-*.tar"))))
     finished = {p.name: p.stat().st_mtime_ns for p in dest.glob("shard-*.tar")}
     assert 3 <= len(finished) < 30 and not (dest / "manifest.json").exists()
     assert main(["shards", str(root), str(dest), *args[1:]]) == 0

@@ -92,8 +92,6 @@ class RayEngine:
         ray = _ray()
         if not ray.is_initialized():
             ray.init()
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False  # the conversion's own bar counts images
         self.workers = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.preparer = preparer
         self._source_ref = [ray.put(source)]  # in a list: Ray passes it to the actors unresolved
@@ -111,7 +109,7 @@ class RayEngine:
         step = -(-len(pairs) // self.workers)
         rows = [{"probe": json.dumps(pairs[a:a + step])} for a in range(0, len(pairs), step)]
         costs = []
-        with _original_errors():
+        with _job_settings(), _original_errors():
             for row in self._map(rows, None, format).iter_rows():  # in the rows' order (Ray Data keeps it)
                 costs.extend(json.loads(row["costs"]))
         return costs
@@ -119,7 +117,7 @@ class RayEngine:
     def write(self, job: ShardJob, shards: Sequence[int], progress: Callable[[int], None]) -> Iterator[ShardRecord]:
         if not shards:
             return
-        with _original_errors():
+        with _job_settings(), _original_errors():
             for row in self._map([{"shard": k} for k in shards], job, job.plan.options["format"]).iter_rows():
                 record = ShardRecord.from_json(json.loads(row["record"]))
                 progress(record.inputs)
@@ -127,6 +125,24 @@ class RayEngine:
 
     def close(self) -> None:
         self._source_ref = []
+
+
+class _job_settings:
+    """Ray Data's settings for the conversion's jobs, the user's own restored after: no progress bars of its
+    own (the conversion's counts images), and an actor's exception raised as itself."""
+
+    SETTINGS = {"enable_progress_bars": False, "raise_original_map_exception": True}
+
+    def __enter__(self) -> None:
+        context = _ray().data.DataContext.get_current()
+        self.saved = {k: getattr(context, k) for k in self.SETTINGS if hasattr(context, k)}
+        for k, v in self.SETTINGS.items():
+            setattr(context, k, v)
+
+    def __exit__(self, *exc) -> None:
+        context = _ray().data.DataContext.get_current()
+        for k, v in self.saved.items():
+            setattr(context, k, v)
 
 
 class _original_errors:
