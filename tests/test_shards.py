@@ -309,3 +309,11 @@ def test_a_killed_conversion_resumes_to_the_same_shards_keeping_the_finished_one
     for name in whole:
         assert (dest / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
     assert {n: (dest / n).stat().st_mtime_ns for n in finished} == finished  # kept, not written again
+
+
+def test_importing_gpufeed_and_the_local_engine_imports_neither_ray_nor_torch():
+    code = ("import sys, gpufeed, gpufeed.cli, gpufeed.shards, gpufeed.shards.local; "
+            "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))")
+    env = dict(os.environ, PYTHONPATH=str(Path(gpufeed.__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
