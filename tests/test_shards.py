@@ -230,6 +230,9 @@ def test_a_destination_of_other_files_or_another_conversion_is_refused(synth_roo
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     assert main(["shards", str(synth_root), str(tmp_path / "busy"), "--workers", "1"]) == 2
     assert "is not empty (it holds 'notes.txt')" in capsys.readouterr().err
+    (tmp_path / "folders" / "cat").mkdir(parents=True)  # an ImageFolder's class, say
+    assert main(["shards", str(synth_root), str(tmp_path / "folders"), "--workers", "1"]) == 2
+    assert "is not empty (it holds 'cat/')" in capsys.readouterr().err
     assert main(["shards", str(synth_root), str(tmp_path / "out"), "--workers", "1"]) == 0
     assert main(["shards", str(synth_root), str(tmp_path / "out"), "--workers", "2"]) == 0  # the same: done
     assert main(["shards", str(synth_root), str(tmp_path / "out"), "--workers", "1", "--max-side", "30"]) == 2

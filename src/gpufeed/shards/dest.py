@@ -51,7 +51,8 @@ class Destination:
             os.makedirs(os.path.join(self.root, PROGRESS), exist_ok=True)
 
     def listing(self) -> dict[str, int]:
-        """{name: bytes} of the files in the folder, the progress folder's as ``PROGRESS/name``."""
+        """{name: bytes} of the files in the folder, the progress folder's as ``PROGRESS/name``, any other
+        folder in it as ``name/``."""
         if self.remote:
             fs = self._fs()
             if not fs.exists(self.root):
@@ -63,8 +64,12 @@ class Destination:
         for sub in ("", PROGRESS):
             folder = os.path.join(self.root, sub)
             if os.path.isdir(folder):
-                found.update({os.path.join(sub, e.name) if sub else e.name: e.stat().st_size
-                              for e in os.scandir(folder) if e.is_file(follow_symlinks=False)})
+                for e in os.scandir(folder):
+                    name = os.path.join(sub, e.name) if sub else e.name
+                    if e.is_file(follow_symlinks=False):
+                        found[name] = e.stat().st_size
+                    elif name != PROGRESS:  # a folder (an ImageFolder's class, say) is something else's
+                        found[name + "/"] = 0
         return found
 
     def temp_path(self, name: str) -> str:

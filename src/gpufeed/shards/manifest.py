@@ -84,7 +84,10 @@ def _done(dest: Destination, plan: Plan, listing: dict[str, int]) -> dict[int, S
         doc = dest.read_json(f"{PROGRESS}/{name}.json")
         if not isinstance(doc, dict) or doc.get("fingerprint") != plan.fingerprint:
             continue
-        record = ShardRecord.from_json(doc)
+        try:
+            record = ShardRecord.from_json(doc)
+        except (KeyError, TypeError):  # not a record this version wrote: the shard is made again
+            continue
         if record.index == k and (record.samples == 0 or listing.get(name) == record.size):
             done[k] = record
     return done
