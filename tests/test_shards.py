@@ -266,7 +266,8 @@ def test_loader_and_bench_on_the_shards_report_their_options(synth_root, tmp_pat
                "--device", "cpu", "--json", str(tmp_path / "r.json")])
     assert rc == 0
     (row,) = json.loads((tmp_path / "r.json").read_text())["rows"]  # shards: gpufeed alone, no ImageFolder baseline
-    assert row["loader_stats"]["shards"]["max_side"] == 64 and [e["images"] for e in row["epochs"]] == [40, 40]
+    assert row["loader_stats"]["shards"]["max_side"] == 64
+    assert len(row["epochs"]) >= 2 and all(e["images"] == 40 for e in row["epochs"])
 
 
 def test_tar_shards_and_parquet_convert_again(synth_root, tmp_path):
