@@ -281,18 +281,24 @@ def test_tar_shards_and_parquet_convert_again(synth_root, tmp_path):
 
 
 def kill_part_way(argv: list[str], shards_done, at: int = 3) -> None:
-    """Run ``gpufeed argv`` in a subprocess and SIGKILL it as soon as ``shards_done()`` reaches ``at``."""
+    """Run ``gpufeed argv`` in a subprocess and SIGKILL it as soon as ``shards_done()`` reaches ``at``; its
+    worker processes (and the fork server, the resource tracker) must then exit by themselves."""
+    psutil = pytest.importorskip("psutil")
     env = dict(os.environ, PYTHONPATH=str(Path(gpufeed.__file__).resolve().parents[1]))
     proc = subprocess.Popen([sys.executable, "-m", "gpufeed", *argv], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
+    deadline, helpers = time.monotonic() + 120, []
     while time.monotonic() < deadline and proc.poll() is None:
         if shards_done() >= at:
+            helpers = psutil.Process(proc.pid).children(recursive=True)
             proc.send_signal(signal.SIGKILL)
             break
         time.sleep(0.002)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the conversion ended before it was killed"
+    assert helpers, "no worker processes seen"
+    _, alive = psutil.wait_procs(helpers, timeout=20)
+    assert not alive, f"left running after the conversion was killed: {alive}"
 
 
 def test_a_killed_conversion_resumes_to_the_same_shards_keeping_the_finished_ones(tmp_path):

@@ -7,7 +7,8 @@
 The inputs of every shard go to all the workers, so a conversion into a few large shards keeps every
 core busy. A file list goes to the workers once, in shared memory (``sources.shared``); a source read
 whole group by group (remote shards, Parquet) is fetched ahead of the workers along the order and its
-local copies deleted once passed (its ``readahead``), as the loader does.
+local copies deleted once passed (its ``readahead``), as the loader does. Workers exit as soon as this
+process is gone, however it went (the loader's workers' rule, ``workers.process``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..sources.base import FileSource
 from ..sources.shared import SharedFileSource
+from ..workers.process import _exit_with_parent as exit_with_parent
 from .plan import probe_cost
 from .prepare import Broken, Prepared, Preparer
 from .shard import ShardJob, ShardRecord, write_shard
@@ -31,9 +33,10 @@ IN_FLIGHT = 4  # tasks per worker submitted ahead: a worker never waits for this
 _worker: tuple = ()  # in each worker: (source, preparer)
 
 
-def _init(source, preparer: Preparer) -> None:
+def _init(source, preparer: Preparer, parent_alive) -> None:
     global _worker
     _worker = (source, preparer)
+    exit_with_parent(parent_alive)  # a worker left blocked on its task queue would hold the shared memory
 
 
 def _prepare(pairs: list[tuple[int, int]]) -> list[Prepared | Broken]:
@@ -52,8 +55,9 @@ class LocalEngine:
             shipped, self._block = SharedFileSource.create(source)
         methods = mp.get_all_start_methods()  # forkserver: safe whatever threads this process runs
         context = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+        self._alive, alive = context.Pipe(duplex=False)[::-1]  # the write end stays here, and only here
         self._pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init,
-                                         initargs=(shipped, preparer))
+                                         initargs=(shipped, preparer, alive))
 
     def probe(self, indices: np.ndarray, positions: np.ndarray, format: str) -> list[int]:
         return [probe_cost(s, format) for s in self._results(list(zip(indices.tolist(), positions.tolist())))]
@@ -102,6 +106,7 @@ class LocalEngine:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._alive.close()
         if self._block is not None:
             self._block.close()
             self._block.unlink()
