@@ -55,7 +55,7 @@ class LocalEngine:
             shipped, self._block = SharedFileSource.create(source)
         methods = mp.get_all_start_methods()  # forkserver: safe whatever threads this process runs
         context = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
-        self._alive, alive = context.Pipe(duplex=False)[::-1]  # the write end stays here, and only here
+        alive, self._alive = context.Pipe(duplex=False)  # workers read; the write end stays here, and only here
         self._pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init,
                                          initargs=(shipped, preparer, alive))
 
