@@ -2,9 +2,9 @@
 shard's sample count (and a Parquet file's row-group sizes), so a folder or folder URL of shards opens
 without indexing or fetching any shard, and the options the shards were written with (``loader.stats``).
 
-A shard's count is taken only while its size is the one the manifest gives (a stat, or the folder URL's
-listing); any other shard is counted as it would be without a manifest. A manifest that cannot be read or
-is not gpufeed's is ignored, with a warning.
+The counts are taken only when every shard's size is the one the manifest gives (a stat, or the folder
+URL's one listing); otherwise the shards are counted as they would be without a manifest. A manifest that
+cannot be read or is not gpufeed's is ignored; both with a warning.
 """
 
 from __future__ import annotations
