@@ -327,3 +327,14 @@ def test_importing_gpufeed_and_the_local_engine_imports_neither_ray_nor_torch():
     env = dict(os.environ, PYTHONPATH=str(Path(gpufeed.__file__).resolve().parents[1]))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_shard_changed_after_its_manifest_is_counted_from_itself(synth_root, tmp_path, caplog):
+    pq = pytest.importorskip("pyarrow.parquet")
+    write_shards(synth_root, tmp_path / "out", ShardOptions(format="parquet", shard_size=ShardSize(16), workers=1))
+    assert create_source(tmp_path / "out").groups == (16, 16, 8)
+    shard = tmp_path / "out" / "shard-000001.parquet"
+    pq.write_table(pq.read_table(shard).slice(0, 5), shard)  # 5 rows where the manifest says 16
+    with caplog.at_level("WARNING", logger="gpufeed"):
+        src = create_source(tmp_path / "out")
+    assert src.groups == (16, 5, 8) and "does not list shard-000001.parquet at its size" in caplog.text
