@@ -1,4 +1,4 @@
-"""The `gpufeed` command: synth, bench, info."""
+"""The `gpufeed` command: synth, bench, shards, info."""
 
 from __future__ import annotations
 
@@ -138,8 +138,70 @@ def _without_secrets(value: object, options: dict | None) -> object:
 
 
 def _holds_only(folder: Path, suffixes: tuple[str, ...]) -> bool:
-    entries = [e for e in folder.iterdir() if not e.name.startswith(".")]
+    from .sources.manifest import MANIFEST
+
+    entries = [e for e in folder.iterdir() if not e.name.startswith(".") and e.name != MANIFEST]
     return bool(entries) and all(e.suffix in suffixes for e in entries)
+
+
+def _cmd_shards(args: argparse.Namespace) -> int:
+    from .shards import ShardOptions, ShardSize, write_shards
+
+    shuffle = args.shuffle
+    if shuffle not in ("auto", "none"):
+        try:
+            shuffle = int(shuffle)
+        except ValueError:
+            raise ValueError(f"--shuffle must be a seed (an integer), 'none' or 'auto', got {args.shuffle!r}") from None
+    options = ShardOptions(format=args.format, max_side=args.max_side, quality=args.quality,
+                           shard_size=ShardSize.parse(args.shard_size), shuffle=None if shuffle == "none" else shuffle,
+                           workers=args.workers, on_error=args.on_error, engine=args.engine)
+    bar = _ImageBar()
+    try:
+        manifest = write_shards(args.src, args.dest, options, storage_options=_storage_options(args.storage_options),
+                                progress=bar)
+    finally:
+        bar.close()
+    broken = len(manifest["broken"])
+    print(f"{manifest['samples']} samples ({manifest['resized']} resized) in {len(manifest['shards'])} "
+          f"{manifest['format']} shards under {args.dest}; {broken} input(s) left out"
+          + (" (listed in manifest.json)" if broken else ""))
+    return 0
+
+
+class _ImageBar:
+    """Inputs done of all, as tqdm's bar with images/s and the ETA on stderr (off when not a TTY)."""
+
+    def __init__(self) -> None:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            self._bar = None
+        else:
+            self._bar = tqdm(desc="shards", unit="img", file=sys.stderr, disable=None, smoothing=0.1)
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._bar is None:
+            return
+        if self._bar.total != total:
+            self._bar.total = total
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _storage_options(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        options = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"--storage-options must be a JSON object, got {text!r} ({e})") from None
+    if not isinstance(options, dict):
+        raise ValueError(f"--storage-options must be a JSON object, got {text!r}")
+    return options
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -222,6 +284,39 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", help="write all numbers, epoch by epoch, to this JSON file")
     b.add_argument("--chart", help="write a PNG bar chart to this file")
     b.set_defaults(fn=_cmd_bench)
+
+    h = sub.add_parser("shards", help="write WebDataset tar or Parquet shards from a folder, file list, shards or URL",
+                       description="Write SRC's samples as shards in DEST, with their counts, options, checksums and "
+                                   "the inputs left out in DEST/manifest.json (ImageLoader and gpufeed bench read DEST "
+                                   "as it is). Images whose longer side is over --max-side are resized to it with "
+                                   "Pillow's Lanczos filter (aspect ratio kept) and re-encoded as JPEG at --quality; "
+                                   "the others are copied byte for byte. The same inputs and options give the same "
+                                   "bytes, with either engine; a conversion stopped part-way resumes when run again.")
+    h.add_argument("src", help="an ImageFolder tree, a 'path,label' file list, tar shards or Parquet files, or a URL "
+                               "of shards or Parquet files")
+    h.add_argument("dest", help="a folder or folder URL (s3://, gs://, az://...): empty, or holding this same "
+                                "conversion to resume")
+    h.add_argument("--format", choices=("tar", "parquet"), default="tar",
+                   help="tar: WebDataset <key>.jpg + <key>.cls; parquet: an image {bytes, path} struct and a label "
+                        "(default tar)")
+    h.add_argument("--max-side", type=int, help="resize images whose longer side is over this many pixels to it "
+                                                 "(Lanczos; default: copy every image as it is)")
+    h.add_argument("--quality", type=int, default=90, help="JPEG quality of the resized images (default 90)")
+    h.add_argument("--shard-size", default="256MB", help="inputs per shard (1000) or about this many bytes "
+                   "(256MB, 1GiB; set from a probe of 256 inputs) (default 256MB)")
+    h.add_argument("--shuffle", default="auto", help="seed of the sample order across shards, or 'none' for the "
+                   "source's order (default: seed 0 for folders, file lists and local tar shards; the source's "
+                   "order for remote shards and Parquet, which a shuffle would fetch many times over)")
+    h.add_argument("--workers", type=int, help="processes (local engine; default: the usable cores) or actors "
+                                              "(ray; default: the cluster's CPUs)")
+    h.add_argument("--on-error", choices=("skip", "raise"), default="skip",
+                   help="an input that cannot be read or decoded: skip it (listed in the manifest) or stop "
+                        "(default skip)")
+    h.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: processes on this machine; ray: a Ray Data job on the cluster ray.init() finds "
+                        "(RAY_ADDRESS) or a local one (pip install 'gpufeed[ray]') (default local)")
+    h.add_argument("--storage-options", help="JSON object passed to fsspec for SRC and DEST URLs")
+    h.set_defaults(fn=_cmd_shards)
 
     i = sub.add_parser("info", help="versions, hardware, and which decode backends work here")
     i.set_defaults(fn=_cmd_info)

@@ -304,7 +304,7 @@ class ImageLoader:
                 "gpu_memory_budget": self.gpu_memory.total if self.device.type == "cuda" else 0,
                 "auto_augment_ops": self.sample_ops.auto_augment_runner(self.device),
                 "skipped_count": self._skips.total, "skipped": list(self._skips.listed),
-                "repeated": self._skips.repeated}
+                "repeated": self._skips.repeated, "shards": getattr(self.source, "shard_options", None)}
 
     def __enter__(self) -> "ImageLoader":
         return self

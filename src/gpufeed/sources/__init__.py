@@ -10,6 +10,7 @@ from .base import IMG_EXTENSIONS, FileSource, Source
 from .fetch import FetchLimits
 from .filelist import filelist_source
 from .folder import folder_source
+from .manifest import MANIFEST, manifest_source
 from .parquet import ParquetSource, parquet_source
 from .remote_tar import RemoteTarSource, remote_tar_source
 from .retry import RetryPolicy
@@ -46,7 +47,10 @@ def create_source(source: "str | os.PathLike | Sequence[str] | Source", *,
                 return parquet_source(p)
             return tar_source(p) if p.suffix == ".tar" else filelist_source(p)
         if p.is_dir():
-            entries = [e for e in p.iterdir() if not e.name.startswith(".")]
+            shards = manifest_source(p)  # shards gpufeed wrote: counted by their manifest
+            if shards is not None:
+                return shards
+            entries = [e for e in p.iterdir() if not e.name.startswith(".") and e.name != MANIFEST]
             if entries and all(e.is_file() and e.suffix == ".tar" for e in entries):
                 return tar_source(p)
             if entries and all(e.is_file() and e.suffix == ".parquet" for e in entries):
@@ -65,6 +69,9 @@ def _url_source(url: str, storage_options: dict[str, Any] | None) -> Source:
         return parquet_source(url, storage_options=storage_options)
     if url.endswith(".tar") or "{" in url:
         return remote_tar_source(url, storage_options=storage_options)
+    shards = manifest_source(url, storage_options)  # shards gpufeed wrote: no shard fetched to count it
+    if shards is not None:
+        return shards
     names = filesystem(url, storage_options).find(url)
     if any(n.endswith(".tar") for n in names):
         return remote_tar_source(url, storage_options=storage_options)

@@ -329,9 +329,11 @@ def parquet_files(path: str | os.PathLike | Sequence[str], storage_options: dict
 def parquet_source(path: str | os.PathLike | Sequence[str], *, image_column: str = "image",
                    label_column: str = "label", storage_options: dict[str, Any] | None = None,
                    retry: RetryPolicy = RetryPolicy(), spool_dir: str | None = None, readahead: int = 8,
-                   window: int = 4, direct_get: bool = True, limits: FetchLimits = FetchLimits()) -> ParquetSource:
+                   window: int = 4, direct_get: bool = True, limits: FetchLimits = FetchLimits(),
+                   rows: Sequence[Sequence[int]] | None = None) -> ParquetSource:
     """A Parquet file, a folder of them, a URL of either, or a list. Reads each file's footer (its row
-    groups' sizes and schema, checked here); ``image_column``/``label_column`` name the columns.
+    groups' sizes and schema, checked here), unless ``rows`` gives each file's row-group sizes (a shard
+    manifest's: the files are then not opened until read); ``image_column``/``label_column`` name the columns.
     Row groups are extracted into ``spool_dir`` (default: a temporary folder), remote files fetched whole
     into it, ``readahead`` items (a local file's row groups, remote files) ahead of the workers;
     ``window``: row groups whose samples the epoch order shuffles together; ``direct_get``, ``limits`` and
@@ -339,7 +341,12 @@ def parquet_source(path: str | os.PathLike | Sequence[str], *, image_column: str
     pa = _pyarrow()
     files = parquet_files(path, storage_options)
     spool = Spool(spool_dir, storage_options, retry, direct_get, limits)
-    rows: list[list[int]] = []
+    if rows is not None:
+        if len(rows) != len(files):
+            raise ValueError(f"rows gives row groups for {len(rows)} files, but there are {len(files)}")
+        return ParquetSource(files, rows, image_column=image_column, label_column=label_column, spool=spool,
+                             ahead=readahead, window=window)
+    rows = []
     for f in files:
         def footer(f=f):
             if not is_url(f):

@@ -1,0 +1,133 @@
+"""Where shards go: a local folder or a folder URL (through fsspec), each file appearing only complete.
+
+A local shard is written under a hidden temporary name in the folder and renamed (``os.replace``); a
+shard for a URL is written to a local temporary file and uploaded with one ``put_file``, which object
+stores (S3, GCS, Azure) make visible only once whole. Small JSON files (the progress records, the
+manifest) are written the same way. A conversion keeps its progress in ``PROGRESS`` until it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..sources.urls import filesystem, is_url, scheme
+
+PROGRESS = ".gpufeed-progress"  # hidden: the sources and listings of shards pass over it
+TEMP_SUFFIX = ".gpufeed-tmp"
+
+
+@dataclass(frozen=True)
+class Destination:
+    """A folder (``root``: a path or URL); picklable, so each Ray actor opens its own filesystem."""
+
+    root: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if is_url(self.root) and scheme(self.root) == "file":
+            object.__setattr__(self, "root", self.root[len("file://"):])
+        object.__setattr__(self, "root", self.root.rstrip("/") if is_url(self.root) else os.path.abspath(self.root))
+
+    @property
+    def remote(self) -> bool:
+        return is_url(self.root)
+
+    def _fs(self):
+        return filesystem(self.root, self.storage_options)
+
+    def where(self, name: str) -> str:
+        """The path or URL of ``name`` (may contain one "/", for the progress folder)."""
+        return f"{self.root}/{name}" if self.remote else os.path.join(self.root, name)
+
+    def prepare(self) -> None:
+        if self.remote:
+            self._fs().makedirs(self.root, exist_ok=True)
+        else:
+            os.makedirs(os.path.join(self.root, PROGRESS), exist_ok=True)
+
+    def listing(self) -> dict[str, int]:
+        """{name: bytes} of the files in the folder, the progress folder's as ``PROGRESS/name``, any other
+        folder in it as ``name/``."""
+        if self.remote:
+            fs = self._fs()
+            if not fs.exists(self.root):
+                return {}
+            head = self._fs()._strip_protocol(self.root).rstrip("/") + "/"
+            return {n[len(head):]: int(d.get("size") or 0) for n, d in fs.find(self.root, detail=True).items()
+                    if n.startswith(head)}
+        found = {}
+        for sub in ("", PROGRESS):
+            folder = os.path.join(self.root, sub)
+            if os.path.isdir(folder):
+                for e in os.scandir(folder):
+                    name = os.path.join(sub, e.name) if sub else e.name
+                    if e.is_file(follow_symlinks=False):
+                        found[name] = e.stat().st_size
+                    elif name != PROGRESS:  # a folder (an ImageFolder's class, say) is something else's
+                        found[name + "/"] = 0
+        return found
+
+    def temp_path(self, name: str) -> str:
+        """A new local file to write ``name`` into before ``publish``: beside it (local), or in the
+        system's temporary folder (a URL)."""
+        folder = self.root if not self.remote else tempfile.gettempdir()
+        path = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+        # created here, exclusively and not through a link; the mode as the umask makes it (not mkstemp's 0600)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o666))
+        return path
+
+    def publish(self, temp: str, name: str) -> None:
+        """Move the finished local file ``temp`` to ``name``, whole or not at all."""
+        if self.remote:
+            try:
+                self._fs().put_file(temp, self.where(name))
+            finally:
+                os.unlink(temp)
+        else:
+            os.replace(temp, self.where(name))
+
+    def write_json(self, name: str, doc: Any) -> None:
+        temp = self.temp_path(os.path.basename(name))
+        with open(temp, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+            f.write("\n")
+        self.publish(temp, name)
+
+    def read_json(self, name: str) -> Any:
+        """The JSON document ``name``, or None when it is missing or not JSON."""
+        try:
+            if self.remote:
+                with self._fs().open(self.where(name), "rb") as f:
+                    return json.loads(f.read())
+            with open(self.where(name), "rb") as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return None
+
+    def remove(self, names: list[str]) -> None:
+        if not names:
+            return
+        if self.remote:
+            self._fs().rm([self.where(n) for n in names])
+            return
+        for n in names:
+            try:
+                os.unlink(self.where(n))
+            except FileNotFoundError:
+                pass
+
+    def remove_progress(self, names: list[str]) -> None:
+        """Delete the progress records ``names`` and, when empty then, the progress folder."""
+        self.remove(names)
+        if not self.remote:
+            try:
+                os.rmdir(os.path.join(self.root, PROGRESS))
+            except OSError:  # not empty, or gone
+                pass

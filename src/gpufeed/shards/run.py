@@ -1,0 +1,97 @@
+"""``write_shards``: a source to shards and their manifest, through an engine, resuming what a destination
+already holds of the same conversion."""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from typing import Any, Callable
+
+from ..sources import Source, create_source
+from ..sources.manifest import MANIFEST
+from ..sources.urls import is_url
+from .dest import Destination
+from .manifest import PLAN_RECORD, build_manifest, destination_state
+from .options import ShardOptions, default_shuffle, default_workers
+from .plan import make_plan
+from .prepare import Preparer
+from .shard import ShardJob
+
+
+def create_engine(options: ShardOptions, source, preparer: Preparer):
+    if options.engine == "ray":
+        from .ray_engine import RayEngine  # Ray only when asked for: the local engine never imports it
+
+        return RayEngine(source, preparer, options.workers)
+    from .local import LocalEngine
+
+    return LocalEngine(source, preparer, options.workers or default_workers())
+
+
+def write_shards(source: "str | os.PathLike | list[str] | Source", dest: str | os.PathLike, options: ShardOptions = ShardOptions(),
+                 *, storage_options: dict[str, Any] | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Write ``source`` (anything ``create_source`` reads: a folder, a file list, tar shards, Parquet, URLs
+    of these) as shards into ``dest`` (a folder or folder URL) with ``options``; returns the manifest
+    (``shards.manifest``), also written as ``dest/manifest.json``. ``progress(done, total)``: inputs done
+    of all, as they are (shards already there count as done).
+
+    ``dest`` must be empty, or hold this same conversion (same inputs, options and library versions),
+    unfinished (its missing shards are made; finished ones are kept) or finished (nothing is done).
+    ``storage_options`` go to fsspec for source and destination URLs."""
+    if isinstance(source, (str, os.PathLike)) and not is_url(str(source)):
+        source = os.path.abspath(source)  # the same conversion from any working folder
+    src = create_source(source, storage_options=storage_options)
+    described = describe(source)
+    shuffle = default_shuffle(src) if options.shuffle == "auto" else options.shuffle
+    destination = Destination(str(dest), dict(storage_options or {}))
+    preparer = Preparer(max_side=options.max_side, quality=options.quality)
+    engine = create_engine(options, src, preparer)
+    try:
+        plan = make_plan(src, options, shuffle, described, engine.probe)
+        state = destination_state(destination, plan)
+        if state.complete:
+            return destination.read_json(MANIFEST)
+        destination.prepare()
+        destination.remove(state.stale)
+        destination.write_json(PLAN_RECORD, {"fingerprint": plan.fingerprint, "options": plan.options,
+                                             "source": described})
+        classes = tuple(getattr(src, "classes", ()) or ())
+        job = ShardJob(plan, destination, classes, source if isinstance(source, str) else None, options.on_error)
+        records = dict(state.done)
+        tell = _Progress(progress, len(plan.order), sum(r.inputs for r in records.values()))
+        todo = [k for k in range(len(plan.names)) if k not in records]
+        for record in engine.write(job, todo, tell):
+            records[record.index] = record
+        manifest = build_manifest(plan, [records[k] for k in sorted(records)], classes, described)
+        destination.write_json(MANIFEST, manifest)
+        destination.remove_progress([job.record_name(k) for k in records] + [PLAN_RECORD])
+        return manifest
+    finally:
+        engine.close()
+
+
+class _Progress:
+    """The engines' "n more inputs done" as the caller's ``progress(done, total)``."""
+
+    def __init__(self, progress: Callable[[int, int], None] | None, total: int, done: int) -> None:
+        self.progress, self.total, self.done = progress, total, done
+        self(0)
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
+def describe(source: "str | os.PathLike | Source") -> str:
+    """The source as the manifest names it: its path, or its URL without credentials or query."""
+    if isinstance(source, (list, tuple)):
+        return " ".join(describe(s) for s in source)
+    if isinstance(source, (str, os.PathLike)):
+        text = str(source)
+        if not is_url(text):
+            return text
+        parts = urllib.parse.urlsplit(text)
+        return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    return f"<{type(source).__name__} of {len(source)} samples>"

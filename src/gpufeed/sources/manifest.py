@@ -1,0 +1,142 @@
+"""The manifest ``gpufeed shards`` writes beside its shards (``manifest.json``), as the sources read it: each
+shard's sample count (and a Parquet file's row-group sizes), so a folder or folder URL of shards opens
+without indexing or fetching any shard, and the options the shards were written with (``loader.stats``).
+
+The counts are taken only when every shard's size is the one the manifest gives (a stat, or the folder
+URL's one listing); otherwise the shards are counted as they would be without a manifest. A manifest that
+cannot be read or is not gpufeed's is ignored; both with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .urls import filesystem, is_url
+
+MANIFEST = "manifest.json"
+FORMAT_KEY, FORMAT_VERSION = "gpufeed_shards", 1  # what marks a manifest as gpufeed's, and its layout
+
+_log = logging.getLogger("gpufeed")
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard as the manifest lists it: file name, bytes, samples, and a Parquet file's row groups."""
+
+    name: str
+    size: int
+    samples: int
+    row_groups: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ShardManifest:
+    """The parts of a manifest the sources use; ``where``: the file it was read from."""
+
+    where: str
+    format: str
+    shards: tuple[ShardEntry, ...]
+    classes: tuple[str, ...]
+    options: dict[str, Any]
+    _by_name: dict[str, ShardEntry] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {e.name: e for e in self.shards})
+
+    def entry(self, name: str, size: int) -> ShardEntry | None:
+        """The entry of shard ``name`` if the manifest lists it at ``size`` bytes."""
+        e = self._by_name.get(name)
+        return e if e is not None and size == e.size else None
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """What ``loader.stats["shards"]`` reports: the options the shards were written with, and where."""
+        return {**self.options, "manifest": self.where}
+
+
+def manifest_path(folder: str) -> str:
+    return folder.rstrip("/") + "/" + MANIFEST if is_url(folder) else os.path.join(folder, MANIFEST)
+
+
+def read_manifest(folder: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> ShardManifest | None:
+    """The manifest in ``folder`` (a path or folder URL), or None when it has none (one GET or open)."""
+    where = manifest_path(str(folder))
+    try:
+        if is_url(where):
+            with filesystem(where, storage_options).open(where, "rb") as f:
+                text = f.read()
+        else:
+            with open(where, "rb") as f:
+                text = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        _log.warning("gpufeed: ignoring the shard manifest %s: %s", where, e)
+        return None
+    try:
+        return parse_manifest(json.loads(text), where)
+    except (ValueError, TypeError, KeyError) as e:
+        _log.warning("gpufeed: ignoring the shard manifest %s: %s", where, e)
+        return None
+
+
+def parse_manifest(doc: Any, where: str) -> ShardManifest:
+    """A manifest's JSON, checked (ValueError naming ``where`` and what is wrong)."""
+    if not isinstance(doc, dict) or doc.get(FORMAT_KEY) != FORMAT_VERSION:
+        raise ValueError(f"{where}: not a gpufeed shard manifest of version {FORMAT_VERSION}")
+    shards = []
+    for s in doc["shards"]:
+        entry = ShardEntry(str(s["name"]), int(s["size"]), int(s["samples"]), tuple(int(r) for r in s.get("row_groups", ())))
+        if "/" in entry.name or entry.name.startswith(".") or entry.samples < 1:
+            raise ValueError(f"{where}: bad shard entry {s!r}")
+        shards.append(entry)
+    return ShardManifest(where, str(doc["format"]), tuple(shards), tuple(str(c) for c in doc.get("classes", ())),
+                         dict(doc.get("options", {})))
+
+
+def _listing(folder: str, suffix: str, storage_options: dict[str, Any] | None) -> dict[str, int]:
+    """{name: bytes} of the files ending with ``suffix`` directly in ``folder`` (one listing for a URL)."""
+    if is_url(folder):
+        listed = filesystem(folder, storage_options).ls(folder, detail=True)
+        return {d["name"].rstrip("/").rsplit("/", 1)[-1]: int(d["size"]) for d in listed
+                if d.get("type") != "directory" and d["name"].endswith(suffix)}
+    return {e.name: e.stat().st_size for e in os.scandir(folder)
+            if e.is_file() and e.name.endswith(suffix) and not e.name.startswith(".")}
+
+
+def manifest_source(folder: str | os.PathLike, storage_options: dict[str, Any] | None = None):
+    """The shards in ``folder`` (a path or folder URL) opened with its manifest's counts, reporting its
+    options (``source.shard_options``); None when the folder has no usable manifest or no such shards."""
+    from .parquet import parquet_source
+    from .remote_tar import remote_tar_source
+    from .tar import tar_source
+
+    folder = str(folder)
+    manifest = read_manifest(folder, storage_options)
+    if manifest is None or manifest.format not in ("tar", "parquet"):
+        return None
+    sizes = _listing(folder, "." + manifest.format, storage_options)
+    if not sizes:
+        return None
+    names = sorted(sizes)
+    paths = [folder.rstrip("/") + "/" + n if is_url(folder) else os.path.join(folder, n) for n in names]
+    entries = [manifest.entry(n, sizes[n]) for n in names]
+    known = all(e is not None for e in entries)
+    if not known:
+        stale = next(n for n, e in zip(names, entries) if e is None)
+        _log.warning("gpufeed: %s does not list %s at its size: counting the shards as without a manifest",
+                     manifest.where, stale)
+    if manifest.format == "parquet":
+        rows = [list(e.row_groups) for e in entries] if known and all(e.row_groups for e in entries) else None
+        source = parquet_source(paths, rows=rows, storage_options=storage_options)
+    elif is_url(folder):
+        source = remote_tar_source(paths, samples_per_shard=[e.samples for e in entries] if known else None,
+                                   storage_options=storage_options)
+    else:  # local shards are indexed in place, which gives their counts too
+        source = tar_source(folder)
+    source.shard_options = manifest.stats
+    return source
