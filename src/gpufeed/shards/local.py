@@ -22,7 +22,7 @@ import numpy as np
 
 from ..sources.base import FileSource
 from ..sources.shared import SharedFileSource
-from ..workers.process import _exit_with_parent as exit_with_parent
+from ..workers.process import exit_with_parent
 from .plan import probe_cost
 from .prepare import Broken, Prepared, Preparer
 from .shard import ShardJob, ShardRecord, write_shard

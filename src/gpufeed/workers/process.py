@@ -62,7 +62,7 @@ def run(args: WorkerArgs) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     os.set_inheritable(args.lifeline.fileno(), False)  # what a source runs (os.system, ...) must not hold it
-    _exit_with_parent(args.parent_alive)
+    exit_with_parent(args.parent_alive)
     os.environ.update(SINGLE_THREADED)
     _lower_priority()
     keep_heap()
@@ -86,7 +86,7 @@ def run(args: WorkerArgs) -> None:
         server.close()
 
 
-def _exit_with_parent(parent_alive: Any) -> None:
+def exit_with_parent(parent_alive: Any) -> None:
     """Exit as soon as the main process is gone, however it went (SIGKILL included): orphaned workers would
     otherwise keep the forkserver, the resource tracker and with it the shared memory alive for good. A
     thread blocks on the pipe, whose write end only the main process holds, until it reads EOF."""
