@@ -438,3 +438,29 @@ def test_options_that_cannot_apply_are_said_once_when_the_loader_is_made(synth_r
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the defaults say nothing
         ImageLoader(synth_root, batch_size=4, image_size=16, num_workers=1, device="cpu").close()
+
+
+def test_validation_under_skip_leaves_a_bad_image_out_instead_of_repeating_a_good_one(tmp_path):
+    """Validation counts each image once: a file that cannot be decoded leaves its batch (smaller then), where
+    training would put a good sample of the batch in its place."""
+    from tests.corpus import jpeg
+
+    for c in range(2):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(5):
+            (tmp_path / f"c{c}" / f"{i}.jpg").write_bytes(jpeg(40 + i, 30, seed=10 * c + i))
+    (tmp_path / "c1" / "2.jpg").write_bytes(b"not an image at all")
+    kw = dict(batch_size=4, image_size=16, num_workers=1, device="cpu", on_error="skip")
+    with ImageLoader(tmp_path, train=False, **kw) as val:
+        sizes, seen, labels = [], [], []
+        for images, y in val:
+            sizes.append(len(images))
+            seen += val.batch_indices
+            labels += y.tolist()
+        bad = [i for i in range(10) if val.source.path(i).endswith("c1/2.jpg")]
+        assert sorted(seen) == [i for i in range(10) if i not in bad]  # each good image once, the bad one out
+        assert sizes == [4, 3, 2] and labels == [val.source.label(i) for i in seen]
+        assert val.stats["skipped_count"] == 1 and val.stats["repeated"] == 0
+    with ImageLoader(tmp_path, train=True, **kw) as train:
+        sizes = [len(images) for images, _ in train]
+        assert sizes == [4, 4] and train.stats["repeated"] == 1  # training keeps its batches full

@@ -146,7 +146,8 @@ def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions,
                                    page_lock=device.type == "cuda", batch_timeout=errors.batch_timeout)
     scheduler = Scheduler(start_pool=start_pool, num_slots=num_slots, batch_size=batch, drop_last=order.drop_last,
                           share=share, skips=skips, path=src.path, cuda=device.type == "cuda",
-                          readahead=getattr(src, "readahead", None))
+                          readahead=getattr(src, "readahead", None),
+                          stand_ins=augment.train)  # validation counts each image once: a bad one leaves its batch
     timeout = errors.batch_timeout and errors.batch_timeout + _PREFETCH_GRACE_S
     prefetcher = Prefetcher(device=device, depth=decoding.prefetch_depth, transform=stage, on_issued=stage.issued,
                             on_take=share.taken, timeout=timeout)

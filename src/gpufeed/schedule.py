@@ -125,12 +125,16 @@ class Scheduler:
     each GPU-path batch the CPU decodes and learns from the workers' lateness; ``skips`` records what
     ``on_error="skip"`` dropped; ``path(i)`` names sample i; ``cuda``: slots are read by CUDA copies;
     ``readahead(order)``: the source's fetcher along an epoch's order (None: a source read in place).
+    ``stand_ins`` (training): a good sample of its batch takes a skipped one's place, so every batch keeps its
+    size; False (validation, which must count each image once): the skipped sample leaves its batch, which
+    comes smaller (empty, if none of it loaded).
     """
 
     def __init__(self, *, start_pool: Callable[[], WorkerPool], num_slots: int, batch_size: int, drop_last: bool,
                  share: ShareControl, skips: SkipLog, path: Callable[[int], str], cuda: bool,
-                 readahead: Callable[[list[int]], Any] | None = None) -> None:
+                 readahead: Callable[[list[int]], Any] | None = None, stand_ins: bool = True) -> None:
         self._start_pool, self.num_slots, self.batch_size, self.drop_last = start_pool, num_slots, batch_size, drop_last
+        self.stand_ins = stand_ins
         self.share, self.skips, self.path, self.cuda = share, skips, path, cuda
         self.readahead = readahead
         self.pool: WorkerPool | None = None
@@ -197,8 +201,10 @@ class Scheduler:
                 view, failures = pool.collect(batch.batch_id)
                 collect_wait = pool.last_wait
                 indices = list(batch.indices)
-                if failures:
+                if failures and self.stand_ins:
                     view = self._stand_in(batch, view, indices, failures, run)
+                elif failures:
+                    view, indices = self._leave_out(batch, view, indices, failures, run)
                 yield HostBatch(labels=torch.from_numpy(view.labels.copy()),  # tiny: never alias a reused slot
                                 slot=view, indices=indices, consumed=len(batch.indices),
                                 release=functools.partial(slots.release, batch.slot),
@@ -270,6 +276,23 @@ class Scheduler:
             indices[p] = indices[g]
         self.skips.repeated += repeats
         return view
+
+    def _leave_out(self, batch: Submitted, view: SlotView, indices: list[int], failures: list[Failure],
+                   run: EpochRun) -> tuple[SlotView, list[int]]:
+        """Without stand-ins: samples a dead worker left undone are loaded again, each failed one recorded and
+        taken out of the batch, the good ones moved up in order within the slot; the shorter view and its
+        indices."""
+        entries = list(range(batch.first, batch.first + len(indices)))
+        bad = self._reload(batch.slot, indices, entries, failures, run)
+        run.failed_batches = run.failed_batches + 1 if len(bad) == len(indices) else 0
+        self._check_outage(run)
+        good = [p for p in range(len(indices)) if p not in bad]
+        for k, g in enumerate(good):
+            if k != g:
+                for arr in (view.pixels, view.labels, view.meta, view.output):  # images are a view of the pixels
+                    if arr is not None:
+                        arr[k] = arr[g]
+        return view.head(len(good)), [indices[g] for g in good]
 
     def _reload(self, slot: int, indices: list[int], entries: list[int], failures: list[Failure],
                 run: EpochRun) -> set[int]:
