@@ -111,7 +111,7 @@ def test_bad_tar_labels_fail_alone_naming_shard_and_member(tmp_path):
         skipped = {os.path.basename(p): r for p, r in loader.stats["skipped"]}
     assert sorted(skipped) == [f"s.tar:{k:06d}.jpg" for k in (2, 3, 4, 6)], skipped
     assert "not below num_classes=3" in skipped["s.tar:000004.jpg"] and "got -3" in skipped["s.tar:000002.jpg"]
-    assert len(labels) == 8 and set(labels) <= {0, 1, 2}  # good samples stand in for the four
+    assert labels == [0, 1, 2, 1]  # validation: the four bad samples left out, the good ones in order
     with ImageLoader(shard, num_classes=3, **KW) as loader:
         with pytest.raises(WorkerError, match=r"s\.tar:000002\.jpg.*label must be >= 0, got -3"):
             list(loader)
@@ -153,7 +153,7 @@ def test_file_list_labels_are_checked_where_read(tmp_path):
         filelist_source(tmp_path / "huge.csv")
     (tmp_path / "ok.csv").write_text("0.jpg,0\n1.jpg,7\n2.jpg,1\n")
     with ImageLoader(tmp_path / "ok.csv", num_classes=5, on_error="skip", **KW) as loader:
-        assert sorted(y for _, ys in loader for y in ys.tolist()) == [0, 0, 1]  # one stands in for 1.jpg
+        assert sorted(y for _, ys in loader for y in ys.tolist()) == [0, 1]  # validation: 1.jpg left out
         (path, reason), = loader.stats["skipped"]
     assert path.endswith("1.jpg") and "label 7 is not below num_classes=5" in reason
 
@@ -248,7 +248,7 @@ def test_a_fifo_named_like_an_image_fails_at_once_under_the_defaults(tmp_path):
         with pytest.raises(WorkerError, match=r"stuck\.jpg.*not a regular file \(a FIFO\)"):
             list(loader)
     with ImageLoader(tmp_path, on_error="skip", **KW) as loader:
-        assert len([i for _ in loader for i in loader.batch_indices]) == 6
+        assert len([i for _ in loader for i in loader.batch_indices]) == 5  # validation: the FIFO left out
         assert [os.path.basename(p) for p, _ in loader.stats["skipped"]] == ["stuck.jpg"]
 
 
@@ -260,7 +260,7 @@ def test_a_sparse_3_gb_jpg_is_refused_unread_naming_it(tmp_path):
     with ImageLoader(tmp_path, on_error="skip", **KW) as loader:
         delivered = [i for _ in loader for i in loader.batch_indices]
         (path, reason), = loader.stats["skipped"]
-    assert len(delivered) == 6 and path.endswith("huge.jpg")
+    assert len(delivered) == 5 and path.endswith("huge.jpg")  # validation: the sparse file left out
     assert f"{3 << 30} bytes, over max_bytes={256 << 20}: refused unread" in reason
     with ImageLoader(tmp_path, **KW) as loader:
         with pytest.raises(WorkerError, match=r"huge\.jpg.*over max_bytes"):
@@ -294,14 +294,18 @@ def test_an_all_broken_folder_under_skip_raises_naming_the_first_failures(tmp_pa
 
 
 def test_failures_are_counted_once_when_a_refill_loads_them_again(tmp_path):
-    """The first batch has no good sample, so it is filled from the next batch's entries, one of them bad:
-    that file is skipped twice, counted once."""
-    bad = {"00.jpg", "01.jpg", "02.jpg", "03.jpg", "05.jpg"}
+    """Training: the first batch has no good sample, so it is filled from the next batch's entries, one of them
+    bad: that file is skipped twice, counted once."""
+    from gpufeed.sampling import ShardedSampler
+
+    order = ShardedSampler(12, seed=0).full_order()  # training's order of epoch 0 (the folder's files sorted)
+    bad = {f"{i:02d}.jpg" for i in order[:4] + [order[5]]}
     _folder(tmp_path, [f"{i:02d}.jpg" for i in range(12)], bad=bad)
-    with ImageLoader(tmp_path, on_error="skip", **KW) as loader:
+    with ImageLoader(tmp_path, on_error="skip", **dict(KW, train=True)) as loader:
         batches = [list(loader.batch_indices) for _ in loader]
         stats = loader.stats
-    assert batches[0] == [4, 4, 6, 7] and len(batches) == 3  # the refill: entry 5 failed, 4 stands in
+    # the refill: the order's entry 5 failed, its entry 4 stands in
+    assert batches[0] == [order[4], order[4], order[6], order[7]] and len(batches) == 3
     assert stats["skipped_count"] == 5 == len(stats["skipped"])
     assert sorted(os.path.basename(p) for p, _ in stats["skipped"]) == sorted(bad)
 

@@ -192,18 +192,6 @@ class _ImageBar:
             self._bar.close()
 
 
-def _storage_options(text: str | None) -> dict | None:
-    if not text:
-        return None
-    try:
-        options = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"--storage-options must be a JSON object, got {text!r} ({e})") from None
-    if not isinstance(options, dict):
-        raise ValueError(f"--storage-options must be a JSON object, got {text!r}")
-    return options
-
-
 def _cmd_info(args: argparse.Namespace) -> int:
     from .info import collect_info, format_info
 
