@@ -201,3 +201,37 @@ def test_last_wait_is_the_workers_lateness_by_their_own_clock(synth_root):
         assert pool.last_wait == 0.0
     finally:
         pool.close()
+
+
+def _hold_and_clear(progress, stop):
+    i = 0
+    while not stop.is_set():
+        progress.hold(i % 7, 1, 2, 1000.0 + i)
+        progress.clear()
+        i += 1
+
+
+def test_a_sample_in_hand_is_never_read_without_its_time():
+    """A worker writes its sample-in-hand record while the pool reads it: a read must never see a held sample
+    with the idle record's time (0), which looks held since the machine started and gets the worker stopped
+    for sample_timeout. Written one value at a time without a sequence number, about one read in ten tore."""
+    import multiprocessing as mp
+
+    from gpufeed.workers.records import Progress
+
+    ctx = mp.get_context("spawn")
+    progress, stop = Progress.create(ctx), ctx.Event()
+    writer = ctx.Process(target=_hold_and_clear, args=(progress, stop))
+    writer.start()
+    try:
+        reads = held = torn = 0
+        while held < 20_000 and reads < 5_000_000:  # the writer started: enough reads while it writes
+            hand = progress.read()
+            reads += 1
+            if hand is not None:
+                held += 1
+                torn += hand.since < 1000 or hand.position != 2 or hand.chunk_id != 1
+    finally:
+        stop.set()
+        writer.join(timeout=30)
+    assert held >= 20_000 and torn == 0, (reads, held, torn)

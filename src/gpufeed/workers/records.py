@@ -73,26 +73,44 @@ class InHand(NamedTuple):
 
 class Progress:
     """One worker's sample in hand, in a shared array the main process reads to name the file when the
-    worker dies or hangs. Written by the worker, read by the pool."""
+    worker dies or hangs. Written by the worker, read by the pool.
+
+    The record's four values are written one at a time while the pool may read them, so a sequence number
+    brackets each write (a seqlock): odd while a write is under way, and a read that saw it move, or odd, is
+    taken again. A read never mixes two records (a held sample with the idle record's time would look held
+    since the machine started, and be stopped for ``sample_timeout``)."""
 
     _IDLE = (-1.0, -1.0, -1.0, 0.0)
+    _SEQ = 4  # the sequence number's place, after the record
 
     def __init__(self, shared: Any) -> None:
-        self._a = shared  # multiprocessing Array("d", 4)
+        self._a = shared  # multiprocessing Array("d", 5)
 
     @classmethod
     def create(cls, ctx: Any) -> "Progress":
-        return cls(ctx.Array("d", cls._IDLE, lock=False))
+        return cls(ctx.Array("d", (*cls._IDLE, 0.0), lock=False))
 
     def __reduce__(self):  # travels to the worker as its shared array, at process start
         return Progress, (self._a,)
 
+    def _write(self, record: tuple[float, float, float, float]) -> None:
+        a, seq = self._a, self._a[self._SEQ]
+        a[self._SEQ] = seq + 1  # odd: being written
+        a[0:4] = record
+        a[self._SEQ] = seq + 2
+
     def hold(self, batch_id: int, chunk_id: int, position: int, since: float) -> None:
-        self._a[:] = (batch_id, chunk_id, position, since)
+        self._write((batch_id, chunk_id, position, since))
 
     def clear(self) -> None:
-        self._a[:] = self._IDLE
+        self._write(self._IDLE)
 
     def read(self) -> InHand | None:
-        batch_id, chunk_id, position, since = self._a[:]
-        return None if batch_id < 0 else InHand(int(batch_id), int(chunk_id), int(position), since)
+        """The sample in hand, or None: idle, or still being written after a few tries (the pool's next poll
+        looks again)."""
+        for _ in range(100):
+            seq = self._a[self._SEQ]
+            batch_id, chunk_id, position, since = self._a[0:4]
+            if seq % 2 == 0 and self._a[self._SEQ] == seq:
+                return None if batch_id < 0 else InHand(int(batch_id), int(chunk_id), int(position), since)
+        return None
