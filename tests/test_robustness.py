@@ -2,7 +2,6 @@
 
 import contextlib
 import logging
-import math
 import os
 import time
 
@@ -16,6 +15,7 @@ from gpufeed.decode import CpuDecoder, DecodeError
 from gpufeed.decode.exif import apply_orientation, read_orientation
 from gpufeed.sources import FileSource
 from tests.corpus import DECODABLE, UNDECODABLE, reference_rgb
+from tests.helpers import psnr
 
 
 def _decode(data, path="f.jpg", exif=False):
@@ -25,18 +25,13 @@ def _decode(data, path="f.jpg", exif=False):
     return apply_orientation(img, read_orientation(data)) if exif else img
 
 
-def _psnr(a, b):
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return 99.0 if mse == 0 else 10 * math.log10(255**2 / mse)
-
-
 @pytest.mark.parametrize("kind", sorted(DECODABLE))
 def test_decodable_kinds_match_the_pillow_reference(kind):
     data = DECODABLE[kind]()
     out = _decode(data)
     ref = reference_rgb(data)
     assert out.shape == ref.shape and out.dtype == np.uint8
-    assert _psnr(out, ref) >= 40, kind  # libjpeg-turbo both; only IDCT/upsampling details may differ
+    assert psnr(out, ref) >= 40, kind  # libjpeg-turbo both; only IDCT/upsampling details may differ
 
 
 @pytest.mark.parametrize("kind", sorted(UNDECODABLE))
