@@ -15,7 +15,7 @@ from gpufeed.decode import CpuDecoder, DecodeError
 from gpufeed.decode.exif import apply_orientation, read_orientation
 from gpufeed.sources import FileSource
 from tests.corpus import DECODABLE, UNDECODABLE, reference_rgb
-from tests.helpers import psnr
+from tests.helpers import psnr, textured
 
 
 def _decode(data, path="f.jpg", exif=False):
@@ -70,14 +70,14 @@ def test_malformed_exif_reads_as_no_rotation():
 
 
 def _mixed_dataset(tmp_path, bad_kinds, good_per_class=6):
-    """Classes of flat, distinct colours; broken files spread over the classes."""
-    from PIL import Image
-
+    """Classes of distinct tints over texture (the mean colour names the class; two crops of one image differ);
+    broken files spread over the classes."""
     colours = [(220, 40, 40), (40, 220, 40), (40, 40, 220)]
     for c, colour in enumerate(colours):
         (tmp_path / f"c{c}").mkdir()
         for i in range(good_per_class):
-            Image.new("RGB", (48 + 4 * i, 40), colour).save(tmp_path / f"c{c}" / f"good{i}.jpg", quality=95)
+            textured(48 + 4 * i, 40, seed=10 * c + i, tint=colour).save(tmp_path / f"c{c}" / f"good{i}.jpg",
+                                                                        quality=95)
     for j, kind in enumerate(bad_kinds):
         (tmp_path / f"c{j % 3}" / f"bad_{kind}.jpg").write_bytes(UNDECODABLE[kind]())
     return colours
@@ -118,18 +118,22 @@ def test_skip_then_resume_yields_exactly_the_rest(tmp_path):
     _mixed_dataset(tmp_path, ["junk", "truncated_scan"])
     kw = dict(batch_size=4, image_size=16, num_workers=2, device="cpu", on_error="skip", seed=5)
     with ImageLoader(tmp_path, **kw) as ref:
-        full = torch.cat([y for _, y in ref])
+        full = [(x, y, list(ref.batch_indices)) for x, y in ref]
     with ImageLoader(tmp_path, **kw) as first:
         head = []
-        for i, (_, y) in enumerate(first):
-            head.append(y)
+        for i, (x, y) in enumerate(first):
+            head.append((x, y, list(first.batch_indices)))
             if i == 1:
                 break
         state = first.state_dict()
     with ImageLoader(tmp_path, **kw) as resumed:
         resumed.load_state_dict(state)
-        rest = [y for _, y in resumed]
-    assert torch.equal(torch.cat(head + rest), full)
+        rest = [(x, y, list(resumed.batch_indices)) for x, y in resumed]
+    assert len(head + rest) == len(full) == 5
+    for (x, y, ind), (fx, fy, find) in zip(head + rest, full, strict=True):  # the same crops, labels, samples
+        assert ind == find and torch.equal(y, fy) and torch.equal(x, fx)
+    crops = torch.cat([x for x, _, _ in full])
+    assert len({c.numpy().tobytes() for c in crops}) == len(crops) - 2  # two stand-ins, the rest all distinct
 
 
 def test_raise_names_the_file(tmp_path):
