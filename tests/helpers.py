@@ -31,8 +31,15 @@ def textured(width: int, height: int, seed: int, tint: tuple[int, int, int] | No
 
 
 
-def shared_memory_mapped() -> set[str]:
-    """The names of the POSIX shared-memory blocks (files in /dev/shm) this process maps now (Linux): the
-    blocks a pool made here, told apart from those other processes on the machine make meanwhile."""
-    with open("/proc/self/maps") as f:
-        return {line.split("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line}
+def shared_memory_mapped(*pids: int) -> set[str]:
+    """The names of the POSIX shared-memory blocks and semaphores (files in /dev/shm) that processes ``pids``
+    (this one without any) map now (Linux): what a pool or a training process made, told apart from what other
+    processes on the machine make meanwhile. A process gone by then counts for nothing."""
+    names = set()
+    for pid in pids or ("self",):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                names |= {line.split("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line}
+        except OSError:  # exited meanwhile
+            pass
+    return names
