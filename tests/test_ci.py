@@ -15,51 +15,67 @@ ROOT = Path(__file__).resolve().parent.parent
 MARK = "the-test-command-ran"
 
 
-def _readme_command_line(lines):
-    """The index of the line ``.ci/run`` runs: the first after a ```bash line following the "Tests " line."""
-    tests = next(i for i, line in enumerate(lines) if line.startswith("Tests "))
-    fence = next(i for i in range(tests, len(lines)) if lines[i].startswith("```bash"))
-    return fence + 1
-
-
-def _ci_run(tmp_path, readme: str) -> subprocess.CompletedProcess:
-    """``.ci/run`` copied into a tree laid out as the repository's, with ``readme`` as its README.md."""
+def _ci_run(tmp_path, lines) -> subprocess.CompletedProcess:
+    """``.ci/run`` copied into a tree laid out as the repository's, with ``lines`` as its README.md."""
     (tmp_path / ".ci").mkdir()
     shutil.copy2(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
-    (tmp_path / "README.md").write_text(readme)
+    (tmp_path / "README.md").write_text("\n".join(lines) + "\n")
     return subprocess.run(["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=60,
                           cwd=tmp_path)
 
 
-def _readme_with_the_command_replaced():
-    """The repository's README, its test command replaced by an echo (so nothing real is ever run here)."""
+def _readme():
+    """The repository's README with every line of its ```bash blocks an echo (so nothing real is ever run
+    here, whichever block a broken ``.ci/run`` would pick): the test command's line ``echo MARK``, the others'
+    ``echo ran-block-N``; the index of the "Tests ..." line naming .ci/run, and of the block's fence."""
     lines = (ROOT / "README.md").read_text().splitlines()
-    at = _readme_command_line(lines)
-    assert "pytest" in lines[at], lines[at]  # the README's test command, which these tests never run
-    lines[at] = f"echo {MARK}"
-    return lines
+    tests = next(i for i, line in enumerate(lines) if line.startswith("Tests ") and ".ci/run" in line)
+    fence = next(i for i in range(tests + 1, len(lines)) if lines[i].strip())
+    assert lines[fence] == "```bash" and "pytest" in lines[fence + 1], lines[tests : fence + 2]  # the command
+    inside = False
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            inside = line.startswith("```bash") and not inside
+        elif inside:
+            lines[i] = f"echo {MARK}" if i == fence + 1 else f"echo ran-block-{i}"
+    return lines, tests, fence
 
 
 def test_ci_run_runs_the_readme_s_test_command(tmp_path):
-    """The control: the README as it is (its command swapped for an echo) runs that command, and exits 0."""
-    res = _ci_run(tmp_path, "\n".join(_readme_with_the_command_replaced()) + "\n")
+    """The control: the README as it is (its commands swapped for echoes) runs its test command, alone."""
+    lines, _, _ = _readme()
+    res = _ci_run(tmp_path, lines)
     assert res.returncode == 0 and res.stdout.splitlines() == [f"+ echo {MARK}", MARK], (res.stdout, res.stderr)
 
 
-@pytest.mark.parametrize("doctor", ["no Tests line", "Tests line reworded", "no bash block after it"])
+DOCTORED = ["no Tests line", "Tests line reworded", "Tests line not naming .ci/run", "no bash block after it",
+            "prose between the line and its block", "an empty block", "another Tests line with a block below"]
+
+
+@pytest.mark.parametrize("doctor", DOCTORED)
 def test_ci_run_fails_when_it_cannot_find_the_readme_s_test_command(tmp_path, doctor):
-    lines = _readme_with_the_command_replaced()
-    tests = next(i for i, line in enumerate(lines) if line.startswith("Tests "))
+    """Rather than run nothing and pass, or run another of the README's commands (a later "Tests ..." line
+    followed by a block further down)."""
+    lines, tests, fence = _readme()
     if doctor == "no Tests line":
         del lines[tests]
     elif doctor == "Tests line reworded":
         lines[tests] = "The tests (what CI runs through `.ci/run`):"
+    elif doctor == "Tests line not naming .ci/run":
+        lines[tests] = "Tests (what CI runs):"
+    elif doctor == "no bash block after it":
+        lines[fence] = "```sh"
+    elif doctor == "prose between the line and its block":
+        lines[tests + 1 : tests + 1] = ["", "Install first, then:"]
+    elif doctor == "an empty block":
+        del lines[fence + 1]
     else:
-        lines = [line.replace("```bash", "```sh") if i >= tests else line for i, line in enumerate(lines)]
-    res = _ci_run(tmp_path, "\n".join(lines) + "\n")
-    assert res.returncode != 0, (res.stdout, res.stderr)
-    assert ".ci/run: no test command in README.md" in res.stderr and "nothing run" in res.stderr, res.stderr
-    assert MARK not in res.stdout + res.stderr
+        del lines[tests]
+        lines += ["", "Tests of the examples:", "", "```bash", "echo ran-another-block", "```"]
+    res = _ci_run(tmp_path, lines)
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert res.stderr.startswith(".ci/run: no test command in README.md") and "nothing run" in res.stderr, res.stderr
+    assert "ran-" not in res.stdout + res.stderr
 
 
 def _pytest(args, cwd, *, ci: bool, hide: str | None = None) -> subprocess.CompletedProcess:
