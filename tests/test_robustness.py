@@ -160,8 +160,9 @@ def test_unreadable_and_vanished_files_follow_the_policy(tmp_path):
 
 
 class SlowSource(FileSource):
-    """A source whose file ``slow`` takes far too long to read (an untrusted, pathological file); the process
-    reading it writes its pid to the file ``note`` first, where one is given."""
+    """A source whose file ``slow`` takes far too long to read (an untrusted, pathological file); the first
+    process reading it writes its pid to the file ``note``, where one is given (the loader may read it again
+    for the next epoch as this one ends)."""
 
     def __init__(self, paths, labels, slow, note=None):
         super().__init__(paths, labels)
@@ -171,7 +172,7 @@ class SlowSource(FileSource):
     def read(self, index):
         if index == self.slow:
             if self.note:
-                with open(self.note, "w") as f:
+                with contextlib.suppress(FileExistsError), open(self.note, "x") as f:
                     f.write(str(os.getpid()))
             time.sleep(60)
         return super().read(index)
