@@ -165,9 +165,10 @@ def test_the_parts_checked_are_the_test_extra_s_and_triton(tmp_path):
     modules = required_modules()
     for module in ("pyarrow", "s3fs", "moto", "flask_cors", "lightning", "timm", "pynvml", "psutil", "triton"):
         assert module in modules, (module, sorted(modules))
-    text = (ROOT / "pyproject.toml").read_text()
-    assert text.count('"timm>=0.9"]') == 1
-    doctored = tmp_path / "pyproject.toml"
-    doctored.write_text(text.replace('"timm>=0.9"]', '"timm>=0.9", "gpufeed-no-such-part[x]>=1"]'))
-    assert required_modules(doctored)["gpufeed_no_such_part"] == "gpufeed-no-such-part (the test extra)"
-    assert "gpufeed-no-such-part (the test extra): cannot import 'gpufeed_no_such_part'" in missing_parts(doctored)
+    other = tmp_path / "pyproject.toml"
+    other.write_text('[project]\nname = "x"\n\n[project.optional-dependencies]\n'
+                     'test = ["pytest>=7", "gpufeed-no-such-part[x]>=1", "nvidia-ml-py>=12"]\n')
+    assert required_modules(other) == {"pytest": "pytest (the test extra)", "pynvml": "nvidia-ml-py (the test extra)",
+                                       "gpufeed_no_such_part": "gpufeed-no-such-part (the test extra)",
+                                       "triton": "Triton (installed with torch on Linux)"}
+    assert "gpufeed-no-such-part (the test extra): cannot import 'gpufeed_no_such_part'" in missing_parts(other)
