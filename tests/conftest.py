@@ -1,8 +1,12 @@
-"""Shared fixtures: small generated datasets (nothing is downloaded)."""
+"""Shared fixtures: small generated datasets (nothing is downloaded). Under ``CI=true``: every part the test
+extra installs must be here, and no test may skip but those marked ``gpu`` (no CUDA here)."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +14,92 @@ import torch
 from PIL import Image
 
 from gpufeed.synth import create_synthetic_dataset
+
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+# the import name of each distribution of the test extra whose name is not its import name ("-" read as "_")
+IMPORT_NAMES = {"nvidia-ml-py": "pynvml"}
+# what the suite needs beyond the test extra's list: Triton (torch's own dependency on Linux) and the C extension
+BEYOND_THE_EXTRA = {"triton": "Triton (installed with torch on Linux)"}
+C_EXTENSION = "the cropped-decode C extension (python setup.py build_ext --inplace, or pip install -e .)"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def extra_requirements(pyproject: Path = PYPROJECT) -> list[str]:
+    """The requirement strings of pyproject.toml's ``test`` extra."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: pytest itself depends on tomli there
+        import tomli as tomllib
+    return tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["test"]
+
+
+def required_modules(pyproject: Path = PYPROJECT) -> dict[str, str]:
+    """Import name -> the part it stands for: each distribution of the test extra, and Triton."""
+    from packaging.requirements import Requirement  # a dependency of pytest's
+
+    names = {Requirement(r).name.lower() for r in extra_requirements(pyproject)}
+    modules = {IMPORT_NAMES.get(n, n.replace("-", "_").replace(".", "_")): f"{n} (the test extra)" for n in names}
+    return {**modules, **BEYOND_THE_EXTRA}
+
+
+def missing_parts(pyproject: Path = PYPROJECT) -> list[str]:
+    """What the suite needs and this environment lacks, one line each ("" when nothing is missing)."""
+    missing = []
+    for module, part in sorted(required_modules(pyproject).items()):
+        try:
+            found = importlib.util.find_spec(module) is not None  # located, not imported: cheap at each start
+        except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules
+            found = False
+        if not found:
+            missing.append(f"{part}: cannot import {module!r}")
+    from gpufeed.decode.cpu import cropped_decode_available
+
+    if not cropped_decode_available():
+        missing.append(C_EXTENSION)
+    return missing
+
+
+def pytest_configure(config):
+    if not in_ci():
+        return
+    missing = missing_parts()
+    if missing:
+        raise pytest.UsageError("CI=true and parts the suite needs are missing, so their tests would only skip:\n  "
+                                + "\n  ".join(missing) + "\ninstall them: pip install -e '.[test]'")
+
+
+def _ci_skip_failure(reason: str) -> str:
+    return (f"CI=true: skipped ({reason}). Under CI only tests marked gpu may skip (no CUDA here); any other skip "
+            "means a part the test extra installs is missing or broken: pip install -e '.[test]' (and build the "
+            "C extension)")
+
+
+def _reason(longrepr) -> str:
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI=true a skipped test fails, unless it carries the gpu marker."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and in_ci() and not hasattr(report, "wasxfail") and "gpu" not in item.keywords:
+        report.outcome = "failed"
+        report.longrepr = _ci_skip_failure(_reason(report.longrepr))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """Under CI=true a module that skips itself (``pytest.importorskip`` at module level) fails to collect."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.outcome == "skipped" and in_ci():
+        report.outcome = "failed"
+        report.longrepr = _ci_skip_failure(_reason(report.longrepr))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,4 @@
 import io
-import math
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ from gpufeed.augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from gpufeed.augment.params import AugmentSpec, CropBox, SampleRandom
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.synth import synthetic_jpeg
+from tests.helpers import psnr
 
 
 def test_sample_random_is_deterministic_and_uniform():
@@ -124,11 +124,6 @@ def test_reduction_for():
     assert reduction_for(CropBox(0, 0, 3000, 2300), 224) == 8
 
 
-def _psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return 10 * math.log10(255**2 / max(mse, 1e-12))
-
-
 def test_pixel_fidelity_against_pillow_and_torchvision():
     """For fixed crop boxes: PSNR >= 28 dB against Pillow decode + torchvision antialiased resize.
 
@@ -149,7 +144,7 @@ def test_pixel_fidelity_against_pillow_and_torchvision():
                 ref = F.horizontal_flip(ref)
             out = np.empty((224, 224, 3), np.uint8)
             crop_resize_into(dec.decode(data, "x", fast=True, reduce=reduction_for(box, 224)), box, (w, h), out)
-            scores.append(_psnr(out, ref.permute(1, 2, 0).numpy()))
+            scores.append(psnr(out, ref.permute(1, 2, 0).numpy()))
     assert min(scores) >= 28.0, sorted(scores)[:5]
 
 

@@ -1,6 +1,5 @@
 """The fused crop/resize/flip/normalise kernel: reference math, Triton indexing, CPU parity."""
 
-import math
 import os
 import subprocess
 import sys
@@ -15,13 +14,9 @@ from gpufeed.augment.params import CropBox
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.stage.gpu import _slices
 from gpufeed.synth import synthetic_jpeg
+from tests.helpers import psnr
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def _psnr(a, b):
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return 10 * math.log10(255**2 / max(mse, 1e-12))
 
 
 def _to_uint8(x: torch.Tensor) -> np.ndarray:
@@ -62,7 +57,7 @@ def test_reference_matches_the_cpu_path_for_the_same_boxes():
     out = torch.full((6, 3, 224, 224), float("nan"))
     resized_crop_reference(flat, meta, 224, torch.tensor(scale), torch.tensor(shift), out)
     assert not torch.isnan(out).any()
-    scores = [_psnr(_to_uint8(out[i]), cpu[i]) for i in range(6)]
+    scores = [psnr(_to_uint8(out[i]), cpu[i]) for i in range(6)]
     assert min(scores) >= 30.0, scores
 
 

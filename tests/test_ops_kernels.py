@@ -1,20 +1,80 @@
 """The auto-augment family's Triton kernels (augment.ops.kernels) against the PyTorch passes they replace on
 CUDA: run here on the CPU through Triton's interpreter, every colour and point operation at several
 magnitudes, on images of one tile and of two, and on images too small to sharpen; the normalising and MixUp
-kernels bit for bit; and the fallbacks."""
+kernels bit for bit; a loader's batches with an auto-augment recipe; and the fallbacks.
 
+Everything goes through ``augment.ops``' public functions, ``SampleOps``, ``BatchMix``, ``ImageLoader`` and the
+environment the kernels read (``GPUFEED_OPS_KERNELS``, ``TRITON_INTERPRET``) but the sm_90 compilations, which
+need the @triton.jit functions themselves (``_jitted``)."""
+
+import contextlib
+import importlib
 import json
 import os
 import subprocess
 import sys
 import warnings
+from unittest import mock
 
 import pytest
 import torch
 
+from gpufeed.augment.fused import normalize_constants
 from gpufeed.augment.ops import apply_operations, apply_passes, kernels
 
 triton = pytest.importorskip("triton")
+
+FAILED = "PyTorch passes (the Triton kernels failed: "
+
+
+def _jitted() -> dict:
+    """The kernels as Triton compiles them, and the options their launches pass: the one place this file names
+    private parts of ``kernels`` (a @triton.jit function has no public name, and without a GPU no launch
+    compiles one)."""
+    return {"stats": kernels._stats, "apply": kernels._apply, "normalize": kernels._normalize,
+            "mixup": kernels._mixup, "unfused": kernels._UNFUSED}
+
+
+@pytest.fixture
+def load_kernels():
+    """``load()`` imports ``kernels`` again as a fresh process would (no launch failed yet): with
+    ``cpu_reaches``, under ``TRITON_INTERPRET=1`` (the kernels then take CPU tensors) while Triton's own
+    interpreter stays off, so a CPU tensor reaches the compiled kernels and their launch fails as on a GPU
+    without a compiler or driver; with ``triton_installed=False``, where Triton cannot be imported. After the
+    test, imported again as this process has it. (Ask for it before ``monkeypatch``, so that what a test
+    patches is put back before.)"""
+    saved = os.environ.get("TRITON_INTERPRET")
+
+    def load(*, cpu_reaches: bool = False, triton_installed: bool = True) -> None:
+        del triton.knobs.runtime.interpret
+        os.environ.pop("TRITON_INTERPRET", None)
+        if cpu_reaches:
+            triton.knobs.runtime.interpret = False  # Triton compiles (this also sets TRITON_INTERPRET=0) ...
+            os.environ["TRITON_INTERPRET"] = "1"  # ... while the kernels, reading it at import, take CPU tensors
+        hidden = {"triton": None, "triton.language": None}  # as for a package not installed
+        with contextlib.nullcontext() if triton_installed else mock.patch.dict(sys.modules, hidden):
+            importlib.reload(kernels)
+
+    yield load
+    del triton.knobs.runtime.interpret
+    os.environ.pop("TRITON_INTERPRET", None)
+    if saved is not None:
+        os.environ["TRITON_INTERPRET"] = saved
+    importlib.reload(kernels)
+
+
+@contextlib.contextmanager
+def _triton_warnings():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+    caught[:] = [str(w.message) for w in caught if "Triton" in str(w.message)]
+
+
+def _constants(mean, std):
+    """(scale, shift), each (1, 3, 1, 1) float32: uint8 v normalises to v x scale + shift."""
+    return tuple(torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1) for v in normalize_constants(mean, std))
+
 
 def compare(device: str, sizes) -> dict:
     """Every colour and point operation at several magnitudes (and a few the kernels leave to the geometry
@@ -122,7 +182,7 @@ def normalized() -> dict:
         g = torch.Generator().manual_seed(0)
         for norm, (mean, std) in NORMS.items():
             ops = SampleOps(mean=mean, std=std)
-            _, _, scale, shift = ops._device_constants(torch.device("cpu"))
+            scale, shift = _constants(mean, std)
             for shape in SHAPES:
                 pixels = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
                 pixels.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)[:pixels.numel()]
@@ -201,18 +261,16 @@ def _plain(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
 
     ops = SampleOps(mean=mean, std=std)
     pixels = torch.randint(0, 256, (2, 3, 6, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
-    _, _, scale, shift = ops._device_constants(pixels.device)
+    scale, shift = _constants(mean, std)
     return ops, pixels, (pixels * scale).add_(shift)
 
 
 @pytest.mark.parametrize("where", ["cpu", "switched off"])
-def test_the_normalising_is_pytorch_s_on_the_cpu_or_with_the_kernels_off(monkeypatch, where):
+def test_the_normalising_is_pytorch_s_on_the_cpu_or_with_the_kernels_off(load_kernels, monkeypatch, where):
     """A CPU tensor with compiled Triton, or ``GPUFEED_OPS_KERNELS=0`` where the kernel could run: the
     PyTorch passes, in the asked dtype and layout, and the kernel never called."""
-    monkeypatch.setattr(kernels, "_failed", None)
-    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
+    load_kernels(cpu_reaches=where == "switched off")
     if where == "switched off":
-        monkeypatch.setattr(kernels, "_INTERPRET", True)
         monkeypatch.setenv("GPUFEED_OPS_KERNELS", "0")
     monkeypatch.setattr(kernels, "normalize", lambda *_: pytest.fail("the kernel ran"))
     ops, pixels, expected = _plain()
@@ -224,82 +282,69 @@ def test_the_normalising_is_pytorch_s_on_the_cpu_or_with_the_kernels_off(monkeyp
         assert contiguous.is_contiguous() and torch.equal(contiguous, out)
 
 
-def test_a_normalising_kernel_that_cannot_run_turns_the_kernels_off_with_one_warning(monkeypatch):
+def test_a_normalising_kernel_that_cannot_run_turns_the_kernels_off_with_one_warning(load_kernels):
     """Compiled Triton on a CPU tensor fails as a missing compiler or driver would: the PyTorch passes' bits,
     one warning naming the normalising kernel, and every kernel off."""
-    monkeypatch.setattr(kernels, "_INTERPRET", True)
-    monkeypatch.setattr(kernels, "_failed", None)
-    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
+    load_kernels(cpu_reaches=True)
     ops, pixels, expected = _plain(mean=(0.5, 0.3, 0.1), std=(0.21, 0.7, 0.05))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    assert kernels.usable(pixels)
+    with _triton_warnings() as caught:
         outs = [ops.from_pixels(pixels, [0, 1], 0, 0, dtype=torch.bfloat16, channels_last=True) for _ in range(2)]
-    assert len([w for w in caught if "Triton normalising kernel failed" in str(w.message)]) == 1
-    assert len([w for w in caught if "Triton" in str(w.message)]) == 1
-    assert kernels._failed is not None and not kernels.usable(pixels)
+    assert len(caught) == 1 and "Triton normalising kernel failed" in caught[0], caught
+    assert kernels.describe().startswith(FAILED) and not kernels.usable(pixels)
     reference = expected.to(dtype=torch.bfloat16, memory_format=torch.channels_last)
     assert all(torch.equal(out, reference) and out.stride() == reference.stride() for out in outs)
 
 
-def test_a_kernel_that_cannot_run_turns_itself_off_with_one_warning(monkeypatch):
+def test_a_kernel_that_cannot_run_turns_itself_off_with_one_warning(load_kernels):
     """Compiled (not interpreted) Triton on CPU tensors fails as a missing compiler or driver would: the
     PyTorch passes' pixels come back, one warning says why, and ``describe`` names the failure."""
-    monkeypatch.setattr(kernels, "_INTERPRET", True)  # let a CPU tensor reach the compiled kernel
-    monkeypatch.setattr(kernels, "_failed", None)
-    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
+    load_kernels(cpu_reaches=True)
     images = torch.randint(0, 256, (3, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     steps = [("Brightness", 0.5), ("Equalize", 0.0), ("Sharpness", -0.4)]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    assert kernels.usable(images)
+    with _triton_warnings() as caught:
         out = apply_operations(images, steps)
         again = apply_operations(images, steps)
-    assert [str(w.message) for w in caught if "Triton colour kernels failed" in str(w.message)] != []
-    assert len([w for w in caught if "Triton" in str(w.message)]) == 1
-    assert kernels._failed is not None and kernels.describe().startswith("PyTorch passes (the Triton kernels failed")
-    monkeypatch.setenv("GPUFEED_OPS_KERNELS", "0")
-    monkeypatch.setattr(kernels, "_failed", None)
-    reference = apply_operations(images, steps)
+    assert len(caught) == 1 and "Triton colour kernels failed" in caught[0], caught
+    reason = kernels.describe().removeprefix(FAILED)
+    assert kernels.describe().startswith(FAILED) and f"({reason[:-1]})" in caught[0] and not kernels.usable(images)
+    reference = apply_passes(images, steps)
     assert torch.equal(out, reference) and torch.equal(again, reference)
     assert not torch.equal(reference, images)
 
 
-def test_the_kernels_are_used_only_where_they_can_run(monkeypatch):
-    monkeypatch.setattr(kernels, "_failed", None)
-    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
+def test_the_kernels_are_used_only_where_they_can_run(load_kernels, monkeypatch):
+    load_kernels()
     cpu = torch.zeros(1, 3, 4, 4, dtype=torch.uint8)
     assert not kernels.usable(cpu)  # a CPU tensor, compiled Triton
     assert kernels.describe() == f"two Triton kernels per step (triton {triton.__version__})"
+    load_kernels(cpu_reaches=True)
+    assert kernels.usable(cpu)  # where they could run, the switch alone turns them off:
     monkeypatch.setenv("GPUFEED_OPS_KERNELS", "0")
-    monkeypatch.setattr(kernels, "_INTERPRET", True)
     assert not kernels.usable(cpu) and kernels.describe() == "PyTorch passes (GPUFEED_OPS_KERNELS=0)"
-    monkeypatch.setattr(kernels, "triton", None)
-    assert kernels.describe() == "PyTorch passes (Triton not installed)"
+    monkeypatch.delenv("GPUFEED_OPS_KERNELS")
+    load_kernels(cpu_reaches=True, triton_installed=False)
+    assert not kernels.usable(cpu) and kernels.describe() == "PyTorch passes (Triton not installed)"
+    images = torch.randint(0, 256, (2, 3, 5, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    steps = [("Posterize", 3.0), ("Contrast", 0.3)]
+    assert torch.equal(apply_operations(images, steps), apply_passes(images, steps))
 
 
-def test_an_error_before_the_launch_is_raised_not_retried(monkeypatch):
-    """Only a failed launch turns the kernels off and falls back; an error before it (here the upload, as
-    out of memory would) reaches the caller once, and the kernels stay on."""
-    monkeypatch.setattr(kernels, "_INTERPRET", True)
-    monkeypatch.setattr(kernels, "_failed", None)
-    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
-    attempts = []
-
-    def upload(*_):
-        attempts.append(1)
-        raise torch.OutOfMemoryError("no memory for the table")
-
-    monkeypatch.setattr(kernels, "on", upload)
+def test_an_error_before_the_launch_is_raised_not_retried(load_kernels):
+    """Only a failed launch turns the kernels off and falls back; an error before it (here a row short for
+    the batch, as an error in the upload would be) reaches the caller as it is, and the kernels stay on."""
+    load_kernels(cpu_reaches=True)
     images = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
-    with pytest.raises(torch.OutOfMemoryError, match="no memory for the table"):
-        apply_operations(images, [("Brightness", 0.5), ("Identity", 0.0)])
-    assert attempts == [1] and kernels._failed is None
+    with _triton_warnings() as caught, pytest.raises(ValueError, match="a row per sample, got shape"):
+        apply_operations(images, [("Brightness", 0.5), ("Identity", 0.0), ("Color", 0.2)])
+    assert caught == [] and kernels.usable(images)
+    assert kernels.describe() == f"two Triton kernels per step (triton {triton.__version__})"
 
 
 @pytest.mark.parametrize("kernels_on", [True, False])
-def test_an_unknown_operation_is_refused_naming_it_on_both_paths(monkeypatch, kernels_on):
-    monkeypatch.setattr(kernels, "_INTERPRET", kernels_on)
-    monkeypatch.setattr(kernels, "_failed", None)
-    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
+def test_an_unknown_operation_is_refused_naming_it_on_both_paths(load_kernels, kernels_on):
+    load_kernels(cpu_reaches=kernels_on)
     images = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
     assert kernels.usable(images) is kernels_on
     with pytest.raises(ValueError, match="no auto-augment operation 'Brightnes'; the operations are Identity, "):
@@ -314,9 +359,10 @@ def test_the_kernels_compile_for_a_hopper_gpu_without_one():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    jitted = _jitted()
     pointers = {"src": "*u8", "table": "*fp32", "stats": "*fp32", "luts": "*u8"}
-    signatures = {kernels._stats: {**pointers, "hw": "i32", "inv_hw": "fp32", "BLOCK": "constexpr"},
-                  kernels._apply: {**pointers, "out": "*u8", "h": "i32", "w": "i32", "BLOCK": "constexpr"}}
+    signatures = {jitted["stats"]: {**pointers, "hw": "i32", "inv_hw": "fp32", "BLOCK": "constexpr"},
+                  jitted["apply"]: {**pointers, "out": "*u8", "h": "i32", "w": "i32", "BLOCK": "constexpr"}}
     ptx = {}
     for fn, signature in signatures.items():
         signature = {name: signature[name] for name in fn.arg_names}  # in the kernel's order
@@ -387,15 +433,12 @@ def test_the_mixup_kernel_gives_the_pytorch_passes_bits_in_triton_s_interpreter(
 
 
 @pytest.mark.parametrize("where", ["cpu", "switched off", "failing"])
-def test_mixup_is_pytorch_s_in_place_where_the_kernel_does_not_run(monkeypatch, where):
+def test_mixup_is_pytorch_s_in_place_where_the_kernel_does_not_run(load_kernels, monkeypatch, where):
     """On a CPU tensor with compiled Triton, with ``GPUFEED_OPS_KERNELS=0``, or where the launch fails (one
     warning, the kernels off): torchvision's bits, mixed in place in the batch given."""
     from gpufeed.augment.mix import BatchMix, Mix
 
-    monkeypatch.setattr(kernels, "_failed", None)
-    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
-    if where != "cpu":
-        monkeypatch.setattr(kernels, "_INTERPRET", True)  # a CPU tensor reaches the compiled kernel: it fails
+    load_kernels(cpu_reaches=where != "cpu")  # a CPU tensor reaches the compiled kernel: its launch fails
     if where == "switched off":
         monkeypatch.setenv("GPUFEED_OPS_KERNELS", "0")
     if where != "failing":
@@ -403,24 +446,21 @@ def test_mixup_is_pytorch_s_in_place_where_the_kernel_does_not_run(monkeypatch, 
     images = torch.randn(3, 3, 6, 5, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     images = images.contiguous(memory_format=torch.channels_last)
     expected = images.roll(1, 0).mul_(0.75).add_(images.mul(0.25))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with _triton_warnings() as caught:
         out, labels = BatchMix((("MixUp", 1.0),), (1.0,), num_classes=4).apply(images, torch.arange(3),
                                                                                Mix("MixUp", 0.25), fresh=True)
     assert out is images and torch.equal(out, expected) and out.stride() == (90, 1, 15, 3)
     assert torch.equal(labels[0], torch.tensor([0.25, 0.0, 0.75, 0.0]))
-    failed = [w for w in caught if "Triton MixUp kernel failed" in str(w.message)]
-    assert len(failed) == (where == "failing")
-    assert len([w for w in caught if "Triton" in str(w.message)]) == len(failed)
-    assert (kernels._failed is not None) == (where == "failing")
+    assert len(caught) == (where == "failing") and all("Triton MixUp kernel failed" in w for w in caught), caught
+    assert kernels.describe().startswith(FAILED) == (where == "failing")
 
 
-def test_mixup_mixes_a_batch_it_was_not_told_is_fresh_in_place_where_the_kernel_runs(monkeypatch):
+def test_mixup_mixes_a_batch_it_was_not_told_is_fresh_in_place_where_the_kernel_runs(load_kernels, monkeypatch):
     """A batch from the loader's fixed GPU outputs (no per-sample ops made a new one) is mixed in place even
     where the kernel runs: a new batch per MixUp batch would take GPU memory past the loader's budget."""
     from gpufeed.augment.mix import BatchMix, Mix
 
-    monkeypatch.setattr(kernels, "usable", lambda images: True)
+    load_kernels(cpu_reaches=True)  # the kernels would take these CPU tensors
     monkeypatch.setattr(kernels, "mixup", lambda *_: pytest.fail("the kernel ran on a batch not fresh"))
     images = torch.randn(3, 3, 6, 5, generator=torch.Generator().manual_seed(3)).contiguous(
         memory_format=torch.channels_last)
@@ -436,18 +476,19 @@ def test_mixup_mixes_a_batch_it_was_not_told_is_fresh_in_place_where_the_kernel_
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 def test_the_normalising_kernel_compiles_for_a_hopper_gpu_rounding_as_pytorch(dtype):
-    """Compiled for sm_90 without a GPU, in both layouts: launched with ``kernels._UNFUSED``, a product and a
+    """Compiled for sm_90 without a GPU, in both layouts: with the options its launch passes, a product and a
     sum each rounded (``mul.rn``, ``add.rn``; with Triton's default options, one fused multiply-add rounding
     once), then the dtype's round-to-nearest-even conversion, the one PyTorch's CUDA cast uses."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = kernels._normalize
+    jitted = _jitted()
+    fn = jitted["normalize"]
     types = {"src": "*u8", "out": f"*{dtype}", "scale": "*fp32", "shift": "*fp32"}
     signature = {name: types.get(name, "constexpr" if name.isupper() else "i32") for name in fn.arg_names}
     for channels_last in (True, False):
         source = ASTSource(fn=fn, signature=signature, constexprs={"CHANNELS_LAST": channels_last, "BLOCK": 1024})
-        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=kernels._UNFUSED).asm["ptx"]
+        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=jitted["unfused"]).asm["ptx"]
         fused = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
         assert "mul.rn.f32" in ptx and "add.rn.f32" in ptx and "fma" not in ptx and ".f64" not in ptx
         assert ".ftz" not in ptx and "fma.rn.f32" in fused
@@ -464,11 +505,12 @@ def test_the_mixup_kernel_compiles_for_a_hopper_gpu_rounding_as_pytorch(dtype):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = kernels._mixup
+    jitted = _jitted()
+    fn = jitted["mixup"]
     types = {"src": f"*{dtype}", "out": f"*{dtype}", "w0": "fp32", "w1": "fp32", "BLOCK": "constexpr"}
     source = ASTSource(fn=fn, signature={name: types.get(name, "i32") for name in fn.arg_names},
                        constexprs={"BLOCK": 1024})
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=kernels._UNFUSED).asm["ptx"]
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=jitted["unfused"]).asm["ptx"]
     fused = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     added = ("add.rn.f32",) if dtype == "fp32" else ("add.rn.f32", f"add.rn.{dtype.replace('fp', 'f')}")
     assert ptx.count("mul.rn.f32") >= 2 and any(a in ptx for a in added)
@@ -479,16 +521,16 @@ def test_the_mixup_kernel_compiles_for_a_hopper_gpu_rounding_as_pytorch(dtype):
         assert ptx.count(f"cvt.rn.{dtype.replace('fp', 'f')}.f32") >= 3
 
 
-def test_a_loader_says_what_runs_its_auto_augment_ops(monkeypatch):
+def test_a_loader_says_what_runs_its_auto_augment_ops(load_kernels):
     """``SampleOps.auto_augment_runner`` (``ImageLoader.stats["auto_augment_ops"]``, the bench's row): the
-    kernels' own account on a CUDA device where the recipe has an auto-augment op, None otherwise."""
+    kernels' own account on a CUDA device where the recipe has an auto-augment op, None otherwise; after a
+    failed launch, the failure."""
     from torchvision.transforms import v2
 
     from gpufeed.augment.ops import SampleOps
     from gpufeed.augment.recipe import read_transform
 
-    monkeypatch.setattr(kernels, "_failed", None)
-    monkeypatch.delenv("GPUFEED_OPS_KERNELS", raising=False)
+    load_kernels()
     mean, std = (0.5,) * 3, (0.25,) * 3
     with_auto = SampleOps(pixel=read_transform(v2.Compose([v2.RandomResizedCrop(8), v2.RandAugment()])).pixel,
                           mean=mean, std=std)
@@ -497,5 +539,52 @@ def test_a_loader_says_what_runs_its_auto_augment_ops(monkeypatch):
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert with_auto.auto_augment_runner(cuda) == f"two Triton kernels per step (triton {triton.__version__})"
     assert with_auto.auto_augment_runner(cpu) is None and without.auto_augment_runner(cuda) is None
-    monkeypatch.setattr(kernels, "_failed", "RuntimeError: no ptxas")
-    assert with_auto.auto_augment_runner(cuda) == "PyTorch passes (the Triton kernels failed: RuntimeError: no ptxas)"
+    load_kernels(cpu_reaches=True)
+    with _triton_warnings() as caught:
+        apply_operations(torch.zeros(1, 3, 4, 4, dtype=torch.uint8), [("Brightness", 0.5)])
+    assert len(caught) == 1
+    runner = with_auto.auto_augment_runner(cuda)
+    assert runner.startswith(FAILED) and f"({runner.removeprefix(FAILED)[:-1]})" in caught[0], (runner, caught)
+
+
+def loaded(root: str) -> dict:
+    """Batches of an ImageLoader on the CPU with an auto-augment recipe as ``transform=``: through the kernels
+    (here, Triton's interpreter), with ``GPUFEED_OPS_KERNELS=0`` (the PyTorch passes), and without the
+    auto-augment ops; per batch, whether the first two have the same bits and whether they differ from the
+    third; and how many times the kernels were launched."""
+    from torchvision.transforms import v2
+
+    from gpufeed import ImageLoader
+
+    calls = []
+    launch = kernels.apply
+    kernels.apply = lambda images, rows: calls.append(len(rows)) or launch(images, rows)
+    head = [v2.RandomResizedCrop(24), v2.RandomHorizontalFlip()]
+    tail = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.25] * 3)]
+    kw = dict(batch_size=8, device="cpu", num_workers=1, seed=5)
+
+    def batches(transform):
+        with ImageLoader(root, transform=v2.Compose(transform), **kw) as loader:
+            return [x for x, _ in loader]
+
+    try:
+        ours = batches(head + [v2.TrivialAugmentWide(), v2.RandAugment(num_ops=2)] + tail)
+        used = len(calls)
+        os.environ["GPUFEED_OPS_KERNELS"] = "0"
+        passes = batches(head + [v2.TrivialAugmentWide(), v2.RandAugment(num_ops=2)] + tail)
+        del os.environ["GPUFEED_OPS_KERNELS"]
+        plain = batches(head + tail)
+    finally:
+        kernels.apply = launch
+    return {"calls": used, "after_off": len(calls) - used, "batches": len(ours),
+            "same": [bool(torch.equal(a, b)) for a, b in zip(ours, passes, strict=True)],
+            "changed": [not torch.equal(a, b) for a, b in zip(ours, plain, strict=True)]}
+
+
+def test_a_loader_s_auto_augment_batches_are_the_pytorch_passes_bits_in_triton_s_interpreter(synth_root):
+    """``ImageLoader(transform=...)`` with TrivialAugmentWide and RandAugment on the CPU, in a child process
+    under Triton's interpreter: the kernels make the batches' ops (a launch a batch at least), and the batches
+    are those of the PyTorch passes, bit for bit, and not the batches without the ops."""
+    result = interpreted(f"loaded({str(synth_root)!r})")
+    assert result["batches"] == 5 and result["calls"] >= result["batches"] and result["after_off"] == 0, result
+    assert all(result["same"]) and any(result["changed"]), result

@@ -10,6 +10,8 @@ import time
 import psutil
 import pytest
 
+from tests.helpers import shared_memory_mapped
+
 SCRIPT = """
 import os, sys, time
 from gpufeed import ImageLoader
@@ -28,23 +30,23 @@ def test_a_killed_training_process_leaves_nothing_behind(tmp_path, synth_root, s
     """On the GPU path the ring's page-locked pixel rooms are in /dev/shm too, and decoder threads run."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    before = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen([sys.executable, str(script), str(synth_root), device], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
         assert proc.stdout.readline().strip() == "ready"
         tree = psutil.Process(proc.pid).children(recursive=True)  # workers, forkserver, resource tracker
-        made = set(os.listdir("/dev/shm")) - before
+        # what the training's processes map, not all that appears in /dev/shm: other processes make files there
+        made = shared_memory_mapped(proc.pid, *(p.pid for p in tree))
         assert len(tree) >= 3 and any(n.startswith("psm_") for n in made)  # there was something to leave
         proc.send_signal(sig)
         proc.wait(10)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # left as soon as all is gone; a busy machine may take seconds
         while True:
             alive = [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
             left = made & set(os.listdir("/dev/shm"))
             if not alive and not left:
                 break
-            assert time.monotonic() < deadline, f"5 s after {sig.name}: processes {alive}, /dev/shm {sorted(left)}"
+            assert time.monotonic() < deadline, f"30 s after {sig.name}: processes {alive}, /dev/shm {sorted(left)}"
             time.sleep(0.1)
     finally:
         if proc.poll() is None:

@@ -9,22 +9,22 @@ import sys
 
 import pytest
 import torch
-from PIL import Image
 
 from gpufeed import ImageLoader
 from gpufeed.sampling import ShardedSampler
 from gpufeed.sources import folder_source
+from tests.helpers import textured
 
-COLOURS = [(220, 30, 30), (30, 220, 30), (30, 30, 220)]
 N = 70
 
 
 def _dataset(root, broken_on=(5, 1), seed=0, batch_size=8):
-    """70 flat-colour JPEGs in 3 classes; ``broken_on[r]`` of those rank r of 2 gets in epoch 0 are broken."""
-    for c, colour in enumerate(COLOURS):
+    """70 textured JPEGs (so two crops of one differ) in 3 classes; ``broken_on[r]`` of those rank r of 2 gets
+    in epoch 0 are broken."""
+    for c in range(3):
         (root / f"c{c}").mkdir(parents=True)
     for i in range(N):
-        Image.new("RGB", (40 + i % 9, 36), COLOURS[i % 3]).save(root / f"c{i % 3}" / f"{i:02d}.jpg")
+        textured(40 + i % 9, 36, seed=i).save(root / f"c{i % 3}" / f"{i:02d}.jpg", quality=95)
     src = folder_source(root)
     broken = []
     for rank, k in enumerate(broken_on):
@@ -36,18 +36,29 @@ def _dataset(root, broken_on=(5, 1), seed=0, batch_size=8):
     return src, set(broken)
 
 
-def _colour_of(images):
-    m = torch.tensor((0.485, 0.456, 0.406)).view(1, 3, 1, 1)
-    s = torch.tensor((0.229, 0.224, 0.225)).view(1, 3, 1, 1)
-    rgb = ((images.float() * s + m) * 255).mean(dim=(2, 3))
-    return torch.cdist(rgb, torch.tensor(COLOURS, dtype=torch.float32)).argmin(dim=1)
+def _reference(root, epoch, seed=0):
+    """Source index -> (image, label) as one uninterrupted rank delivers it in ``epoch``: each sample's crop
+    and flip are its own (seed, epoch, index)'s, whichever rank, worker or resume delivers it."""
+    out, source = {}, folder_source(root)
+    with _make(root, 0, 1, seed=seed, drop_last=False) as loader:
+        loader.set_epoch(epoch)
+        for images, labels in loader:
+            for i, image, label in zip(loader.batch_indices, images, labels.tolist(), strict=True):
+                assert label == source.label(i), i
+                if i in out:  # a stand-in for a broken file: the same pixels as where it is itself
+                    assert torch.equal(out[i][0], image) and out[i][1] == label, i
+                out[i] = (image, label)
+    assert len(out) > N * 0.9
+    return out
 
 
-def _run(loader, stop=None):
-    """(batch sizes, delivered source indices) of one pass; labels checked against the pixels."""
+def _run(loader, reference, stop=None):
+    """(batch sizes, delivered source indices) of one pass; each sample's pixels and label checked against
+    ``reference``'s for its index."""
     sizes, delivered = [], []
     for k, (images, labels) in enumerate(loader):
-        assert torch.equal(_colour_of(images), labels)
+        for i, image, label in zip(loader.batch_indices, images, labels.tolist(), strict=True):
+            assert torch.equal(image, reference[i][0]) and label == reference[i][1], i
         sizes.append(len(labels))
         delivered += loader.batch_indices
         if stop is not None and k + 1 == stop:
@@ -65,10 +76,11 @@ def test_every_rank_yields_the_same_full_batches_whatever_it_skips(tmp_path, dro
     """5 broken files on rank 0's shard, 1 on rank 1's, batch 8: both ranks yield len(loader) batches of the
     same sizes, so neither waits in DDP for a batch the other never makes."""
     src, broken = _dataset(tmp_path)
+    reference = _reference(tmp_path, 0)
     runs = []
     for rank in range(2):
         with _make(tmp_path, rank, 2, drop_last=drop_last) as loader:
-            sizes, delivered = _run(loader)
+            sizes, delivered = _run(loader, reference)
             assert len(sizes) == len(loader) == (4 if drop_last else 5)
             assert loader.stats["skipped_count"] == (5, 1)[rank] == loader.stats["repeated"]
             assert not set(delivered) & broken
@@ -81,10 +93,11 @@ def test_exactly_once_across_three_ranks(tmp_path, broken_on):
     """70 samples over 3 ranks: every loadable sample is delivered, and nothing more than DistributedSampler's
     padding (2) and one stand-in per skipped file is delivered twice."""
     src, broken = _dataset(tmp_path, broken_on)
+    reference = _reference(tmp_path, 0)
     delivered, skipped = [], 0
     for rank in range(3):
         with _make(tmp_path, rank, 3, drop_last=False) as loader:
-            sizes, got = _run(loader)
+            sizes, got = _run(loader, reference)
             assert len(sizes) == len(loader) == 3 and sum(sizes) == 24
             delivered += got
             skipped += loader.stats["skipped_count"]
@@ -97,11 +110,14 @@ def test_elastic_resume_from_three_ranks_to_two(tmp_path):
     """Three ranks train two batches in lockstep; rank 0's state resumes on two ranks, with another worker
     count: the rest of the epoch, exactly once, with the crops an uninterrupted run gives."""
     _dataset(tmp_path, (0, 0))
+    reference = _reference(tmp_path, 1)
+    other_epoch = _reference(tmp_path, 0)  # the crops a resume in the wrong epoch would give
+    assert sum(not torch.equal(reference[i][0], other_epoch[i][0]) for i in range(N)) >= N - 2
     delivered = []
     for rank in range(3):
         with _make(tmp_path, rank, 3, drop_last=False) as loader:
             loader.set_epoch(1)
-            sizes, got = _run(loader, stop=2)
+            sizes, got = _run(loader, reference, stop=2)
             delivered += got
             if rank == 0:
                 state = loader.state_dict()
@@ -110,7 +126,7 @@ def test_elastic_resume_from_three_ranks_to_two(tmp_path):
     for rank in range(2):
         with _make(tmp_path, rank, 2, drop_last=False, num_workers=2, seed=123) as loader:
             loader.load_state_dict(state)
-            rest += _run(loader)[1]
+            rest += _run(loader, reference)[1]
     counts = collections.Counter(delivered + rest)
     assert set(counts) == set(range(N)) and sum(counts.values()) == N  # 22 left: two ranks of 11, no padding
     assert set(rest) == set(range(N)) - set(delivered)
@@ -118,15 +134,17 @@ def test_elastic_resume_from_three_ranks_to_two(tmp_path):
 
 def test_resume_with_another_worker_count_gives_the_same_batches(tmp_path):
     _dataset(tmp_path, (0, 0))
+    reference = _reference(tmp_path, 3)
     with _make(tmp_path, 0, 1) as loader:
         loader.set_epoch(3)
-        _run(loader, stop=2)
+        _run(loader, reference, stop=2)
         state = loader.state_dict()
     out = []
     for workers in (1, 2):
         with _make(tmp_path, 0, 1, num_workers=workers) as loader:
             loader.load_state_dict(state)
             out.append([(x, y, list(loader.batch_indices)) for x, y in loader])
+            assert all(torch.equal(x[k], reference[i][0]) for x, _, ind in out[-1] for k, i in enumerate(ind))
     assert len(out[0]) == len(out[1]) == 6
     for (xa, ya, ia), (xb, yb, ib) in zip(*out, strict=True):
         assert ia == ib and torch.equal(ya, yb) and torch.equal(xa, xb)

@@ -1,6 +1,5 @@
 """GPU path: parity with the CPU path, odd images inside a GPU batch, poisoning, memory. Marked gpu."""
 
-import math
 import os
 import time
 
@@ -13,6 +12,7 @@ from gpufeed import ImageLoader
 from gpufeed.augment.fused import normalize_constants, resized_crop_reference, resized_crop_triton
 from gpufeed.decode.base import DecodeJob
 from gpufeed.synth import create_synthetic_dataset
+from tests.helpers import psnr
 
 pytestmark = pytest.mark.gpu
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -23,11 +23,6 @@ def _uint8(x):
     m = torch.tensor(MEAN, device=x.device).view(1, 3, 1, 1)
     s = torch.tensor(STD, device=x.device).view(1, 3, 1, 1)
     return ((x.float() * s + m) * 255).cpu().numpy()
-
-
-def _psnr(a, b):
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return 10 * math.log10(255**2 / max(mse, 1e-12))
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +49,7 @@ def test_gpu_matches_cpu_for_the_same_crops(synth, decode, job_images):
         assert torch.equal(yg.cpu(), yc)
         a, b = _uint8(xg), _uint8(xc)
         assert (a.reshape(len(a), -1).max(axis=1) > 0).all()  # no image all-zero
-        scores += [_psnr(a[i], b[i]) for i in range(len(a))]
+        scores += [psnr(a[i], b[i]) for i in range(len(a))]
     assert len(scores) == 96 and min(scores) >= 30.0, sorted(scores)[:5]
     assert gpu.stats["decoded_by"].get(f"gpu:{gpu.decode_backend}", 0) == 96
     gpu.close(), cpu.close()
@@ -175,7 +170,7 @@ def test_odd_kinds_on_the_gpu_path_match_the_cpu_path(tmp_path, kind, decode):
     cpu = ImageLoader(tmp_path, device="cpu", **kw)
     (xg, _), = list(gpu)
     (xc, _), = list(cpu)
-    assert _psnr(_uint8(xg)[0], _uint8(xc)[0]) >= 30.0, kind
+    assert psnr(_uint8(xg)[0], _uint8(xc)[0]) >= 30.0, kind
     gpu.close(), cpu.close()
 
 
@@ -208,8 +203,8 @@ def test_gpu_decode_with_a_cpu_share_matches_the_cpu_path(synth, share):
     for (xg, yg), (xe, ye), (xc, yc) in zip(gpu, engines, cpu, strict=True):
         assert torch.equal(yg.cpu(), yc) and torch.equal(ye.cpu(), yc)
         a, e, b = _uint8(xg), _uint8(xe), _uint8(xc)
-        scores += [_psnr(a[i], b[i]) for i in range(len(a))]
-        assert min(_psnr(a[i], e[i]) for i in range(len(a))) >= 45.0
+        scores += [psnr(a[i], b[i]) for i in range(len(a))]
+        assert min(psnr(a[i], e[i]) for i in range(len(a))) >= 45.0
     assert len(scores) == 96 and min(scores) >= 30.0
     assert gpu.stats["decoded_by"]["cpu"] == round(share * 32) * 3 and gpu.stats["cpu_share"] == share
     from gpufeed.batched_copy import BatchedCopy
@@ -234,7 +229,7 @@ def test_nvjpeg_direct_decodes_a_mixed_batch_and_names_what_the_engines_refuse()
     torch.cuda.synchronize()
     for j, (good, out, ref) in enumerate(zip(ok, outs, refs)):
         if good:
-            assert _psnr(out.cpu().numpy(), ref) >= 40.0, j
+            assert psnr(out.cpu().numpy(), ref) >= 40.0, j
         else:
             assert (out == 7).all(), j
     assert ok[0] and ok[1] and ok[3] and ok[5], ok
@@ -274,7 +269,7 @@ def test_engine_decoders_write_only_after_the_streams_queued_work(decode):
     stream.synchronize()
     assert ok.all(), ok
     assert [bool((s == 7).all()) for s in snaps] == [True] * 8
-    assert min(_psnr(o.cpu().numpy(), r) for o, r in zip(outs, refs)) >= 40.0
+    assert min(psnr(o.cpu().numpy(), r) for o, r in zip(outs, refs)) >= 40.0
 
 
 def test_gpu_path_workers_stay_off_the_kept_cores(synth):
