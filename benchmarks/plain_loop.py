@@ -18,6 +18,7 @@ written out here.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import statistics
@@ -137,6 +138,8 @@ def main() -> int:
     result["images_per_s"] = statistics.median(result["epochs"][1:])
     result["of_ceiling"] = result["images_per_s"] / result["ceiling"] if result["ceiling"] else None
     result["cpu_share"] = stats.get("cpu_share")
+    # the tree's cropped CPU decode, built or not (a tree without it decodes whole images on the CPU)
+    result["cropped_decode"] = importlib.util.find_spec("gpufeed.decode._turbo_crop") is not None
     result["decode_backend"] = stats.get("decode_backend")
     print(f"{args.model}{' compiled' if args.compile else ''}, recipe {args.recipe}: "
           + ", ".join(f"{r:,.0f}" for r in result["epochs"]) + " images/s by epoch; "

@@ -166,6 +166,25 @@ def test_ab_harness_runs_a_commit_against_the_working_tree(synth_root, tmp_path)
     exported = next((tmp_path / ".cache" / "gpufeed" / "ab").iterdir())
     assert all(r["tree"].startswith(str(exported)) for r in ref)  # each tree ran its own code
     assert all(r["tree"].startswith(str(BENCHMARKS.parent / "src")) for r in cur)
+    assert all(r["cropped_decode"] for r in ref + cur)  # the reference's extension built too
+
+
+def test_ab_harness_builds_a_reference_folders_extension(synth_root, tmp_path):
+    """A reference given as a folder (an exported tree, as carried to a GPU machine) decodes as the working
+    tree does: its cropped-decode extension is built before it runs."""
+    import json
+    import subprocess
+
+    tree = tmp_path / "ref"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(BENCHMARKS.parent), "archive", "HEAD"], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    _script("ab.py", [str(synth_root), "--ref", str(tree), "--rows", "none", "--rounds", "1", "--epochs", "2",
+                      "--batch-size", "8", "--workers", "1", "--device", "cpu", "--json", str(tmp_path / "ab.json")],
+            tmp_path)
+    runs = json.loads((tmp_path / "ab.json").read_text())["runs"][f"none/{tree}"]
+    assert runs[0]["tree"].startswith(str(tree)) and runs[0]["cropped_decode"]
 
 
 def test_ab_harness_checks_the_bench_against_a_plain_loop(synth_root, tmp_path):
