@@ -30,7 +30,7 @@ from .baseline import create_baseline_loader
 from .monitor import Monitor, Reading
 from .ranks import over_ranks, together
 from .recipes import BenchRecipe
-from .train import TrainStep, ceiling_rate
+from .train import TrainStep, ceiling_rate, resident_batch
 
 # gpufeed: decode where ImageLoader's "auto" puts it; -cpu / -gpu force the CPU workers / a GPU decoder
 # (with the workers decoding the share of each batch that cpu_share="auto" settles on); -gpu-only: the GPU
@@ -123,6 +123,10 @@ def run_pipeline(name: str, root: str, cfg: Any, device: torch.device, step: Tra
     """Every epoch of pipeline ``name``; returns its row (see ``summarise``)."""
     if device.type == "cuda":
         torch.zeros(1, device=device)  # the CUDA context is this process's, not the loader's
+        if step is not None:  # the training's own memory (weights, activations, optimiser state) too
+            for _ in range(2):
+                step(*resident_batch(cfg.batch_size, device))
+            torch.cuda.synchronize(device)
     before = monitor.now(pss=True)  # before the loader takes its memory, host and GPU
     loader = make_loader(name, root, cfg, device, recipe)
     # the baseline's batch transform on the device, as its script would call it (gpufeed's runs in the loader)
