@@ -132,3 +132,19 @@ class HttpServer:
     def stop(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+def shards_over_http(root: Path, src, per_shard: int = 5) -> "HttpServer":
+    """``src``'s samples as WebDataset shards of ``per_shard`` written under ``root`` and served over HTTP:
+    {url}/shard-000.tar, ... (sample i in shard i // per_shard); ``server.root`` and ``server.pattern`` (the
+    brace range) say where."""
+    from gpufeed.synth import tar_shards
+
+    root.mkdir()
+    shards = list(tar_shards(src, per_shard))
+    for s, data in enumerate(shards):
+        (root / f"shard-{s:03d}.tar").write_bytes(data)
+    server = HttpServer(root)
+    server.root = root
+    server.pattern = f"{server.url}/shard-{{000..{len(shards) - 1:03d}}}.tar"
+    return server

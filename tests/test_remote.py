@@ -20,7 +20,7 @@ from gpufeed.sources.urls import expand_braces
 
 from gpufeed.synth import tar_shards
 
-from .servers import HttpServer, S3Server
+from .servers import HttpServer, S3Server, shards_over_http
 
 FAST = RetryPolicy(attempts=2, backoff=0.05, max_wait=0.1)
 KW = dict(batch_size=4, image_size=16, device="cpu", seed=3)
@@ -63,12 +63,7 @@ def fresh_s3(src):
 @pytest.fixture()
 def http(tmp_path, src):
     """The shards as files served over HTTP: {url}/shard-000.tar ... shard-007.tar."""
-    root = tmp_path / "www"
-    root.mkdir()
-    for s, data in enumerate(tar_shards(src, 5)):
-        (root / f"shard-{s:03d}.tar").write_bytes(data)
-    server = HttpServer(root)
-    server.root = root
+    server = shards_over_http(tmp_path / "www", src)
     yield server
     server.stop()
 

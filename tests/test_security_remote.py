@@ -30,7 +30,7 @@ from gpufeed.sources import FetchLimits, RetryPolicy, folder_source, remote_tar_
 from gpufeed.sources.retry import transient
 from gpufeed.synth import tar_shards
 
-from .servers import HttpServer, S3Server
+from .servers import HttpServer, S3Server, shards_over_http
 
 KW = dict(batch_size=4, image_size=16, device="cpu", seed=3)
 FAST = RetryPolicy(attempts=2, backoff=0.05, max_wait=0.1)
@@ -49,13 +49,7 @@ def src(synth_root):
 @pytest.fixture()
 def http(tmp_path, src):
     """8 shards of 5 samples served over HTTP: {url}/shard-000.tar ... shard-007.tar (sample i in shard i // 5)."""
-    root = tmp_path / "www"
-    root.mkdir()
-    for s, data in enumerate(tar_shards(src, 5)):
-        (root / f"shard-{s:03d}.tar").write_bytes(data)
-    server = HttpServer(root)
-    server.root = root
-    server.pattern = f"{server.url}/shard-{{000..007}}.tar"
+    server = shards_over_http(tmp_path / "www", src)
     yield server
     server.stop()
 
