@@ -24,6 +24,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from harness import REPO, bench_cmd, bench_figure, describe, figure, fresh_run, plain_loop_cmd, verdict
@@ -68,6 +69,8 @@ def main() -> int:
     p.add_argument("--ceiling-seconds", type=float, default=5.0, help="how long each run times the model alone")
     p.add_argument("--device", default="cuda")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take before it is stopped")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds for the whole comparison: no round is begun that would end past it")
     p.add_argument("--log", help="append every run's output to this file")
     p.add_argument("--json")
     args = p.parse_args()
@@ -79,7 +82,13 @@ def main() -> int:
         trees["bench"] = REPO / "src"
     rows = args.rows.split(",")
     runs: dict[tuple[str, str], list[dict]] = {(r, t): [] for r in rows for t in trees}
+    start, longest, done = time.monotonic(), 0.0, 0
     for rnd in range(args.rounds):
+        if args.budget is not None and time.monotonic() - start + longest > args.budget:
+            print(f"round {rnd + 1} not begun: it would end past --budget {args.budget:.0f} s "
+                  f"(a round took up to {longest:.0f} s)", flush=True)
+            break
+        began = time.monotonic()
         order = list(trees) if rnd % 2 == 0 else list(trees)[::-1]
         for row in rows:
             for tree in order:
@@ -92,13 +101,14 @@ def main() -> int:
                       ", ".join(f"{x:,.0f}" for x in run["epochs"]) + " images/s by epoch"
                       + (f", {100 * run['of_ceiling']:.1f}% of {run['ceiling']:,.0f}" if run.get("ceiling") else "")),
                       flush=True)
+        longest, done = max(longest, time.monotonic() - began), done + 1
     ext = {tree: {r.get("cropped_decode") for row in rows for r in runs[(row, tree)] if "error" not in r}
            for tree in trees}
     if len({v for values in ext.values() for v in values}) > 1:
         print(f"\nWARNING: the trees did not all have the cropped-decode extension: {ext}; the CPU decode differs")
     summary = {}
     if args.bench:
-        print(f"\ngpufeed bench against a plain loop over the same loader, the working tree; {args.rounds} rounds, "
+        print(f"\ngpufeed bench against a plain loop over the same loader, the working tree; {done} rounds, "
               f"{args.epochs} epochs a run, batch {args.batch_size}")
         print("| row | gpufeed bench | plain loop | bench against loop |\n|---|---|---|---|")
         for row in rows:
@@ -111,7 +121,7 @@ def main() -> int:
                   f"{describe(loop, share)} | {gap} |")
     for ref in args.ref:
         print(f"\nreference {ref} ({trees[ref].parent}) against the current tree ({REPO}); "
-              f"{args.rounds} rounds, {args.epochs} epochs a run, batch {args.batch_size}")
+              f"{done} rounds, {args.epochs} epochs a run, batch {args.batch_size}")
         print("| row | reference | current | change | verdict |\n|---|---|---|---|---|")
         for row in rows:
             old = [v for v in map(figure, runs[(row, ref)]) if v is not None]
@@ -124,7 +134,7 @@ def main() -> int:
                   f"{verdict(old, cur)} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"refs": args.ref, "summary": summary,
+            json.dump({"refs": args.ref, "rounds": done, "summary": summary,
                        "runs": {f"{r}/{t}": v for (r, t), v in runs.items()}}, f, indent=1)
     return 0
 

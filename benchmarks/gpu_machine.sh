@@ -12,7 +12,8 @@
 #     formats   folder, tar shards and Parquet (formats.py)    paced     the loader's GPU work against a training
 #     progressive  an epoch at each size (progressive.py)      ddp       every GPU under torchrun, gpufeed bench
 # Narrowing variables: TESTS (pytest arguments), TESTS_TIMEOUT, EPOCHS, ROUNDS, MODELS, AB_ROWS, AB_TIMEOUT,
-# AB_LIMIT (seconds for the whole a/b step), CEILING_S (seconds each a/b run times the model alone).
+# AB_BUDGET (no a/b round begun that would end past it), AB_LIMIT (seconds before the a/b step is killed),
+# CEILING_S (seconds each a/b run times the model alone).
 # Packages that machine lacks (simplejpeg, nvImageCodec, nvJPEG) are installed from .whl/ when it is there.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpufeed-out}; mkdir -p "$OUT"
@@ -46,7 +47,7 @@ step readme && (cd /tmp && timeout 300 python3 -m gpufeed bench --json $J/readme
   > "$OUT/readme.txt" 2>&1
 if step ab; then
   refs=""; for r in ${AB_REFS:-}; do [ -d "$r/src" ] || { echo "ab: $r holds no src/"; exit 2; }; refs="$refs --ref $r"; done
-  timeout ${AB_LIMIT:-590} python3 benchmarks/ab.py $DATA $refs ${AB_BENCH:+--bench} \
+  timeout ${AB_LIMIT:-590} python3 benchmarks/ab.py $DATA $refs ${AB_BENCH:+--bench} --budget ${AB_BUDGET:-500} \
     --rows ${AB_ROWS:-none,resnet50,resnet18} --rounds ${ROUNDS:-3} --epochs $E --timeout ${AB_TIMEOUT:-200} \
     --ceiling-seconds ${CEILING_S:-5} --log "$OUT/ab-runs.txt" --json $J/ab-${AB_ROWS:-all}.json > "$OUT/ab.txt" 2>&1
 fi

@@ -188,13 +188,15 @@ def test_ab_harness_builds_a_reference_folders_extension(synth_root, tmp_path):
 
 
 def test_ab_harness_checks_the_bench_against_a_plain_loop(synth_root, tmp_path):
-    """``--bench``: gpufeed bench of the working tree in every round beside its plain loop, and the gap."""
-    out = _script("ab.py", [str(synth_root), "--bench", "--rows", "none", "--rounds", "1", "--epochs", "2",
-                            "--batch-size", "8", "--workers", "1", "--device", "cpu"], tmp_path)
+    """``--bench``: gpufeed bench of the working tree in every round beside its plain loop, and the gap;
+    ``--budget``: no round is begun that would end past it (a round here takes seconds)."""
+    out = _script("ab.py", [str(synth_root), "--bench", "--rows", "none", "--rounds", "3", "--epochs", "2",
+                            "--batch-size", "8", "--workers", "1", "--device", "cpu", "--budget", "1"], tmp_path)
     (row,) = _rows(out)
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[0] == "none (images/s)" and re.fullmatch(r"[+-]\d+\.\d%", cells[3])
     assert "round 1 none bench:" in out and "round 1 none current:" in out
+    assert "round 2 not begun" in out and "round 2 none" not in out and "1 rounds" in out
 
 
 def test_monitor_cost_times_every_monitor(synth_root, tmp_path):
