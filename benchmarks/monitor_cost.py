@@ -97,8 +97,10 @@ def _epoch(loader, step, device, variant: str, monitors: dict) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     rate = n / (time.perf_counter() - t0)
-    if monitor is not None:
-        monitor.stop()
+    if monitor is not None:  # after the clock: the sampler's closing read is not timed
+        pending = monitor.stop()
+        if pending is not None:  # the sampler process's readings (the thread's are not kept)
+            pending.get()
     if bar is not None:
         bar.close()
     return rate

@@ -95,9 +95,35 @@ def test_monitor_reads_pss_of_child_processes_that_exit_before_the_phase_ends():
         finally:
             child.stdin.close()
             child.wait(timeout=30)
-        reading = monitor.stop()
+        reading = monitor.stop().get()
     assert reading.pss_peak - before["pss"] >= 60 << 20
     assert reading.rss_peak >= reading.rss_start > 0
+
+
+def test_monitor_phases_do_not_wait_for_the_sampler_and_their_readings_come_in_order():
+    """``start`` and ``stop`` only write their line (an epoch never begins late); each phase's ``Reading``
+    comes from its ``Pending``, in order, also when a later ``now()`` is read first."""
+    import time
+
+    from gpufeed.bench.monitor import Monitor, Reading
+
+    pytest.importorskip("psutil")
+    with Monitor(None) as monitor:
+        monitor.start()
+        time.sleep(0.05)
+        one = monitor.stop()
+        monitor.start()
+        child = _busy_child(80)
+        try:
+            time.sleep(0.3)
+            two = monitor.stop()
+        finally:
+            child.stdin.close()
+            child.wait(timeout=30)
+        now = monitor.now()  # read past both pending answers
+        second, first = two.get(), one.get()
+    assert isinstance(first, Reading) and isinstance(second, Reading) and set(now) >= {"rss", "cpu_seconds"}
+    assert second.rss_peak - first.rss_peak >= 60 << 20  # the child came in the second phase alone
 
 
 def test_monitor_samples_from_a_process_of_its_own_and_counts_cores_busy_over_the_phase():
@@ -113,6 +139,7 @@ def test_monitor_samples_from_a_process_of_its_own_and_counts_cores_busy_over_th
         threads = threading.active_count()
         t0 = time.perf_counter()
         monitor.start()
+        monitor.now()  # answered once the sampler has begun the phase: it takes its commands in order
         assert threading.active_count() == threads
         child = _busy_child(120)
         time.sleep(0.3)  # sampled meanwhile (RSS every fourth interval)
@@ -121,7 +148,7 @@ def test_monitor_samples_from_a_process_of_its_own_and_counts_cores_busy_over_th
         end = time.process_time() + 0.3
         while time.process_time() < end:  # this process busy for 0.3 s of CPU, however loaded the machine
             pass
-        reading = monitor.stop()
+        reading = monitor.stop().get()
         wall = time.perf_counter() - t0
     # CPU seconds over the phase's wall time: at least the 0.3 s this process spent within it, over at most the
     # wall time measured around it (here, not by the sampler: a machine's load scales both alike)

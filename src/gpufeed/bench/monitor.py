@@ -13,6 +13,7 @@ import os
 import select
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 
@@ -37,9 +38,25 @@ class Reading:
     cores_busy: float | None = None
 
 
-class Monitor:
-    """``start()`` / ``stop() -> Reading`` around one phase; ``read_pss()`` within one; ``now()`` outside.
+class Pending:
+    """A phase's ``Reading``, answered by the sampler while the measured process goes on (``Monitor.stop``)."""
 
+    def __init__(self, monitor: "Monitor") -> None:
+        self._monitor, self._reading = monitor, None
+
+    def get(self) -> Reading:
+        while self._reading is None:
+            self._monitor._take_one()
+        return self._reading
+
+
+class Monitor:
+    """``start()`` / ``stop() -> Pending`` around one phase; ``read_pss()`` within one; ``now()`` outside.
+
+    ``start``, ``read_pss`` and ``stop`` only write their line and return: the sampler takes its readings
+    while the measured process goes on, so no epoch begins late (a loader fills its pipeline in any pause
+    between epochs, which would time the next epoch faster than a plain loop runs it). ``stop`` hands back a
+    ``Pending`` whose ``get()`` gives the phase's ``Reading``; the answers come in order.
     ``what``: the sampled monitors ("nvml", "rss"); the CPU time and the readings at a phase's ends are
     always taken. Every answer awaited from the sampler has a deadline (``timeout`` seconds): a sampler that
     does not answer stops the bench with an error rather than hanging it.
@@ -52,6 +69,8 @@ class Monitor:
             [sys.executable, "-m", "gpufeed.bench.sampler", str(os.getpid()),
              str(-1 if gpu_index is None else gpu_index), str(interval), ",".join(what)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        self._pending: list[Pending] = []  # stop answers not yet read, oldest first
+        self._buffer = b""
         hello = self._answer()
         self.nvml: str | None = hello["nvml"]  # "ok", or why not
         self.psutil: bool = hello["psutil"]
@@ -61,30 +80,46 @@ class Monitor:
         self._proc.stdin.flush()
 
     def _answer(self) -> dict:
-        ready, _, _ = select.select([self._proc.stdout], [], [], self.timeout)
-        line = self._proc.stdout.readline() if ready else b""
-        if not line:
-            code = self._proc.poll()
-            raise RuntimeError(f"gpufeed bench: the sampler process did not answer within {self.timeout:.0f} s"
-                               + ("" if code is None else f" (it exited with status {code})"))
+        """The sampler's next answer line. Read from the descriptor into a buffer of our own: several answers
+        may be waiting at once, and a buffered file's readline would hide the rest from ``select``."""
+        fd, deadline = self._proc.stdout.fileno(), time.monotonic() + self.timeout
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(fd, 1 << 16) if ready else b""
+            if not chunk:
+                code = self._proc.poll()
+                raise RuntimeError(f"gpufeed bench: the sampler process did not answer within {self.timeout:.0f} s"
+                                   + ("" if code is None else f" (it exited with status {code})"))
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 
+    def _take_one(self) -> None:
+        """Read the oldest pending stop's answer into it."""
+        pending = self._pending.pop(0)
+        pending._reading = Reading(**self._answer())
+
     def start(self) -> None:
+        """Begin a phase; the caller does not wait for the sampler."""
         self._send("start")
-        self._answer()
 
     def read_pss(self) -> None:
         """Have the sampler read the tree's PSS now; the caller does not wait for it."""
         self._send("pss")
 
-    def stop(self) -> Reading:
+    def stop(self) -> Pending:
+        """End the phase; its readings come with the returned ``Pending``'s ``get()``."""
         self._send("stop")
-        return Reading(**self._answer())
+        pending = Pending(self)
+        self._pending.append(pending)
+        return pending
 
     def now(self, pss: bool = False) -> dict:
         """The tree's RSS (and PSS, when asked: it stalls the tree), NVML's "used" bytes and the tree's CPU
         seconds now; None for what cannot be read."""
         self._send("now-pss" if pss else "now")
+        while self._pending:  # answers come in order: the phases' before this one
+            self._take_one()
         return self._answer()
 
     def close(self) -> None:

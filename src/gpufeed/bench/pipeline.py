@@ -132,7 +132,7 @@ def run_pipeline(name: str, root: str, cfg: Any, device: torch.device, step: Tra
     # the baseline's batch transform on the device, as its script would call it (gpufeed's runs in the loader)
     mix = recipe.batch_transform if recipe is not None and name.startswith("baseline") else None
     kinds = epoch_kinds(cfg.epochs)
-    bar, epochs = _Bar(name, len(kinds)), []
+    bar, epochs, readings = _Bar(name, len(kinds)), [], []
     try:
         for index, kind in enumerate(kinds):
             _set_epoch(loader, index)
@@ -141,10 +141,9 @@ def run_pipeline(name: str, root: str, cfg: Any, device: torch.device, step: Tra
             if kind != "plain":
                 monitor.start()
             n, seconds = _epoch(loader, step, device, mix, pss_at, monitor)
-            reading = monitor.stop() if kind != "plain" else Reading()
+            readings.append(monitor.stop() if kind != "plain" else None)  # read once the epochs are over
             epochs.append({"kind": kind, "seconds": seconds, "images": int(over_ranks(n, device)),
-                           "images_per_s": over_ranks(n / seconds, device), "cpu_share": _cpu_share(loader),
-                           **reading.__dict__})
+                           "images_per_s": over_ranks(n / seconds, device), "cpu_share": _cpu_share(loader)})
             bar.step(f"{epochs[-1]['images_per_s']:,.0f} images/s")
         stats = getattr(loader, "stats", None)
         batches = len(loader)
@@ -153,6 +152,8 @@ def run_pipeline(name: str, root: str, cfg: Any, device: torch.device, step: Tra
         close = getattr(loader, "close", None)
         if close:
             close()
+    for epoch, pending in zip(epochs, readings):
+        epoch.update((pending.get() if pending is not None else Reading()).__dict__)
     return summarise(name, epochs, stats, batches, before)
 
 
@@ -231,6 +232,6 @@ def ceiling_row(step: TrainStep, batch_size: int, device: torch.device, monitor:
     """The model's own rate on tensors already on the GPU, with GPU busy read while it runs."""
     monitor.start()
     rate = ceiling_rate(step, batch_size, device)
-    reading = monitor.stop()
+    reading = monitor.stop().get()
     return {"pipeline": "GPU-resident tensors (ceiling)", "images_per_s": rate, "gpu_busy": reading.gpu_busy,
             "cpu_cores_busy": reading.cores_busy, "epochs": [], "warnings": []}

@@ -7,7 +7,8 @@ GPU_INDEX -1: no GPU. The last argument names what is sampled (default both: NVM
 memory; the tree's summed RSS, every fourth interval); ``benchmarks/monitor_cost.py`` times each alone.
 One JSON object per line answers each command read from standard input:
 
-- ``start``: begin a phase; answers the tree's RSS, NVML's "used" bytes and the tree's CPU seconds now.
+- ``start``: begin a phase, reading the tree's RSS, NVML's "used" bytes and the tree's CPU seconds now;
+  answers nothing (the measured process does not wait: its epoch has begun).
 - ``now``: the same readings, without starting anything; ``now-pss``: with the tree's PSS too.
 - ``pss``: read the tree's PSS (and RSS) now, into the phase's peaks; answers nothing, so the measured
   process does not wait for the read (which walks every process's page tables under its memory-map lock).
@@ -183,7 +184,7 @@ def serve(sampler: Sampler, stdin, stdout) -> None:
             line, buffer = buffer.split(b"\n", 1)
             command = line.decode().strip()
             if command == "start":
-                print(json.dumps(sampler.begin()), file=stdout, flush=True)
+                sampler.begin()
                 due = time.monotonic() + sampler.interval
             elif command in ("now", "now-pss"):
                 print(json.dumps(sampler.now(pss=command == "now-pss")), file=stdout, flush=True)
