@@ -73,6 +73,31 @@ def test_elastic_resume_delivers_the_rest_of_the_epoch_once(n, before, after, dr
     assert {s.state_dict()["offset"] for s in new} == {n}  # the epoch is done
 
 
+def test_a_state_saved_at_an_epochs_start_begins_that_epoch_on_the_new_ranks():
+    """Saved before anything of the epoch was delivered (1 rank, batch 64), resumed on 4 ranks of batch 8: the
+    epoch is begun there, so a second stop and resume within it ends where 4 x 8 ends it (96 of 100), not
+    where the first configuration would have (64)."""
+    n, world, batch = 100, 4, 8
+    first = ShardedSampler(n, seed=4, world_size=1, batch_size=64, drop_last=True, epoch=1).state_dict()
+    ranks = [ShardedSampler(n, seed=0, rank=r, world_size=world, batch_size=batch, drop_last=True)
+             for r in range(world)]
+    for s in ranks:
+        s.load_state_dict(first)
+    delivered = []
+    for s in ranks:  # one batch each, then a checkpoint
+        delivered += s.remaining()[:batch]
+        s.advance(batch)
+    again = ranks[0].state_dict()
+    resumed = [ShardedSampler(n, seed=0, rank=r, world_size=world, batch_size=batch, drop_last=True)
+               for r in range(world)]
+    for s in resumed:
+        s.load_state_dict(again)
+        delivered += s.remaining()
+    assert {len(s.remaining()) for s in resumed} == {2 * batch}  # equal batches on every rank
+    whole = ShardedSampler(n, seed=4, world_size=1, epoch=1).full_order()[:96]
+    assert sorted(delivered) == sorted(whole)  # exactly the epoch as 4 x 8 delivers it, nothing lost or twice
+
+
 def test_an_old_state_without_offset_needs_the_same_world_size():
     old = {"epoch": 1, "position": 3, "seed": 2, "world_size": 2, "num_samples_total": 20}
     s = ShardedSampler(20, world_size=2, rank=1)

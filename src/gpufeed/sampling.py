@@ -384,9 +384,10 @@ class ShardedSampler:
             _log.warning("gpufeed: the state_dict was saved with seed=%d, this loader was made with seed=%d: it goes "
                          "on with seed %d, the order the state was saved in", state["seed"], self.seed, state["seed"])
         self.seed, self.epoch, self.start, self.position = state["seed"], state["epoch"], start, position
-        self.begun = None if tuple(begun) == (self.world_size, self.batch_size) else tuple(begun)
-        # nothing of the epoch delivered yet: the new world size's own order serves as exactly
-        self.order_world_size = None if order_world == self.world_size or start == position == 0 else order_world
+        # nothing of the epoch delivered yet: it is begun here, on these ranks, in their own order
+        fresh = start == position == 0
+        self.begun = None if fresh or tuple(begun) == (self.world_size, self.batch_size) else tuple(begun)
+        self.order_world_size = None if order_world == self.world_size or fresh else order_world
 
 
 def _check_sampler_state(state: object) -> None:
