@@ -295,8 +295,8 @@ class WorkerPool:
     def _check_workers(self) -> None:
         now = time.monotonic()
         for i, w in enumerate(self._workers):
+            alive = w.alive()  # first: a dead worker's record no longer changes, so the read below is its last sample
             held = self._progress[i].read()
-            alive = w.alive()
             if alive and not (held and self.sample_timeout and now - held.since > self.sample_timeout):
                 continue
             entry = self._pending.get(held.batch_id) if held else None
