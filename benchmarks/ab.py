@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -56,6 +57,14 @@ def _with_extension(root: Path) -> Path:
     return root
 
 
+class _Stopped(Exception):
+    """SIGTERM arrived (a `timeout` around the harness)."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stopped
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("data")
@@ -74,6 +83,8 @@ def main() -> int:
     p.add_argument("--log", help="append every run's output to this file")
     p.add_argument("--json")
     args = p.parse_args()
+    start = time.monotonic()  # --budget counts the references' export and build too
+    signal.signal(signal.SIGTERM, _stop)  # a `timeout` ending the step still gets the tables of the runs made
     if not args.ref and not args.bench:
         p.error("give --ref REV|DIR (repeatable), --bench, or both")
     trees = {ref: reference_tree(ref) / "src" for ref in args.ref}
@@ -82,28 +93,35 @@ def main() -> int:
         trees["bench"] = REPO / "src"
     rows = args.rows.split(",")
     runs: dict[tuple[str, str], list[dict]] = {(r, t): [] for r in rows for t in trees}
-    start, longest, done = time.monotonic(), 0.0, 0
-    for rnd in range(args.rounds):
-        if args.budget is not None and time.monotonic() - start + longest > args.budget:
-            print(f"round {rnd + 1} not begun: it would end past --budget {args.budget:.0f} s "
-                  f"(a round took up to {longest:.0f} s)", flush=True)
-            break
-        began = time.monotonic()
-        order = list(trees) if rnd % 2 == 0 else list(trees)[::-1]
-        for row in rows:
-            for tree in order:
-                cmd = bench_cmd(args.data, row, args) if tree == "bench" else plain_loop_cmd(args.data, row, args)
-                run = fresh_run(cmd, src=trees[tree], timeout=args.timeout, log=Path(args.log) if args.log else None)
-                if tree == "bench":
-                    run = bench_figure(run)
-                runs[(row, tree)].append(run)
-                print(f"round {rnd + 1} {row} {tree}: " + (run.get("error") or run.get("unsupported") or
-                      ", ".join(f"{x:,.0f}" for x in run["epochs"]) + " images/s by epoch"
-                      + (f", {100 * run['of_ceiling']:.1f}% of {run['ceiling']:,.0f}" if run.get("ceiling") else "")),
-                      flush=True)
-        longest, done = max(longest, time.monotonic() - began), done + 1
+    longest, done = 0.0, 0
+    try:
+        for rnd in range(args.rounds):
+            if args.budget is not None and time.monotonic() - start + longest > args.budget:
+                print(f"round {rnd + 1} not begun: it would end past --budget {args.budget:.0f} s "
+                      f"(a round took up to {longest:.0f} s)", flush=True)
+                break
+            began = time.monotonic()
+            order = list(trees) if rnd % 2 == 0 else list(trees)[::-1]
+            for row in rows:
+                for tree in order:
+                    cmd = bench_cmd(args.data, row, args) if tree == "bench" else plain_loop_cmd(args.data, row, args)
+                    run = fresh_run(cmd, src=trees[tree], timeout=args.timeout,
+                                    log=Path(args.log) if args.log else None)
+                    if tree == "bench":
+                        run = bench_figure(run)
+                    runs[(row, tree)].append(run)
+                    print(f"round {rnd + 1} {row} {tree}: " + (run.get("error") or run.get("unsupported") or
+                          ", ".join(f"{x:,.0f}" for x in run["epochs"]) + " images/s by epoch"
+                          + (f", {100 * run['of_ceiling']:.1f}% of {run['ceiling']:,.0f}" if run.get("ceiling")
+                             else "")), flush=True)
+            longest, done = max(longest, time.monotonic() - began), done + 1
+    except _Stopped:
+        print(f"stopped (SIGTERM) in round {done + 1}: the tables below count the runs made", flush=True)
+    failed = {f"{row}/{tree}": n for (row, tree), rs in runs.items() if (n := sum("error" in r for r in rs))}
+    if failed:
+        print(f"\nruns that failed, left out of the tables: {failed}")
     ext = {tree: {r.get("cropped_decode") for row in rows for r in runs[(row, tree)] if "error" not in r}
-           for tree in trees}
+           for tree in trees if tree != "bench"}  # the bench runs the working tree's code
     if len({v for values in ext.values() for v in values}) > 1:
         print(f"\nWARNING: the trees did not all have the cropped-decode extension: {ext}; the CPU decode differs")
     summary = {}

@@ -92,9 +92,9 @@ def describe(values: list[float], share: bool) -> str:
 
 def verdict(reference: list[float], current: list[float]) -> str:
     """faster / slower when every run of one tree beats every run of the other, else within noise (the runs'
-    own spread is the noise)."""
-    if not reference or not current:
-        return "-"
+    own spread is the noise); with fewer than two runs of either there is no spread to judge by."""
+    if len(reference) < 2 or len(current) < 2:
+        return f"too few runs ({len(reference)} and {len(current)})"
     if min(current) > max(reference):
         return "faster"
     if max(current) < min(reference):

@@ -169,6 +169,40 @@ def test_ab_harness_runs_a_commit_against_the_working_tree(synth_root, tmp_path)
     assert all(r["cropped_decode"] for r in ref + cur)  # the reference's extension built too
 
 
+def test_ab_verdict_needs_every_run_of_one_tree_past_every_run_of_the_other_and_two_of_each(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from harness import verdict
+
+    assert verdict([100, 104], [105, 106]) == "faster" and verdict([100, 104], [90, 99]) == "slower"
+    assert verdict([100, 104], [103, 110]) == "within noise"
+    assert verdict([1000], [1000.5]) == "too few runs (1 and 1)"  # one run has no spread to judge by
+    assert verdict([1000, 1100, 1050], [1101]) == "too few runs (3 and 1)"
+
+
+def test_ab_harness_prints_its_tables_when_stopped(synth_root, tmp_path):
+    """A ``timeout`` (SIGTERM) ending the harness mid-way still gets the tables of the runs made."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([sys.executable, str(BENCHMARKS / "ab.py"), str(synth_root), "--bench", "--rows", "none",
+                             "--rounds", "50", "--epochs", "2", "--batch-size", "8", "--workers", "1", "--device",
+                             "cpu"], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    lines = []
+    for line in proc.stdout:  # the first run's line, then stop it within the next
+        lines.append(line)
+        if line.startswith("round 1 none"):
+            break
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGTERM)
+    out = "".join(lines) + proc.stdout.read()
+    assert proc.wait(timeout=60) == 0
+    assert "stopped (SIGTERM) in round" in out
+    (row,) = _rows(out)
+    assert row.startswith("| none (images/s) |")
+
+
 def test_ab_harness_builds_a_reference_folders_extension(synth_root, tmp_path):
     """A reference given as a folder (an exported tree, as carried to a GPU machine) decodes as the working
     tree does: its cropped-decode extension is built before it runs."""
@@ -197,6 +231,7 @@ def test_ab_harness_checks_the_bench_against_a_plain_loop(synth_root, tmp_path):
     assert cells[0] == "none (images/s)" and re.fullmatch(r"[+-]\d+\.\d%", cells[3])
     assert "round 1 none bench:" in out and "round 1 none current:" in out
     assert "round 2 not begun" in out and "round 2 none" not in out and "1 rounds" in out
+    assert "WARNING" not in out  # the bench runs the working tree: no extension mismatch to report
 
 
 def test_monitor_cost_times_every_monitor(synth_root, tmp_path):
