@@ -76,8 +76,12 @@ class Monitor:
         self.psutil: bool = hello["psutil"]
 
     def _send(self, command: str) -> None:
-        self._proc.stdin.write(command.encode() + b"\n")
-        self._proc.stdin.flush()
+        try:
+            self._proc.stdin.write(command.encode() + b"\n")
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            raise RuntimeError(f"gpufeed bench: the sampler process exited (status {self._proc.poll()}) "
+                               f"before the command {command!r}") from None
 
     def _answer(self) -> dict:
         """The sampler's next answer line. Read from the descriptor into a buffer of our own: several answers
@@ -108,10 +112,19 @@ class Monitor:
         self._send("pss")
 
     def stop(self) -> Pending:
-        """End the phase; its readings come with the returned ``Pending``'s ``get()``."""
+        """End the phase; its readings come with the returned ``Pending``'s ``get()``. Answers already
+        arrived are taken in, without waiting, so that unread ones never fill the pipe and stall the sampler."""
         self._send("stop")
         pending = Pending(self)
         self._pending.append(pending)
+        fd = self._proc.stdout.fileno()
+        while select.select([fd], [], [], 0)[0]:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:  # the sampler is gone: the next wait says so
+                break
+            self._buffer += chunk
+        while self._pending and b"\n" in self._buffer:
+            self._take_one()
         return pending
 
     def now(self, pss: bool = False) -> dict:

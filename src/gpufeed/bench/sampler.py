@@ -40,8 +40,9 @@ class _Tree:
         self.psutil, self.root = psutil, psutil.Process(pid)
 
     def _members(self) -> list:
+        """The tree, less this sampler (a child of the measured process: its own reads are not the tree's)."""
         try:
-            return [self.root, *self.root.children(recursive=True)]
+            return [p for p in (self.root, *self.root.children(recursive=True)) if p.pid != os.getpid()]
         except self.psutil.NoSuchProcess:
             return []
 
