@@ -11,6 +11,8 @@
 #     decode    each decode backend alone (decode_only.py)     memory    GPU memory per epoch (gpu_memory.py)
 #     formats   folder, tar shards and Parquet (formats.py)    paced     the loader's GPU work against a training
 #     progressive  an epoch at each size (progressive.py)      ddp       every GPU under torchrun, gpufeed bench
+#     steady    every epoch's rate fresh, after other loaders, after validation passes, under a CPU hog
+#               (steady.py, loader only and MODELS)
 # Narrowing variables: TESTS (pytest arguments), TESTS_TIMEOUT, EPOCHS, ROUNDS, MODELS, AB_ROWS, AB_TIMEOUT,
 # AB_BUDGET (no a/b round begun that would end past it), AB_LIMIT (seconds before the a/b step is killed),
 # CEILING_S (seconds each a/b run times the model alone).
@@ -61,6 +63,12 @@ if step memory; then
 fi
 step formats && timeout 400 python3 benchmarks/formats.py $DATA --workers $(nproc) > "$OUT/formats.txt" 2>&1
 step paced && timeout 400 python3 benchmarks/paced.py $DATA --workers $(nproc) > "$OUT/paced.txt" 2>&1
+if step steady; then
+  for m in none ${MODELS:-resnet18}; do
+    timeout 300 python3 benchmarks/steady.py $DATA --model $m --epochs 6 --json $J/steady-$m.json \
+      >> "$OUT/steady.txt" 2>&1
+  done
+fi
 step progressive && timeout 300 python3 benchmarks/progressive.py $DATA --device cuda > "$OUT/progressive.txt" 2>&1
 if step ddp; then
   G=$(nvidia-smi -L | wc -l)
@@ -71,7 +79,7 @@ if step ddp; then
       >> "$OUT/ddp.txt" 2>&1
   done
 fi
-for s in monitors readme ab shards decode memory formats paced progressive ddp; do
+for s in monitors readme ab shards decode memory formats paced progressive steady ddp; do
   step $s && [ -f "$OUT/$s.txt" ] && { echo "== $s"; grep -E "^\||^gpufeed bench|^- |FAILED|Error|round " "$OUT/$s.txt" | cut -c1-260; }
 done
 tar -czf "$OUT/json.tgz" -C $J . 2>/dev/null

@@ -239,3 +239,24 @@ def test_monitor_cost_times_every_monitor(synth_root, tmp_path):
                                       "--workers", "1", "--device", "cpu"], tmp_path)
     names = [r.split("|")[1].strip() for r in _rows(out)]
     assert names == ["plain", "sampler", "sampler-nvml", "sampler-rss", "pss", "thread", "bar", "sum"]
+
+
+def test_steady_times_every_epoch_of_each_scenario_in_a_process_of_its_own(synth_root, tmp_path):
+    """benchmarks/steady.py, tiny: each scenario's epochs, the marked ones (validation before, the hog during)
+    starred and left out of the steady rate, the validation passes timed, the hog's curve read."""
+    import json
+    import statistics
+
+    out = _script("steady.py", [str(synth_root), "--device", "cpu", "--epochs", "6", "--batch-size", "8",
+                                "--workers", "1", "--hog-cores", "1", "--json", str(tmp_path / "s.json")], tmp_path)
+    results = {r["scenario"]: r for r in json.loads((tmp_path / "s.json").read_text())}
+    assert set(results) == {"fresh", "after-loaders", "after-validation", "hog"}
+    assert all(len(r["epochs"]) == 6 and all(x > 0 for x in r["epochs"]) for r in results.values())
+    assert len({r["pid"] for r in results.values()}) == 4  # each in a fresh process
+    val, hog = results["after-validation"], results["hog"]
+    assert val["marked"] == [3, 5] and len(val["validation"]) == 2 and hog["marked"] == [2, 3]
+    assert val["steady"] == statistics.median([val["epochs"][i] for i in (2, 4)])
+    assert results["fresh"]["marked"] == [] and results["fresh"]["steady"] == statistics.median(
+        results["fresh"]["epochs"][2:])
+    rows = {r.split("|")[1].strip(): r for r in _rows(out) if r.split("|")[1].strip() in results}
+    assert set(rows) == set(results) and "*" in rows["hog"] and "*" not in rows["fresh"]
