@@ -15,7 +15,7 @@
 #               (steady.py, loader only and MODELS)
 # Narrowing variables: TESTS (pytest arguments), TESTS_TIMEOUT, EPOCHS, ROUNDS, MODELS, AB_ROWS, AB_TIMEOUT,
 # AB_BUDGET (no a/b round begun that would end past it), AB_LIMIT (seconds before the a/b step is killed),
-# CEILING_S (seconds each a/b run times the model alone).
+# CEILING_S (seconds each a/b run times the model alone), INFO=0 (no `gpufeed info`, which tries every decoder).
 # Packages that machine lacks (simplejpeg, nvImageCodec, nvJPEG) are installed from .whl/ when it is there.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpufeed-out}; mkdir -p "$OUT"
@@ -28,14 +28,15 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 # the optional cropped-decode extension, where the machine has gcc and libjpeg's headers (else whole-image decode)
 python3 setup.py -q build_ext --inplace > "$OUT/build_ext.txt" 2>&1 || echo "cropped-decode extension not built (see info.txt)"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,utilization.gpu,clocks.sm --format=csv; nproc
-  python3 -m gpufeed info; cat "$OUT/build_ext.txt"; } > "$OUT/info.txt" 2>&1
+  [ "${INFO:-1}" = 1 ] && python3 -m gpufeed info; cat "$OUT/build_ext.txt"; } > "$OUT/info.txt" 2>&1
 rm -f "$OUT/build_ext.txt"
 grep -i "decode\|gpu 0" "$OUT/info.txt"
 STEPS=" ${STEPS:-tests readme ab} "
 step() { [[ "$STEPS" == *" $1 "* ]]; }
 status=0
 DATA=/tmp/synth10k
-python3 -m gpufeed synth $DATA --n 10000 --seed 0 > /dev/null
+# kept on a warm machine: generated again only when no earlier call finished it
+[ -f $DATA.done ] || { python3 -m gpufeed synth $DATA --n 10000 --seed 0 > /dev/null && touch $DATA.done; }
 mkdir -p ~/.cache/gpufeed && ln -sfn $DATA ~/.cache/gpufeed/synth-10000-seed0  # the README command's default data
 E=${EPOCHS:-4}
 if step tests; then
