@@ -391,10 +391,10 @@ class GpuStage:
         self.decode, self.per_sample = decode, per_sample
         self.name, self.decoded_by, self.read_on = decode.name, decode.decoded_by, decode.read_on
 
-    def start(self, batch: "HostBatch") -> tuple["HostBatch", _Started]:
-        return batch, self.decode.start(batch)
+    def start(self, batch: "HostBatch") -> _Started:
+        return self.decode.start(batch)
 
-    def finish(self, started: tuple["HostBatch", _Started]) -> Delivered:
-        batch, inner = started
-        images, labels = self.decode.finish(inner)  # may put stand-ins in batch.indices
+    def finish(self, started: _Started) -> Delivered:
+        batch = started.batch
+        images, labels = self.decode.finish(started)  # may put stand-ins in batch.indices
         return Delivered(*self.per_sample(images, labels, batch), batch.indices, batch.consumed)
