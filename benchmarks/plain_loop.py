@@ -74,6 +74,21 @@ def ceiling(step, batch_size: int, device: torch.device, seconds: float = 5.0) -
     return steps * batch_size / (time.perf_counter() - t0)
 
 
+def plain_epoch(loader, step, device: torch.device, on_batch=None) -> float:
+    """One epoch of ``for images, labels in loader: step(images, labels)``: its images/s, the device
+    synchronised at its end. ``on_batch(n)`` after each batch of n images (a reading of ``steady.py``'s)."""
+    n, t0 = 0, time.perf_counter()
+    for images, labels in loader:
+        if step is not None:
+            step(images, labels)
+        n += images.shape[0]
+        if on_batch is not None:
+            on_batch(images.shape[0])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return n / (time.perf_counter() - t0)
+
+
 def recipe(name: str, image_size: int = 224):
     """(transform, batch_transform) of a recipe of ``gpufeed bench --recipe`` (None, None: the loader's own)."""
     if name == "standard":
@@ -126,14 +141,7 @@ def main() -> int:
     with loader:
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
-            n, t0 = 0, time.perf_counter()
-            for images, labels in loader:
-                if step is not None:
-                    step(images, labels)
-                n += images.shape[0]
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            result["epochs"].append(n / (time.perf_counter() - t0))
+            result["epochs"].append(plain_epoch(loader, step, device))
         stats = loader.stats
     result["images_per_s"] = statistics.median(result["epochs"][1:])
     result["of_ceiling"] = result["images_per_s"] / result["ceiling"] if result["ceiling"] else None

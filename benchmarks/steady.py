@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from plain_loop import ceiling, make_step
+from plain_loop import ceiling, make_step, plain_epoch
 
 from gpufeed import ImageLoader
 
@@ -72,20 +72,6 @@ class Hog:
             if p.is_alive():
                 p.kill()
         self._procs = []
-
-
-def _epoch(loader, step, device, on_batch=None) -> float:
-    """One plain epoch: images/s, the device synchronised at its end."""
-    n, t0 = 0, time.perf_counter()
-    for images, labels in loader:
-        if step is not None:
-            step(images, labels)
-        n += images.shape[0]
-        if on_batch is not None:
-            on_batch(images.shape[0])
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return n / (time.perf_counter() - t0)
 
 
 class _Windows:
@@ -138,7 +124,7 @@ def run_scenario(name: str, args) -> dict:
         try:
             for epoch in range(args.epochs):
                 if validation is not None and epoch in VALIDATION_BEFORE:
-                    result["validation"].append(_epoch(validation, None, device))
+                    result["validation"].append(plain_epoch(validation, None, device))
                     result["marked"].append(epoch)
                 if hog is not None and epoch in (HOG_DURING[0], HOG_DURING[-1] + 1):
                     (hog.start if epoch == HOG_DURING[0] else hog.stop)()
@@ -148,7 +134,7 @@ def run_scenario(name: str, args) -> dict:
                 loader.set_epoch(epoch)
                 if windows is not None:
                     windows.restart()
-                result["epochs"].append(_epoch(loader, step, device, windows))
+                result["epochs"].append(plain_epoch(loader, step, device, windows))
         finally:
             if hog is not None:
                 hog.stop()
