@@ -1,5 +1,6 @@
 """Real servers for the remote-data tests, started in the test run: moto's S3 server (the S3 REST API over
-HTTP, reached through s3fs) and the standard library's HTTP server (with 503s), each with a request log."""
+HTTP, reached through s3fs) and the standard library's HTTP server (with 503s), each with a request log; and
+what those tests share: a fast retry policy, an index cache of each test's own, the samples they serve."""
 
 from __future__ import annotations
 
@@ -12,6 +13,22 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+
+from gpufeed.sources import RetryPolicy, folder_source
+
+FAST = RetryPolicy(attempts=2, backoff=0.05, max_wait=0.1)
+
+
+@pytest.fixture(autouse=True)
+def own_index_cache(tmp_path, monkeypatch):
+    """Each test's remote indexes in a cache of its own (autouse in the modules that import it)."""
+    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def src(synth_root):
+    """The synthetic folder's samples, which the servers hold as shards."""
+    return folder_source(synth_root)
 
 
 class S3Server:

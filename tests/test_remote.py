@@ -20,20 +20,9 @@ from gpufeed.sources.urls import expand_braces
 
 from gpufeed.synth import tar_shards
 
-from .servers import HttpServer, S3Server, shards_over_http
+from .servers import FAST, HttpServer, S3Server, own_index_cache, shards_over_http, src  # noqa: F401 (fixtures)
 
-FAST = RetryPolicy(attempts=2, backoff=0.05, max_wait=0.1)
 KW = dict(batch_size=4, image_size=16, device="cpu", seed=3)
-
-
-@pytest.fixture(autouse=True)
-def _own_index_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "cache"))
-
-
-@pytest.fixture(scope="module")
-def src(synth_root):
-    return folder_source(synth_root)
 
 
 def _server_with_shards(src) -> S3Server:
