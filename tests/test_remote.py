@@ -15,7 +15,7 @@ import torch
 
 from gpufeed import ImageLoader
 from gpufeed.sampling import ShardedSampler
-from gpufeed.sources import RetryPolicy, create_source, folder_source, remote_tar_source, tar_source
+from gpufeed.sources import RetryPolicy, create_source, remote_tar_source, tar_source
 from gpufeed.sources.urls import expand_braces
 
 from gpufeed.synth import tar_shards

@@ -26,7 +26,7 @@ import urllib.parse
 import pytest
 
 from gpufeed import ImageLoader, WorkerError
-from gpufeed.sources import FetchLimits, RetryPolicy, folder_source, remote_tar_source
+from gpufeed.sources import FetchLimits, RetryPolicy, remote_tar_source
 from gpufeed.sources.retry import transient
 from gpufeed.synth import tar_shards
 
