@@ -16,12 +16,20 @@ import numpy as np
 # The extensions torchvision's ImageFolder accepts (torchvision.datasets.folder.IMG_EXTENSIONS).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 LABEL_MAX = (1 << 63) - 1  # labels travel as int64
+LABEL_TEXT_MAX = 64  # a label's text (a .cls member, a list's column): a longer one is not parsed, since
+# int() of a huge digit string is slow
 _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
           stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
 
 
 class TooLarge(OSError):
     """A file or a response over its byte cap, refused before it was read whole."""
+
+
+def refuse_over(size: int, max_bytes: int | None, where: str) -> None:
+    """``TooLarge`` naming ``where`` when a sample of ``size`` bytes is over ``max_bytes``, before it is read."""
+    if max_bytes is not None and size > max_bytes:
+        raise TooLarge(f"{where}: {size} bytes, over max_bytes={max_bytes}: refused unread")
 
 
 def read_file(path: str, max_bytes: int | None = None) -> bytes:
@@ -67,6 +75,16 @@ def check_label(value: Any, where: str, num_classes: int | None = None) -> int:
     if label > LABEL_MAX:
         raise ValueError(f"{where}: label {label} does not fit in int64")
     return label
+
+
+def parse_label(text: str | bytes, where: str) -> int:
+    """The label a text holds (at most ``LABEL_TEXT_MAX`` characters, an optional sign and digits), checked
+    as ``check_label`` checks it; else a ValueError naming ``where``."""
+    text = text.strip()
+    digits = text[1:] if text[:1] in ("+", "-", b"+", b"-") else text
+    if len(text) > LABEL_TEXT_MAX or not (digits.isascii() and digits.isdigit()):
+        raise ValueError(f"{where}: label must be an integer, got {text[:20]!r}")
+    return check_label(int(text), where)
 
 
 def digest(*parts: "bytes | str | np.ndarray | Sequence[str]") -> str:

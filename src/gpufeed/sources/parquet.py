@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .base import LABEL_MAX, Groups, TooLarge, digest, relative
+from .base import LABEL_MAX, Groups, digest, refuse_over, relative
 from .fetch import FetchLimits
 from .retry import RetryPolicy, with_retries
 from .spool import Make, Readahead, Spool
@@ -273,8 +273,7 @@ class ParquetSource:
         fd, (offset, size, _, _) = self._row(index)
         if size == NULL_IMAGE:
             raise OSError(f"{self.path(index)}: the image column {self.image_column!r} is null")
-        if max_bytes is not None and size > max_bytes:
-            raise TooLarge(f"{self.path(index)}: {size} bytes, over max_bytes={max_bytes}: refused unread")
+        refuse_over(size, max_bytes, self.path(index))
         data = os.pread(fd, size, offset)
         if len(data) != size:
             raise OSError(f"{self.path(index)}: read {len(data)} of {size} bytes of its extracted row group")

@@ -24,12 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from .base import IMG_EXTENSIONS, Groups, TooLarge, digest
+from .base import IMG_EXTENSIONS, Groups, digest, refuse_over
 from .fetch import FetchLimits
 from .private import private_dir, read_json, write_json
 from .retry import RetryPolicy
 from .spool import Readahead, Spool
-from .tar import CLS_BYTES, cls_label
+from .tar import CLS_BYTES, cls_label, split_labels
 from .urls import expand_braces, filesystem, join, redact, scheme, unsigned
 
 _log = logging.getLogger("gpufeed")
@@ -120,12 +120,7 @@ def parse_members(path: str | int, extensions: tuple[str, ...] = IMG_EXTENSIONS)
     finally:
         if total:
             mm.close()
-    labels, bad = [], {}
-    for k, (n, _, _) in enumerate(images):
-        label = cls_of.get(os.path.splitext(n)[0], -1)
-        if isinstance(label, str):
-            bad[k], label = label, -1
-        labels.append(label)
+    labels, bad = split_labels([cls_of.get(os.path.splitext(n)[0], -1) for n, _, _ in images])
     return Members([n for n, _, _ in images], [o for _, o, _ in images], [s for _, _, s in images], labels,
                    complete, bad)
 
@@ -256,8 +251,7 @@ class RemoteTarSource:
             raise OSError(f"{self.shown[s]}: sample {k} missing: the shard ends after {len(members.names)} "
                           f"complete samples of {int(self.counts[s])} (truncated)")
         size = members.sizes[k]
-        if max_bytes is not None and size > max_bytes:
-            raise TooLarge(f"{self.path(index)}: {size} bytes, over max_bytes={max_bytes}: refused unread")
+        refuse_over(size, max_bytes, self.path(index))
         data = os.pread(fd, size, members.offsets[k])
         if len(data) != size:
             raise OSError(f"{self.path(index)}: read {len(data)} of {size} bytes")
@@ -266,9 +260,9 @@ class RemoteTarSource:
     def label(self, index: int) -> int:
         s, k = self._groups.locate(index)
         members = self._shard(s)[1]
-        if k in members.bad:
-            raise ValueError(f"{self.shown[s]}:{members.bad[k]}")
         label = members.labels[k] if k < len(members.labels) else -1
+        if label < 0 and k in members.bad:  # a .cls that holds no label
+            raise ValueError(f"{self.shown[s]}:{members.bad[k]}")
         if label < 0:
             name = members.names[k] if k < len(members.names) else f"sample {k}"
             raise ValueError(f"{self.shown[s]}:{name}: no '{os.path.splitext(name)[0]}.cls' member")

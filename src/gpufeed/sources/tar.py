@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import IMG_EXTENSIONS, TooLarge, check_label, digest, relative
+from .base import IMG_EXTENSIONS, LABEL_TEXT_MAX, digest, parse_label, refuse_over, relative
 
-CLS_BYTES = 64  # a .cls member holds a number: a longer one is not read
+CLS_BYTES = LABEL_TEXT_MAX  # a .cls member holds a number: a longer one is not read
 
 
 class TarSource:
@@ -43,14 +43,14 @@ class TarSource:
         return f"{self.shards[self._shard[index]]}:{self._names[index]}"
 
     def label(self, index: int) -> int:
-        if index in self._bad:
+        label = int(self._labels[index])
+        if label < 0:  # a .cls that holds no label (``_bad`` says why)
             raise ValueError(self._bad[index])
-        return int(self._labels[index])
+        return label
 
     def read(self, index: int, max_bytes: int | None = None) -> bytes:
         size = int(self._size[index])
-        if max_bytes is not None and size > max_bytes:
-            raise TooLarge(f"{self.path(index)}: {size} bytes, over max_bytes={max_bytes}: refused unread")
+        refuse_over(size, max_bytes, self.path(index))
         s = int(self._shard[index])
         fd = self._fds.get(s)
         if fd is None:
@@ -98,19 +98,16 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
         raise ValueError(f"no images with an extension in {extensions} in {str(path)!r}")
     folders = sorted({os.path.dirname(n) for _, _, _, n in images})
     folder_label = {f: i for i, f in enumerate(folders)}
-    labels = []
-    bad: dict[int, str] = {}
+    found: list[int | str] = []
     for s, _, _, name in images:
         key = os.path.splitext(name)[0]
         if (s, key) in cls_of:
-            label = cls_of[(s, key)]
-            if isinstance(label, str):
-                bad[len(labels)], label = label, -1
-            labels.append(label)
+            found.append(cls_of[(s, key)])
         elif os.path.dirname(name):
-            labels.append(folder_label[os.path.dirname(name)])
+            found.append(folder_label[os.path.dirname(name)])
         else:
             raise ValueError(f"{shards[s]}:{name}: no '{key}.cls' member and no class folder to take a label from")
+    labels, bad = split_labels(found)
     return TarSource(
         [str(p) for p in shards],
         np.array([i[0] for i in images], np.int32),
@@ -126,10 +123,17 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
 def cls_label(text: bytes, where: str) -> int | str:
     """The label a ``.cls`` member's bytes hold (at most ``CLS_BYTES``), or, when they hold none, why
     (naming ``where``, the shard and member)."""
-    text = text.strip()
-    if len(text) > CLS_BYTES or not text.lstrip(b"+-").isdigit():
-        return f"{where}: label must be an integer, got {text[:20]!r}"
     try:
-        return check_label(int(text), where)
+        return parse_label(text, where)
     except ValueError as e:
         return str(e)
+
+
+def split_labels(found: list[int | str]) -> tuple[list[int], dict[int, str]]:
+    """Labels as ``cls_label`` gave them: (labels, -1 where there is none; position -> why)."""
+    labels, bad = [], {}
+    for k, label in enumerate(found):
+        if isinstance(label, str):
+            bad[k], label = label, -1
+        labels.append(label)
+    return labels, bad
