@@ -51,6 +51,7 @@ LABEL_NULL, LABEL_SET, LABEL_NEGATIVE, LABEL_OVERFLOW = 0, 1, 2, 3  # a row's la
 PYARROW_SAFE = (14, 0, 1)  # earlier versions run code from an untrusted Parquet file (CVE-2023-47248)
 
 
+@functools.cache  # asked for each row group and column: the version is checked once
 def _pyarrow():
     try:
         import pyarrow
