@@ -273,6 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--chart", help="write a PNG bar chart to this file")
     b.set_defaults(fn=_cmd_bench)
 
+    from .shards.options import DEFAULT_QUALITY, ENGINES, FORMATS, ON_ERROR, ShardOptions  # light: no torch
+
     h = sub.add_parser("shards", help="write WebDataset tar or Parquet shards from a folder, file list, shards or URL",
                        description="Write SRC's samples as shards in DEST, with their counts, options, checksums and "
                                    "the inputs left out in DEST/manifest.json (ImageLoader and gpufeed bench read DEST "
@@ -284,23 +286,24 @@ def build_parser() -> argparse.ArgumentParser:
                                "of shards or Parquet files")
     h.add_argument("dest", help="a folder or folder URL (s3://, gs://, az://...): empty, or holding this same "
                                 "conversion to resume")
-    h.add_argument("--format", choices=("tar", "parquet"), default="tar",
+    h.add_argument("--format", choices=FORMATS, default=ShardOptions.format,
                    help="tar: WebDataset <key>.jpg + <key>.cls; parquet: an image {bytes, path} struct and a label "
                         "(default tar)")
     h.add_argument("--max-side", type=int, help="resize images whose longer side is over this many pixels to it "
                                                  "(Lanczos; default: copy every image as it is)")
-    h.add_argument("--quality", type=int, default=90, help="JPEG quality of the resized images (default 90)")
+    h.add_argument("--quality", type=int, default=DEFAULT_QUALITY,
+                   help=f"JPEG quality of the resized images (default {DEFAULT_QUALITY})")
     h.add_argument("--shard-size", default="256MB", help="inputs per shard (1000) or about this many bytes "
                    "(256MB, 1GiB; set from a probe of 256 inputs) (default 256MB)")
     h.add_argument("--shuffle", default="auto", help="seed of the sample order across shards, or 'none' for the "
                    "source's order (default: seed 0 for folders, file lists and local tar shards; the source's "
                    "order for remote shards and Parquet, which a shuffle would fetch many times over)")
-    h.add_argument("--workers", type=int, help="processes (local engine; default: the usable cores) or actors "
+    h.add_argument("--workers", type=int, help="processes (local engine; default: the cores this process may run on) or actors "
                                               "(ray; default: the cluster's CPUs)")
-    h.add_argument("--on-error", choices=("skip", "raise"), default="skip",
+    h.add_argument("--on-error", choices=ON_ERROR, default=ShardOptions.on_error,
                    help="an input that cannot be read or decoded: skip it (listed in the manifest) or stop "
                         "(default skip)")
-    h.add_argument("--engine", choices=("local", "ray"), default="local",
+    h.add_argument("--engine", choices=ENGINES, default=ShardOptions.engine,
                    help="local: processes on this machine; ray: a Ray Data job on the cluster ray.init() finds "
                         "(RAY_ADDRESS) or a local one (pip install 'gpufeed[ray]') (default local)")
     h.add_argument("--storage-options", help="JSON object passed to fsspec for SRC and DEST URLs")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
+
+from ..cores import affinity
 
 FORMATS = ("tar", "parquet")
 ENGINES = ("local", "ray")
@@ -100,4 +101,4 @@ def default_shuffle(source: object) -> int | None:
 
 
 def default_workers() -> int:
-    return len(os.sched_getaffinity(0))
+    return len(affinity())

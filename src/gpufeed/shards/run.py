@@ -4,12 +4,11 @@ already holds of the same conversion."""
 from __future__ import annotations
 
 import os
-import urllib.parse
 from typing import Any, Callable
 
 from ..sources import Source, create_source
 from ..sources.manifest import MANIFEST
-from ..sources.urls import is_url
+from ..sources.urls import is_url, unsigned
 from .dest import Destination
 from .manifest import PLAN_RECORD, build_manifest, destination_state
 from .options import ShardOptions, default_shuffle, default_workers
@@ -89,9 +88,5 @@ def describe(source: "str | os.PathLike | Source") -> str:
     if isinstance(source, (list, tuple)):
         return " ".join(describe(s) for s in source)
     if isinstance(source, (str, os.PathLike)):
-        text = str(source)
-        if not is_url(text):
-            return text
-        parts = urllib.parse.urlsplit(text)
-        return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+        return unsigned(str(source))
     return f"<{type(source).__name__} of {len(source)} samples>"
