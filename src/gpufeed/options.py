@@ -43,9 +43,9 @@ class OrderOptions:
     world_size: int | None = None
 
     def __post_init__(self) -> None:
-        if not _integer(self.batch_size) or self.batch_size < 1:
+        if not is_integer(self.batch_size) or self.batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
-        if not _integer(self.seed):
+        if not is_integer(self.seed):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
 
 
@@ -104,9 +104,9 @@ class ErrorPolicy:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
         for name in ("max_pixels", "max_bytes"):
             value = getattr(self, name)
-            if not _integer(value) or value < 1:
+            if not is_integer(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if self.num_classes is not None and (not _integer(self.num_classes) or self.num_classes < 1):
+        if self.num_classes is not None and (not is_integer(self.num_classes) or self.num_classes < 1):
             raise ValueError(f"num_classes must be an integer >= 1 or None, got {self.num_classes!r}")
         for name in ("sample_timeout", "batch_timeout"):
             value = getattr(self, name)
@@ -126,5 +126,6 @@ def is_outage(failed: int, of: int, failed_batches: int) -> bool:
     return failed > OUTAGE_FRACTION * of or failed_batches >= OUTAGE_BATCHES
 
 
-def _integer(value: object) -> bool:
+def is_integer(value: object) -> bool:
+    """An int and not a bool (which Python counts as one): how every count, size and seed is checked."""
     return isinstance(value, int) and not isinstance(value, bool)

@@ -67,6 +67,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
+from .options import is_integer
+
 __all__ = ["STATE_VERSION", "ShardedSampler", "check_loader_state", "launcher_env", "local_world_size", "resolve_rank"]
 
 _log = logging.getLogger("gpufeed")
@@ -80,10 +82,6 @@ _SAMPLER_NEEDS = ("epoch", "seed", "num_samples_total", "world_size")
 _SAMPLER_MAY = ("offset", "position", "groups", "order_world_size", "begun")
 
 
-def _integer(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_loader_state(state: object, fingerprint: Mapping[str, Any]) -> int:
     """Check a loader's saved ``state`` against this loader's source ``fingerprint`` ({"samples", "digest"}):
     its version, keys and types, and that it was saved over the same source. Raises ``ValueError`` naming
@@ -92,7 +90,7 @@ def check_loader_state(state: object, fingerprint: Mapping[str, Any]) -> int:
     if not isinstance(state, Mapping):
         raise ValueError(f"state_dict must be a dict (ImageLoader.state_dict()), got {type(state).__name__}")
     version = state.get("version", 0)
-    if not _integer(version) or version < 0:
+    if not is_integer(version) or version < 0:
         raise ValueError(f"state_dict['version'] must be an integer >= 0, got {version!r}")
     if version > STATE_VERSION:
         raise ValueError(f"state_dict has format version {version}; this gpufeed reads versions up to "
@@ -407,7 +405,7 @@ def _check_sampler_state(state: object) -> None:
         if key == "groups":
             if value is not None and not isinstance(value, Mapping):
                 raise ValueError(f"state_dict['sampler']['groups'] must be a dict, got {value!r}")
-        elif key != "begun" and not _integer(value):  # begun: a pair, checked where it is read
+        elif key != "begun" and not is_integer(value):  # begun: a pair, checked where it is read
             raise ValueError(f"state_dict['sampler'][{key!r}] must be an integer, got {value!r}")
     if state["epoch"] < 0 or state["world_size"] < 1:
         raise ValueError(f"state_dict['sampler'] needs epoch >= 0 and world_size >= 1, got epoch={state['epoch']}, "
