@@ -57,7 +57,7 @@ class Destination:
             fs = self._fs()
             if not fs.exists(self.root):
                 return {}
-            head = self._fs()._strip_protocol(self.root).rstrip("/") + "/"
+            head = fs._strip_protocol(self.root).rstrip("/") + "/"
             return {n[len(head):]: int(d.get("size") or 0) for n, d in fs.find(self.root, detail=True).items()
                     if n.startswith(head)}
         found = {}
@@ -106,9 +106,7 @@ class Destination:
                     return json.loads(f.read())
             with open(self.where(name), "rb") as f:
                 return json.loads(f.read())
-        except FileNotFoundError:
-            return None
-        except ValueError:
+        except (FileNotFoundError, ValueError):  # none yet, or not JSON: none to go by
             return None
 
     def remove(self, names: list[str]) -> None:

@@ -22,11 +22,10 @@ from PIL import Image
 
 from ..decode.base import DEFAULT_MAX_PIXELS, DecodeError, is_jpeg
 from ..decode.cpu import CpuDecoder
-from ..decode.exif import read_orientation
+from ..decode.exif import ORIENTATION_TAG, read_orientation
 
 RESAMPLE = "lanczos"  # Pillow's Image.LANCZOS: a windowed sinc scaled to the reduction, antialiased
 REDUCING_GAP = 3.0  # Pillow's docs: from 3.0 on, indistinguishable from resampling the full image
-_ORIENTATION_TAG = 0x0112
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
@@ -135,7 +134,7 @@ def encode_jpeg(pixels: np.ndarray, size: tuple[int, int], quality: int, orienta
     extra = {}
     if orientation != 1:
         exif = Image.Exif()
-        exif[_ORIENTATION_TAG] = orientation
+        exif[ORIENTATION_TAG] = orientation
         extra["exif"] = exif.tobytes()
     buf = io.BytesIO()
     img.save(buf, "JPEG", quality=quality, subsampling=2, **extra)  # 2: 4:2:0, what the GPU engines decode

@@ -15,7 +15,6 @@ import tarfile
 from typing import Protocol, Sequence
 
 ROWS_PER_GROUP = 1024  # the unit the loader extracts and shuffles a few of at a time (sources/parquet.py)
-_TAR_BLOCK = 512
 
 
 class ShardWriter(Protocol):
@@ -37,7 +36,7 @@ def create_writer(format: str, path: str, classes: Sequence[str]) -> ShardWriter
 def sample_bytes(format: str, data: bytes, path: str) -> int:
     """About what one sample adds to a shard of ``format`` (for sizing shards in bytes)."""
     if format == "tar":  # the image's header and padded data, the label's header and one block
-        return _TAR_BLOCK + -(-len(data) // _TAR_BLOCK) * _TAR_BLOCK + 2 * _TAR_BLOCK
+        return tarfile.BLOCKSIZE + -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE + 2 * tarfile.BLOCKSIZE
     return len(data) + len(path.encode("utf-8", "surrogateescape")) + 16  # values, offsets, label
 
 
