@@ -42,10 +42,10 @@ def build_manifest(plan: Plan, records: Sequence[ShardRecord], classes: Sequence
 @dataclass(frozen=True)
 class DestinationState:
     """What a destination holds of the conversion with this plan: shards done (their records), or all of
-    it (``complete``); ``stale``: leftover temporary files to delete."""
+    it (``manifest``: the finished conversion's, else None); ``stale``: leftover temporary files to delete."""
 
     done: dict[int, ShardRecord]
-    complete: bool
+    manifest: dict | None
     stale: list[str]
 
 
@@ -62,7 +62,7 @@ def destination_state(dest: Destination, plan: Plan) -> DestinationState:
                              "inputs or options): give an empty destination, or delete it first")
         shards = {s["name"]: s["size"] for s in manifest.get("shards", [])}
         if all(listing.get(n) == size for n, size in shards.items()):
-            return DestinationState({}, True, stale)
+            return DestinationState({}, manifest, stale)
         foreign = []  # a shard of it missing or changed: made again, the same bytes
     plan_doc = dest.read_json(PLAN_RECORD) if PLAN_RECORD in listing else None
     if plan_doc is not None and plan_doc.get("fingerprint") != plan.fingerprint:
@@ -72,7 +72,7 @@ def destination_state(dest: Destination, plan: Plan) -> DestinationState:
         foreign = [n for n in foreign if n != MANIFEST]
         if foreign:
             raise ValueError(f"{dest.root} is not empty (it holds {foreign[0]!r}): give an empty destination")
-    return DestinationState(_done(dest, plan, listing), False, stale)
+    return DestinationState(_done(dest, plan, listing), None, stale)
 
 
 def _done(dest: Destination, plan: Plan, listing: dict[str, int]) -> dict[int, ShardRecord]:

@@ -49,8 +49,8 @@ def write_shards(source: "str | os.PathLike | list[str] | Source", dest: str | o
     try:
         plan = make_plan(src, options, shuffle, described, engine.probe)
         state = destination_state(destination, plan)
-        if state.complete:
-            return destination.read_json(MANIFEST)
+        if state.manifest is not None:  # done already: nothing read or written again
+            return state.manifest
         destination.prepare()
         destination.remove(state.stale)
         destination.write_json(PLAN_RECORD, {"fingerprint": plan.fingerprint, "options": plan.options,
