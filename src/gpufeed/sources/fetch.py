@@ -119,9 +119,10 @@ def http_get(url: str, path: str, limits: FetchLimits = FetchLimits()) -> str | 
     view = memoryview(buf)
     shown = redact(url)
     with urllib.request.urlopen(url, timeout=limits.read_timeout) as r:
-        expected = r.headers.get("Content-Length")
-        if expected is not None and int(expected) > limits.max_bytes:
-            raise TooLarge(f"{shown}: {int(expected)} bytes, over the cap of {limits.max_bytes} bytes per request")
+        length = r.headers.get("Content-Length")
+        expected = int(length) if length is not None else None
+        if expected is not None and expected > limits.max_bytes:
+            raise TooLarge(f"{shown}: {expected} bytes, over the cap of {limits.max_bytes} bytes per request")
         # the deadline cuts the connection: a drip of one byte at a time never lets a read time out
         cut = threading.Event()
         timer = threading.Timer(limits.deadline, _cut, (r, cut))
@@ -136,16 +137,14 @@ def http_get(url: str, path: str, limits: FetchLimits = FetchLimits()) -> str | 
                         raise TooLarge(f"{shown}: more than the cap of {limits.max_bytes} bytes per request")
                     f.write(view[:n])
         except (OSError, http.client.HTTPException, ValueError):
-            if cut.is_set():  # the read failed because the deadline cut the connection
-                raise TimeoutError(f"{shown}: not complete within the deadline of {limits.deadline:g} s "
-                                   f"({got} bytes came)") from None
-            raise
+            if not cut.is_set():  # else the read failed because the deadline cut the connection: said below
+                raise
         finally:
             timer.cancel()
         if cut.is_set():
             raise TimeoutError(f"{shown}: not complete within the deadline of {limits.deadline:g} s ({got} bytes came)")
-        if expected is not None and got != int(expected):
-            raise http.client.IncompleteRead(b"", int(expected) - got)
+        if expected is not None and got != expected:
+            raise http.client.IncompleteRead(b"", expected - got)
         return version_of(r.headers)
 
 
