@@ -40,7 +40,6 @@ class ShardManifest:
     where: str
     format: str
     shards: tuple[ShardEntry, ...]
-    classes: tuple[str, ...]
     options: dict[str, Any]
     _by_name: dict[str, ShardEntry] = field(init=False, repr=False, compare=False)
 
@@ -94,8 +93,7 @@ def parse_manifest(doc: Any, where: str) -> ShardManifest:
         if "/" in entry.name or entry.name.startswith(".") or entry.samples < 1:
             raise ValueError(f"{where}: bad shard entry {s!r}")
         shards.append(entry)
-    return ShardManifest(where, str(doc["format"]), tuple(shards), tuple(str(c) for c in doc.get("classes", ())),
-                         dict(doc.get("options", {})))
+    return ShardManifest(where, str(doc["format"]), tuple(shards), dict(doc.get("options", {})))
 
 
 def _listing(folder: str, suffix: str, storage_options: dict[str, Any] | None) -> dict[str, int]:
