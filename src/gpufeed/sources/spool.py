@@ -74,7 +74,6 @@ class Spool:
     def __init__(self, root: str | None, storage_options: dict[str, Any] | None, retry: RetryPolicy,
                  direct: bool = True, limits: FetchLimits = FetchLimits()) -> None:
         self.storage_options, self.retry, self.direct, self.limits = dict(storage_options or {}), retry, direct, limits
-        self._fetcher = Fetcher(self.storage_options, direct, limits)
         owned = root is None
         if owned:
             base = user_base()
@@ -87,15 +86,17 @@ class Spool:
         session = Session(root)  # held by this process only: workers carry its token
         self.session = session.token
         self._init_local()
-        self._users: collections.Counter[str] = collections.Counter()  # main process: readaheads wanting a file
-        self._queue: queue.SimpleQueue | None = None  # URLs for the fetch threads, made on the first readahead
         # at garbage collection or exit: the session ends; a default spool goes with it
         weakref.finalize(self, _end, session, root if owned else None)
 
     def _init_local(self) -> None:
+        """What each process makes for itself (none of it travels to the workers)."""
+        self._fetcher = Fetcher(self.storage_options, self.direct, self.limits)
         self._fs: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._live = {self.session}  # sessions seen alive from this process
+        self._users: collections.Counter[str] = collections.Counter()  # main process: readaheads wanting a file
+        self._queue: queue.SimpleQueue | None = None  # URLs for the fetch threads, made on the first readahead
 
     def __getstate__(self) -> dict:
         return {"storage_options": self.storage_options, "retry": self.retry, "root": self.root,
@@ -103,9 +104,7 @@ class Spool:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._fetcher = Fetcher(self.storage_options, self.direct, self.limits)
         self._init_local()
-        self._users, self._queue = collections.Counter(), None
 
     def path_of(self, url: str) -> str:
         """Where item ``url`` lives: named by a digest of the whole name, with the suffix of the object it
