@@ -49,30 +49,27 @@ def folder_source(root: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_
 def _walk(top: str, seen: set[tuple[int, int]]) -> list[tuple[str, list[str]]]:
     """(folder, file names) under ``top`` in ImageFolder's order (``sorted(os.walk(top, followlinks=True))``),
     each real directory once: one already in ``seen`` (by device and inode) is skipped and reported."""
-    try:
-        info = os.stat(top)
-    except OSError:
+    if not _claim(top, seen, "a second name for it"):
         return []
-    if (info.st_dev, info.st_ino) in seen:
-        _log.warning("gpufeed: %r leads to a folder already listed (%r), a second name for it; skipped, so "
-                     "each image is listed once", top, os.path.realpath(top))
-        return []
-    seen.add((info.st_dev, info.st_ino))
     found = []
     for dirpath, dirnames, files in os.walk(top, followlinks=True):
         found.append((dirpath, files))
-        keep = []
-        for d in sorted(dirnames):  # sorted: the same name claims a folder reached twice, every time
-            try:
-                sub = os.stat(os.path.join(dirpath, d))
-            except OSError:  # a dangling link: nothing to list
-                continue
-            if (sub.st_dev, sub.st_ino) in seen:
-                link = os.path.join(dirpath, d)
-                _log.warning("gpufeed: %r leads to a folder already listed (%r), a loop or a second name for it; "
-                             "skipped, so each image is listed once", link, os.path.realpath(link))
-                continue
-            seen.add((sub.st_dev, sub.st_ino))
-            keep.append(d)
-        dirnames[:] = keep
+        # sorted: the same name claims a folder reached twice, every time
+        dirnames[:] = [d for d in sorted(dirnames)
+                       if _claim(os.path.join(dirpath, d), seen, "a loop or a second name for it")]
     return sorted(found)
+
+
+def _claim(folder: str, seen: set[tuple[int, int]], what: str) -> bool:
+    """Whether ``folder`` is a real directory not yet in ``seen`` (which then holds it); one already listed
+    is reported as ``what`` it is. A name that cannot be read (a dangling link) has nothing to list."""
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return False
+    if (info.st_dev, info.st_ino) in seen:
+        _log.warning("gpufeed: %r leads to a folder already listed (%r), %s; skipped, so each image is listed once",
+                     folder, os.path.realpath(folder), what)
+        return False
+    seen.add((info.st_dev, info.st_ino))
+    return True
