@@ -138,9 +138,9 @@ def _without_secrets(value: object, options: dict | None) -> object:
 
 
 def _holds_only(folder: Path, suffixes: tuple[str, ...]) -> bool:
-    from .sources.manifest import MANIFEST
+    from .sources import folder_entries
 
-    entries = [e for e in folder.iterdir() if not e.name.startswith(".") and e.name != MANIFEST]
+    entries = folder_entries(folder)
     return bool(entries) and all(e.suffix in suffixes for e in entries)
 
 

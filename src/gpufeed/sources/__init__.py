@@ -50,7 +50,7 @@ def create_source(source: "str | os.PathLike | Sequence[str] | Source", *,
             shards = manifest_source(p)  # shards gpufeed wrote: counted by their manifest
             if shards is not None:
                 return shards
-            entries = [e for e in p.iterdir() if not e.name.startswith(".") and e.name != MANIFEST]
+            entries = folder_entries(p)
             if entries and all(e.is_file() and e.suffix == ".tar" for e in entries):
                 return tar_source(p)
             if entries and all(e.is_file() and e.suffix == ".parquet" for e in entries):
@@ -61,6 +61,12 @@ def create_source(source: "str | os.PathLike | Sequence[str] | Source", *,
             raise ValueError("source is empty")
         return source
     raise TypeError(f"source must be a folder, a file list, a URL or a gpufeed Source, got {type(source).__name__}")
+
+
+def folder_entries(folder: Path) -> list[Path]:
+    """What a folder holds that names its kind (tar shards, Parquet files): all but hidden files and the
+    shard manifest."""
+    return [e for e in folder.iterdir() if not e.name.startswith(".") and e.name != MANIFEST]
 
 
 def _url_source(url: str, storage_options: dict[str, Any] | None) -> Source:
