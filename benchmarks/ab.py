@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import REPO, bench_cmd, bench_figure, describe, figure, fresh_run, plain_loop_cmd, verdict
+from harness import REPO, bench_cmd, bench_figure, describe, figure, fresh_run, paired, plain_loop_cmd, verdict
 
 
 def reference_tree(ref: str) -> Path:
@@ -113,7 +113,7 @@ def main() -> int:
                     print(f"round {rnd + 1} {row} {tree}: " + (run.get("error") or run.get("unsupported") or
                           ", ".join(f"{x:,.0f}" for x in run["epochs"]) + " images/s by epoch"
                           + (f", {100 * run['of_ceiling']:.1f}% of {run['ceiling']:,.0f}" if run.get("ceiling")
-                             else "")), flush=True)
+                             else "")) + (f"; {run['wall_s']:.0f} s" if "wall_s" in run else ""), flush=True)
             longest, done = max(longest, time.monotonic() - began), done + 1
     except _Stopped:
         print(f"stopped (SIGTERM) in round {done + 1}: the tables below count the runs made", flush=True)
@@ -128,7 +128,7 @@ def main() -> int:
     if args.bench:
         print(f"\ngpufeed bench against a plain loop over the same loader, the working tree; {done} rounds, "
               f"{args.epochs} epochs a run, batch {args.batch_size}")
-        print("| row | gpufeed bench | plain loop | bench against loop |\n|---|---|---|---|")
+        print("| row | gpufeed bench | plain loop | bench against loop | paired, by round |\n|---|---|---|---|---|")
         for row in rows:
             bench = [v for v in map(figure, runs[(row, "bench")]) if v is not None]
             loop = [v for v in map(figure, runs[(row, "current")]) if v is not None]
@@ -136,11 +136,11 @@ def main() -> int:
             gap = f"{100 * (statistics.median(bench) / statistics.median(loop) - 1):+.1f}%" if bench and loop else "-"
             summary[f"{row}/bench"] = {"bench": bench, "loop": loop}
             print(f"| {row} ({'of its own rate' if share else 'images/s'}) | {describe(bench, share)} | "
-                  f"{describe(loop, share)} | {gap} |")
+                  f"{describe(loop, share)} | {gap} | {paired(runs[(row, 'current')], runs[(row, 'bench')])} |")
     for ref in args.ref:
         print(f"\nreference {ref} ({trees[ref].parent}) against the current tree ({REPO}); "
               f"{done} rounds, {args.epochs} epochs a run, batch {args.batch_size}")
-        print("| row | reference | current | change | verdict |\n|---|---|---|---|---|")
+        print("| row | reference | current | change | paired, by round | verdict |\n|---|---|---|---|---|---|")
         for row in rows:
             old = [v for v in map(figure, runs[(row, ref)]) if v is not None]
             cur = [v for v in map(figure, runs[(row, "current")]) if v is not None]
@@ -149,7 +149,7 @@ def main() -> int:
             change = f"{100 * (statistics.median(cur) / statistics.median(old) - 1):+.1f}%" if old and cur else "-"
             summary[f"{row}/{ref}"] = {"reference": old, "current": cur, "verdict": verdict(old, cur)}
             print(f"| {row} ({what}) | {describe(old, share)} | {describe(cur, share)} | {change} | "
-                  f"{verdict(old, cur)} |")
+                  f"{paired(runs[(row, ref)], runs[(row, 'current')])} | {verdict(old, cur)} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"refs": args.ref, "rounds": done, "summary": summary,

@@ -13,8 +13,9 @@
 #     progressive  an epoch at each size (progressive.py)      ddp       every GPU under torchrun, gpufeed bench
 #     steady    every epoch's rate fresh, after other loaders, after validation passes, under a CPU hog
 #               (steady.py, loader only and MODELS)
-# Narrowing variables: TESTS (pytest arguments), TESTS_TIMEOUT, EPOCHS, ROUNDS, MODELS, AB_ROWS, AB_TIMEOUT,
-# AB_BUDGET (no a/b round begun that would end past it), AB_LIMIT (seconds before the a/b step is killed),
+# Narrowing variables: TESTS (pytest arguments), TESTS_TIMEOUT, XDIST, EPOCHS, ROUNDS, MODELS, AB_ROWS, AB_TIMEOUT,
+# AB_BUDGET (no a/b round begun that would end past it), AB_LIMIT (seconds before the a/b step is killed; both
+# default to what is left of CALL_S, 590, the seconds of the whole call),
 # CEILING_S (seconds each a/b run times the model alone), INFO=0 (no `gpufeed info`, which tries every decoder).
 # Packages that machine lacks (simplejpeg, nvImageCodec, nvJPEG) are installed from .whl/ when it is there.
 set -uo pipefail
@@ -40,9 +41,18 @@ DATA=/tmp/synth10k
 mkdir -p ~/.cache/gpufeed && ln -sfn $DATA ~/.cache/gpufeed/synth-10000-seed0  # the README command's default data
 E=${EPOCHS:-4}
 if step tests; then
-  timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider ${TESTS:--m gpu tests} > "$OUT/pytest.txt" 2>&1
+  # XDIST=N: N pytest processes share the GPU (pytest-xdist from .whl/); what fails there runs again alone
+  par=""; [ -n "${XDIST:-}" ] && python3 -c "import xdist" 2>/dev/null && par="-n $XDIST"
+  timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider $par ${TESTS:--m gpu tests} > "$OUT/pytest.txt" 2>&1
   status=$?
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.txt" | tail -8
+  failed=$(grep -oE "^(FAILED|ERROR) [^ ]+" "$OUT/pytest.txt" | cut -d" " -f2 | sort -u)
+  if [ -n "$par" ] && [ $status -ne 0 ] && [ -n "$failed" ]; then
+    echo "again, one process: $failed"
+    timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider $failed > "$OUT/pytest-again.txt" 2>&1
+    status=$?
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-again.txt" | tail -8
+  fi
 fi
 step monitors && timeout 300 python3 benchmarks/monitor_cost.py $DATA --models ${MODELS:-none,resnet18} \
   --rounds ${ROUNDS:-3} > "$OUT/monitors.txt" 2>&1
@@ -50,7 +60,8 @@ step readme && (cd /tmp && timeout 300 python3 -m gpufeed bench --json $J/readme
   > "$OUT/readme.txt" 2>&1
 if step ab; then
   refs=""; for r in ${AB_REFS:-}; do [ -d "$r/src" ] || { echo "ab: $r holds no src/"; exit 2; }; refs="$refs --ref $r"; done
-  timeout ${AB_LIMIT:-590} python3 benchmarks/ab.py $DATA $refs ${AB_BENCH:+--bench} --budget ${AB_BUDGET:-500} \
+  left=$(( ${CALL_S:-590} - SECONDS - 15 ))  # what the call has left once the steps before it ran
+  timeout ${AB_LIMIT:-$left} python3 benchmarks/ab.py $DATA $refs ${AB_BENCH:+--bench} --budget ${AB_BUDGET:-$left} \
     --rows ${AB_ROWS:-none,resnet50,resnet18} --rounds ${ROUNDS:-3} --epochs $E --timeout ${AB_TIMEOUT:-200} \
     --ceiling-seconds ${CEILING_S:-5} --log "$OUT/ab-runs.txt" --json $J/ab-${AB_ROWS:-all}.json > "$OUT/ab.txt" 2>&1
 fi

@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -24,6 +25,7 @@ def fresh_run(cmd: list[str], *, src: Path | None = None, timeout: float = 600.0
         env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
     with tempfile.TemporaryDirectory(prefix="gpufeed-ab-") as tmp:
         out = Path(tmp) / "run.json"
+        began = time.monotonic()
         try:
             proc = subprocess.run([*cmd, "--json", str(out)], env=env, timeout=timeout, capture_output=True,
                                   text=True)
@@ -34,7 +36,8 @@ def fresh_run(cmd: list[str], *, src: Path | None = None, timeout: float = 600.0
                 f.write(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}\n")
         if proc.returncode != 0 or not out.exists():
             return {"error": f"exit status {proc.returncode}: {proc.stderr.strip()[-600:]}"}
-        return json.loads(out.read_text())
+        # the process's whole life, start-up and exit included: what a round of the harness costs
+        return {**json.loads(out.read_text()), "wall_s": time.monotonic() - began}
 
 
 def plain_loop_cmd(data: str, row: str, args) -> list[str]:
@@ -88,6 +91,17 @@ def describe(values: list[float], share: bool) -> str:
         return "-"
     f = (lambda v: f"{100 * v:.1f}%") if share else (lambda v: f"{v:,.0f}")
     return f"{f(statistics.median(values))} ({f(min(values))}-{f(max(values))})"
+
+
+def paired(reference: list[dict], current: list[dict]) -> str:
+    """The median over rounds of current / reference within each round (runs made minutes apart, so the
+    machine's drift over the comparison cancels), with its range; "-" without a round where both ran."""
+    ratios = [c / r - 1 for r, c in zip(map(figure, reference), map(figure, current))
+              if r is not None and c is not None]
+    if not ratios:
+        return "-"
+    return (f"{100 * statistics.median(ratios):+.1f}% ({100 * min(ratios):+.1f} to {100 * max(ratios):+.1f}%)"
+            if len(ratios) > 1 else f"{100 * ratios[0]:+.1f}% (1 round)")
 
 
 def verdict(reference: list[float], current: list[float]) -> str:

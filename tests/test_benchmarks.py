@@ -158,7 +158,8 @@ def test_ab_harness_runs_a_commit_against_the_working_tree(synth_root, tmp_path)
                             str(tmp_path / "ab.json")], tmp_path, HOME=str(tmp_path))
     (row,) = _rows(out)
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[0] == "none (images/s)" and cells[4] in ("faster", "slower", "within noise")
+    assert cells[0] == "none (images/s)" and cells[5] in ("faster", "slower", "within noise")
+    assert re.fullmatch(r"[+-]\d+\.\d% \([+-]\d+\.\d to [+-]\d+\.\d%\)", cells[4])  # paired, 2 rounds
     assert re.fullmatch(r"[\d,]+ \([\d,]+-[\d,]+\)", cells[1]) and re.fullmatch(r"[\d,]+ \([\d,]+-[\d,]+\)", cells[2])
     result = json.loads((tmp_path / "ab.json").read_text())
     ref, cur = result["runs"]["none/HEAD"], result["runs"]["none/current"]
@@ -167,6 +168,7 @@ def test_ab_harness_runs_a_commit_against_the_working_tree(synth_root, tmp_path)
     assert all(r["tree"].startswith(str(exported)) for r in ref)  # each tree ran its own code
     assert all(r["tree"].startswith(str(BENCHMARKS.parent / "src")) for r in cur)
     assert all(r["cropped_decode"] for r in ref + cur)  # the reference's extension built too
+    assert all(r["wall_s"] > 0 for r in ref + cur)
 
 
 def test_ab_verdict_needs_every_run_of_one_tree_past_every_run_of_the_other_and_two_of_each(monkeypatch):
@@ -177,6 +179,18 @@ def test_ab_verdict_needs_every_run_of_one_tree_past_every_run_of_the_other_and_
     assert verdict([100, 104], [103, 110]) == "within noise"
     assert verdict([1000], [1000.5]) == "too few runs (1 and 1)"  # one run has no spread to judge by
     assert verdict([1000, 1100, 1050], [1101]) == "too few runs (3 and 1)"
+
+
+def test_ab_paired_change_is_the_median_of_each_rounds_ratio(monkeypatch):
+    """Drift between rounds cancels: each round's current run against that round's reference run."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from harness import paired
+
+    ref = [{"images_per_s": 100.0}, {"images_per_s": 200.0}, {"images_per_s": 150.0}]
+    cur = [{"images_per_s": 102.0}, {"images_per_s": 202.0}, {"error": "exit status 1"}]
+    assert paired(ref, cur) == "+1.5% (+1.0 to +2.0%)"  # the failed round left out, not paired with another
+    shares = [{"of_ceiling": 0.80, "images_per_s": 8000.0}], [{"of_ceiling": 0.84, "images_per_s": 8400.0}]
+    assert paired(*shares) == "+5.0% (1 round)" and paired([], []) == "-"
 
 
 def test_ab_harness_prints_its_tables_when_stopped(synth_root, tmp_path):
