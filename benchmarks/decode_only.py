@@ -88,7 +88,7 @@ def decode_only(decoder, batches: list[HostBatch], device: torch.device) -> Call
 
 def whole_stage(decoders: list, batches: list[HostBatch], device: torch.device) -> Callable[[], int]:
     batch = len(batches[0].labels)
-    memory = gpu_memory(batch_size=batch, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=True)
+    memory = gpu_memory(batch_size=batch, image_size=224, itemsize=4, prefetch_depth=2, gpu_decoders=1)
     stage = GpuDecodeAugment(decoders, device=device, image_size=224, mean=MEAN, std=STD, dtype=torch.float32,
                              channels_last=True, max_pixels=10**8, buffer_bytes=memory.buffer_bytes)
     stream = torch.cuda.Stream(device)

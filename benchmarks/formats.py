@@ -64,7 +64,7 @@ def read_only_rate(path: str, workers: int, batch_size: int, epochs: int) -> flo
     source = create_source(path)
     sampler = ShardedSampler(len(source), groups=getattr(source, "groups", None), window=getattr(source, "window", 4),
                              units=getattr(source, "units", None), drop_last=True)
-    memory = gpu_memory(batch_size=batch_size, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=True)
+    memory = gpu_memory(batch_size=batch_size, image_size=224, itemsize=4, prefetch_depth=2, gpu_decoders=1)
     spec = PipelineSpec(source, AugmentSpec(), 10**8, gpu_bytes_capacity=GPU_BYTES_CAPACITY,
                         gpu_buffer_bytes=memory.buffer_bytes)
     start_pool = functools.partial(WorkerPool, spec, num_workers=workers, num_slots=GPU_PATH_SLOTS,

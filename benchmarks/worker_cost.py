@@ -33,7 +33,7 @@ def measure(data: str, num_workers: int, share: float, gpu_path: bool, epochs: i
     source = folder_source(data)
     if len(source) < batches * BATCH:
         raise SystemExit(f"{data} has {len(source)} files; this needs {batches * BATCH}")
-    memory = gpu_memory(batch_size=BATCH, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=gpu_path)
+    memory = gpu_memory(batch_size=BATCH, image_size=224, itemsize=4, prefetch_depth=2, gpu_decoders=int(gpu_path))
     spec = PipelineSpec(source, AugmentSpec(), 10**8, gpu_bytes_capacity=GPU_BYTES_CAPACITY if gpu_path else 0,
                         gpu_buffer_bytes=memory.buffer_bytes)
     slots = 4

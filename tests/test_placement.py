@@ -217,22 +217,38 @@ def test_info_names_the_workers_cpus_as_ranges():
         assert line.startswith(_ranges(kept) + " (")
 
 
-def test_gpu_memory_budget():
-    # batch 256 at 224, float32: 154 MB an output batch, 5 in flight with prefetch depth 2; 201 MB a buffer
-    m = placement.gpu_memory(batch_size=256, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=True)
+def test_gpu_memory_budget_counts_the_allocators_segments():
+    # batch 256 at 224, float32: 147 MiB an output batch, 5 in flight with prefetch depth 2; 192 MiB a buffer
+    m = placement.gpu_memory(batch_size=256, image_size=224, itemsize=4, prefetch_depth=2, gpu_decoders=1)
     assert (m.batch_bytes, m.batches, m.buffer_bytes) == (256 * 3 * 224 * 224 * 4, 5, 256 * 3 * 512 * 512)
-    assert m.total == 2 * m.buffer_bytes + 5 * m.batch_bytes
-    assert placement.gpu_memory(batch_size=256, image_size=224, itemsize=2, prefetch_depth=2,
-                                gpu_decode=False).total == 5 * 256 * 3 * 224 * 224 * 2  # CPU decode: outputs only
-    capped = placement.gpu_memory(batch_size=256, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=True,
+    mib = 1 << 20
+    # each batch a segment of 148 MiB, each buffer one of 192 MiB, a 2 MiB small segment on each of 3 streams
+    assert m.total == 5 * 148 * mib + 2 * 192 * mib + 3 * 2 * mib
+    cpu = placement.gpu_memory(batch_size=256, image_size=224, itemsize=2, prefetch_depth=2, gpu_decoders=0)
+    assert cpu.buffer_bytes == 0 and cpu.total == 5 * 74 * mib + 2 * 2 * mib  # CPU decode: outputs only
+    capped = placement.gpu_memory(batch_size=256, image_size=224, itemsize=4, prefetch_depth=2, gpu_decoders=1,
                                   max_gpu_memory=1 << 30)
-    assert capped.total <= 1 << 30 and capped.buffer_bytes == ((1 << 30) - 5 * m.batch_bytes) // 2
+    assert capped.total <= 1 << 30 < capped.total + 2 * 2 * mib  # the buffers as large as the cap allows
     with pytest.raises(ValueError, match=r"max_gpu_memory=1000 is less than the 5 output batches in flight"):
-        placement.gpu_memory(batch_size=256, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=False,
+        placement.gpu_memory(batch_size=256, image_size=224, itemsize=4, prefetch_depth=2, gpu_decoders=0,
                              max_gpu_memory=1000)
     with pytest.raises(ValueError, match=r"max_gpu_memory=100000000 leaves no room to decode"):
-        placement.gpu_memory(batch_size=256, image_size=224, itemsize=4, prefetch_depth=2, gpu_decode=True,
+        placement.gpu_memory(batch_size=256, image_size=224, itemsize=4, prefetch_depth=2, gpu_decoders=1,
                              max_gpu_memory=100_000_000)
+
+
+def test_reserved_bytes_follows_the_caching_allocators_segments():
+    mib = 1 << 20
+    assert placement.reserved_bytes(1000, 3) == 2 * mib  # small blocks share a 2 MiB segment
+    assert placement.reserved_bytes(mib, 3) == 4 * mib  # two 1 MiB blocks a segment
+    assert placement.reserved_bytes(4 * mib, 2) == 20 * mib and placement.reserved_bytes(4 * mib, 6) == 40 * mib
+    assert placement.reserved_bytes(19_267_584, 5) == 5 * 20 * mib  # batch 32 at 224, float32: 20 MiB each
+    assert placement.reserved_bytes(24 * mib, 2) == 48 * mib and placement.reserved_bytes(0, 4) == 0
+    # under a cap, the decode buffers fall to the next class of segment rather than past the cap
+    for cap in (110 * mib, 130 * mib, 151 * mib):
+        m = placement.gpu_memory(batch_size=32, image_size=224, itemsize=4, prefetch_depth=2, gpu_decoders=1,
+                                 max_gpu_memory=cap)
+        assert m.total <= cap and m.buffer_bytes >= 224 * 224 * 3, (cap, m)
 
 
 def test_images_larger_than_a_decode_buffer_stay_on_the_cpu(tmp_path):

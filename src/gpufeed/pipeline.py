@@ -122,7 +122,8 @@ def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions,
     # in ``dtype`` also where the GPU stage writes uint8 for pixel ops: their output batches are in flight instead
     memory = placement.gpu_memory(batch_size=batch, image_size=augment.image_size,
                                   itemsize=torch.empty((), dtype=normalize.dtype).element_size(),
-                                  prefetch_depth=decoding.prefetch_depth, gpu_decode=gpu_path,
+                                  prefetch_depth=decoding.prefetch_depth,
+                                  gpu_decoders=len(gpu_decoders) if gpu_path else 0,
                                   max_gpu_memory=decoding.max_gpu_memory)
     workers_normalise = (device.type == "cpu" and not settings.sample_ops.pixel  # pixel ops start from uint8
                          and num_workers >= placement.WORKERS_NORMALISE_FROM)

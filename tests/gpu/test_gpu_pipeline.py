@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from gpufeed import ImageLoader
+from gpufeed import ImageLoader, placement
 from gpufeed.augment.fused import normalize_constants, resized_crop_reference, resized_crop_triton
 from gpufeed.decode.base import DecodeJob
 from gpufeed.synth import create_synthetic_dataset
@@ -120,9 +120,11 @@ def test_gpu_memory_is_fixed_from_the_first_epoch(synth, decode, share):
 def test_a_small_gpu_memory_budget_slices_batches_and_changes_nothing_else(synth):
     kw = dict(batch_size=32, num_workers=2, seed=4, cpu_share=0.0)
     roomy = _gpu_loader(synth, "gpu", **kw)
-    tight = _gpu_loader(synth, "gpu", max_gpu_memory=roomy.gpu_memory.batches * roomy.gpu_memory.batch_bytes
-                        + 2 * (4 << 20), **kw)  # two 4 MB decode buffers: each batch in several slices
-    assert tight.gpu_memory.buffer_bytes == 4 << 20 and tight.stats["gpu_memory_budget"] < roomy.stats["gpu_memory_budget"]
+    # room for one 20 MiB segment of decode buffers: two of 10 MiB less 512 bytes, each batch in slices
+    cap = roomy.gpu_memory.total - placement.reserved_bytes(roomy.gpu_memory.buffer_bytes, 2) + (20 << 20)
+    tight = _gpu_loader(synth, "gpu", max_gpu_memory=cap, **kw)
+    assert tight.gpu_memory.buffer_bytes == (10 << 20) - 512 < roomy.gpu_memory.buffer_bytes
+    assert tight.stats["gpu_memory_budget"] <= cap < roomy.stats["gpu_memory_budget"]
     compared = 0
     for (xa, ya), (xb, yb) in zip(roomy, tight, strict=True):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
