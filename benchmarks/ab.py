@@ -113,7 +113,7 @@ def main() -> int:
                     print(f"round {rnd + 1} {row} {tree}: " + (run.get("error") or run.get("unsupported") or
                           ", ".join(f"{x:,.0f}" for x in run["epochs"]) + " images/s by epoch"
                           + (f", {100 * run['of_ceiling']:.1f}% of {run['ceiling']:,.0f}" if run.get("ceiling")
-                             else "")) + (f"; {run['wall_s']:.0f} s" if "wall_s" in run else ""), flush=True)
+                             else "")) + (f"; {run['wall_s']:.0f} s" if run.get("wall_s") else ""), flush=True)
             longest, done = max(longest, time.monotonic() - began), done + 1
     except _Stopped:
         print(f"stopped (SIGTERM) in round {done + 1}: the tables below count the runs made", flush=True)

@@ -74,7 +74,7 @@ def bench_figure(run: dict) -> dict:
     row = next(r for r in run["rows"] if r["pipeline"].startswith("gpufeed"))
     if row.get("error"):
         return {"error": row["pipeline"]}
-    return {"images_per_s": row["images_per_s"], "of_ceiling": row.get("of_ceiling"),
+    return {"images_per_s": row["images_per_s"], "of_ceiling": row.get("of_ceiling"), "wall_s": run.get("wall_s"),
             "epochs": [e["images_per_s"] for e in row["epochs"]], "bench_overhead": row.get("bench_overhead")}
 
 
