@@ -9,7 +9,7 @@ compared with the working tree. Each round runs every row with each tree in turn
 other round, so that drift over the run falls on all), each run a fresh process of ``plain_loop.py`` with
 that tree's ``src`` first on PYTHONPATH. Rows: ``none`` (loader
 only), a model (its share of its own rate, the ceiling measured in the same process), ``recipe``
-(trivialaugment-mix with ResNet-50), ``compiled-MODEL``. Prints per row the median and spread of each tree and
+(trivialaugment-mix with ResNet-50), ``compiled-MODEL``, ``validation`` (whole ``train=False`` passes). Prints per row the median and spread of each tree and
 the verdict: faster or slower when every run of one tree beats every run of the other, else within noise.
 
 ``--bench`` adds ``gpufeed bench --pipelines gpufeed`` of the working tree to every round, beside its plain
@@ -92,6 +92,8 @@ def main() -> int:
     if args.bench:
         trees["bench"] = REPO / "src"
     rows = args.rows.split(",")
+    if args.bench and "validation" in rows:
+        p.error("gpufeed bench times training loaders: leave --bench out, or the validation row")
     runs: dict[tuple[str, str], list[dict]] = {(r, t): [] for r in rows for t in trees}
     longest, done = 0.0, 0
     try:

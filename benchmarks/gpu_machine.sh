@@ -13,7 +13,8 @@
 #     progressive  an epoch at each size (progressive.py)      ddp       every GPU under torchrun, gpufeed bench
 #     steady    every epoch's rate fresh, after other loaders, after validation passes, under a CPU hog
 #               (steady.py, loader only and MODELS)
-# Narrowing variables: TESTS (pytest arguments), TESTS_TIMEOUT, XDIST, EPOCHS, ROUNDS, MODELS, AB_ROWS, AB_TIMEOUT,
+# Narrowing variables: TESTS (pytest arguments), TESTS_TIMEOUT, XDIST, EPOCHS, ROUNDS, MODELS, AB_ROWS (ab.py --rows,
+# e.g. none,resnet18,validation), AB_TIMEOUT,
 # AB_BUDGET (no a/b round begun that would end past it), AB_LIMIT (seconds before the a/b step is killed; both
 # default to what is left of CALL_S, 590, the seconds of the whole call),
 # CEILING_S (seconds each a/b run times the model alone), INFO=0 (no `gpufeed info`, which tries every decoder).

@@ -42,7 +42,7 @@ def fresh_run(cmd: list[str], *, src: Path | None = None, timeout: float = 600.0
 
 def plain_loop_cmd(data: str, row: str, args) -> list[str]:
     """The plain loop's command for a row: none (loader only), a model name, "recipe" (trivialaugment-mix with
-    ResNet-50) or "compiled-MODEL"."""
+    ResNet-50), "compiled-MODEL" or "validation" (whole train=False passes, loader only)."""
     cmd = [sys.executable, str(HERE / "plain_loop.py"), data, "--epochs", str(args.epochs),
            "--batch-size", str(args.batch_size), "--device", args.device,
            "--ceiling-seconds", str(getattr(args, "ceiling_seconds", 5.0))]
@@ -52,6 +52,8 @@ def plain_loop_cmd(data: str, row: str, args) -> list[str]:
 def _row_args(row: str, args) -> list[str]:
     """A row's arguments, the same for the plain loop and for gpufeed bench."""
     extra = ["--workers", str(args.workers)] if args.workers else []
+    if row == "validation":
+        return extra + ["--model", "none", "--validation"]
     if row == "recipe":
         return extra + ["--model", "resnet50" if args.device.startswith("cuda") else "none", "--recipe",
                         "trivialaugment-mix"]

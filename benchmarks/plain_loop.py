@@ -2,13 +2,16 @@
 and of the bench's own check (``ab.py --bench``).
 
     python benchmarks/plain_loop.py DATA [--model none|resnet50|resnet18|...] [--compile]
-        [--recipe standard|trivialaugment-mix] [--epochs 4] [--batch-size 256] [--workers N] [--json OUT]
+        [--recipe standard|trivialaugment-mix] [--validation] [--epochs 4] [--batch-size 256] [--workers N]
+        [--json OUT]
 
 With a model, its own rate on one GPU-resident batch (the ceiling) is measured first, in this process; then
 ``epochs`` epochs of ``for images, labels in loader: step(images, labels)``, the device synchronised at each
 epoch's end and nothing else running. images/s is the median of the epochs after the first; every epoch's
 rate is printed and written, so a rate still rising shows. The loader is made as ``gpufeed bench`` makes its
-``gpufeed`` pipeline (decode "auto", cpu_share "auto", float32, channels_last with a model).
+``gpufeed`` pipeline (decode "auto", cpu_share "auto", float32, channels_last with a model). ``--validation``:
+a ``train=False`` loader (Resize + CenterCrop, every image, the short last batch too), each epoch a whole
+validation pass, loader only.
 
 It uses ImageLoader's public arguments alone and none of ``gpufeed.bench``, so that it runs the same against
 any tree of gpufeed put first on PYTHONPATH: its training step and ceiling are those of ``gpufeed.bench.train``,
@@ -110,6 +113,7 @@ def main() -> int:
     p.add_argument("--model", default="none")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--recipe", default="standard")
+    p.add_argument("--validation", action="store_true", help="time whole train=False passes (loader only)")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=None)
@@ -120,8 +124,10 @@ def main() -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    if args.validation and (args.model != "none" or args.recipe != "standard"):
+        raise SystemExit("--validation times the loader alone, with its own Resize + CenterCrop")
     result = {"tree": gpufeed.__file__, "model": args.model, "compile": args.compile, "recipe": args.recipe,
-              "epochs": [], "ceiling": None}
+              "validation": args.validation, "epochs": [], "ceiling": None}
     step = None
     if args.model != "none":
         if device.type != "cuda":
@@ -130,6 +136,8 @@ def main() -> int:
         result["ceiling"] = ceiling(step, args.batch_size, device, args.ceiling_seconds)
     transform, mix = recipe(args.recipe)
     kwargs = {"transform": transform, "batch_transform": mix} if transform is not None else {}
+    if args.validation:
+        kwargs = {"train": False, "drop_last": False}
     try:
         loader = ImageLoader(args.data, batch_size=args.batch_size, num_workers=args.workers, device=device,
                              channels_last=step is not None, **kwargs)
@@ -149,7 +157,8 @@ def main() -> int:
     # the tree's cropped CPU decode, built or not (a tree without it decodes whole images on the CPU)
     result["cropped_decode"] = importlib.util.find_spec("gpufeed.decode._turbo_crop") is not None
     result["decode_backend"] = stats.get("decode_backend")
-    print(f"{args.model}{' compiled' if args.compile else ''}, recipe {args.recipe}: "
+    print(f"{'validation' if args.validation else args.model}{' compiled' if args.compile else ''}, "
+          f"recipe {args.recipe}: "
           + ", ".join(f"{r:,.0f}" for r in result["epochs"]) + " images/s by epoch; "
           + (f"{100 * result['of_ceiling']:.1f}% of its own rate {result['ceiling']:,.0f}"
              if result["ceiling"] else "loader only") + f"; {result['decode_backend']}, CPU share {result['cpu_share']}")

@@ -148,6 +148,17 @@ def test_plain_loop_times_every_epoch(synth_root, tmp_path):
     assert r["ceiling"] is None and r["decode_backend"] == "cpu"
 
 
+def test_plain_loop_times_whole_validation_passes(synth_root, tmp_path):
+    """``--validation``: each epoch a train=False pass over every image, the short last batch too."""
+    import json
+
+    _script("plain_loop.py", [str(synth_root), "--device", "cpu", "--epochs", "2", "--batch-size", "16",
+                              "--workers", "1", "--validation", "--json", str(tmp_path / "v.json")], tmp_path)
+    r = json.loads((tmp_path / "v.json").read_text())
+    assert r["validation"] and len(r["epochs"]) == 2 and all(x > 0 for x in r["epochs"])
+    assert r["decode_backend"] == "cpu" and r["ceiling"] is None
+
+
 def test_ab_harness_runs_a_commit_against_the_working_tree(synth_root, tmp_path):
     """The reference a/b harness, tiny: HEAD exported with git archive, both trees alternating in fresh
     processes, a row per tree with its median, spread and verdict."""
