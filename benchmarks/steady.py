@@ -27,14 +27,13 @@ import json
 import multiprocessing as mp
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from harness import fresh_run
 from plain_loop import ceiling, make_step, plain_epoch
 
 from gpufeed import ImageLoader
@@ -150,15 +149,10 @@ def run_scenario(name: str, args) -> dict:
 
 
 def _in_fresh_process(name: str, args) -> dict:
-    with tempfile.TemporaryDirectory(prefix="gpufeed-steady-") as tmp:
-        out = Path(tmp) / "r.json"
-        cmd = [sys.executable, __file__, args.data, "--one", name, "--model", args.model, "--epochs", str(args.epochs),
-               "--batch-size", str(args.batch_size), "--device", args.device, "--hog-cores", str(args.hog_cores),
-               "--json", str(out)] + (["--workers", str(args.workers)] if args.workers else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-        if proc.returncode != 0:
-            return {"scenario": name, "error": proc.stderr.strip()[-800:]}
-        return json.loads(out.read_text())
+    cmd = [sys.executable, __file__, args.data, "--one", name, "--model", args.model, "--epochs", str(args.epochs),
+           "--batch-size", str(args.batch_size), "--device", args.device, "--hog-cores", str(args.hog_cores)]
+    return {"scenario": name, **fresh_run(cmd + (["--workers", str(args.workers)] if args.workers else []),
+                                          timeout=args.timeout)}
 
 
 def _share(value: float, steady: float) -> str:
