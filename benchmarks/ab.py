@@ -7,10 +7,11 @@
 its cropped-decode extension built there) or a folder holding a tree's ``src/``; several may be given, each
 compared with the working tree. Each round runs every row with each tree in turn (the order reversed every
 other round, so that drift over the run falls on all), each run a fresh process of ``plain_loop.py`` with
-that tree's ``src`` first on PYTHONPATH. Rows: ``none`` (loader
-only), a model (its share of its own rate, the ceiling measured in the same process), ``recipe``
-(trivialaugment-mix with ResNet-50), ``compiled-MODEL``, ``validation`` (whole ``train=False`` passes). Prints per row the median and spread of each tree and
-the verdict: faster or slower when every run of one tree beats every run of the other, else within noise.
+that tree's ``src`` first on PYTHONPATH. Rows: ``none`` (loader only), a model (its share of its own rate, the
+ceiling measured in the same process), ``recipe`` (trivialaugment-mix with ResNet-50), ``compiled-MODEL``,
+``validation`` (whole ``train=False`` passes). Prints per row the median and spread of each tree, the change
+paired by round and the verdict: faster or slower when every run of one tree beats every run of the other,
+else within noise.
 
 ``--bench`` adds ``gpufeed bench --pipelines gpufeed`` of the working tree to every round, beside its plain
 loop and with the same loader settings, and prints how far the bench's figure is from the loop's: the
@@ -63,6 +64,16 @@ class _Stopped(Exception):
 
 def _stop(signum: int, frame: object) -> None:
     raise _Stopped
+
+
+def _compared(row: str, before: list[dict], after: list[dict]) -> tuple[list[float], list[float], list[str]]:
+    """Two sets of runs of a row: their figures, and the table's cells (the row, the median and spread of
+    ``before``, of ``after``, the change of the medians, the change paired by round)."""
+    old, new = [v for v in map(figure, before) if v is not None], [v for v in map(figure, after) if v is not None]
+    share = any(r.get("of_ceiling") is not None for r in before + after)
+    change = f"{100 * (statistics.median(new) / statistics.median(old) - 1):+.1f}%" if old and new else "-"
+    return old, new, [f"{row} ({'of its own rate' if share else 'images/s'})", describe(old, share),
+                      describe(new, share), change, paired(before, after)]
 
 
 def main() -> int:
@@ -132,26 +143,18 @@ def main() -> int:
               f"{args.epochs} epochs a run, batch {args.batch_size}")
         print("| row | gpufeed bench | plain loop | bench against loop | paired, by round |\n|---|---|---|---|---|")
         for row in rows:
-            bench = [v for v in map(figure, runs[(row, "bench")]) if v is not None]
-            loop = [v for v in map(figure, runs[(row, "current")]) if v is not None]
-            share = any(r.get("of_ceiling") is not None for r in runs[(row, "current")])
-            gap = f"{100 * (statistics.median(bench) / statistics.median(loop) - 1):+.1f}%" if bench and loop else "-"
+            loop, bench, (what, loop_cell, bench_cell, gap, by_round) = _compared(row, runs[(row, "current")],
+                                                                                 runs[(row, "bench")])
             summary[f"{row}/bench"] = {"bench": bench, "loop": loop}
-            print(f"| {row} ({'of its own rate' if share else 'images/s'}) | {describe(bench, share)} | "
-                  f"{describe(loop, share)} | {gap} | {paired(runs[(row, 'current')], runs[(row, 'bench')])} |")
+            print(f"| {what} | {bench_cell} | {loop_cell} | {gap} | {by_round} |")
     for ref in args.ref:
         print(f"\nreference {ref} ({trees[ref].parent}) against the current tree ({REPO}); "
               f"{done} rounds, {args.epochs} epochs a run, batch {args.batch_size}")
         print("| row | reference | current | change | paired, by round | verdict |\n|---|---|---|---|---|---|")
         for row in rows:
-            old = [v for v in map(figure, runs[(row, ref)]) if v is not None]
-            cur = [v for v in map(figure, runs[(row, "current")]) if v is not None]
-            share = any(r.get("of_ceiling") is not None for r in runs[(row, "current")] + runs[(row, ref)])
-            what = "of its own rate" if share else "images/s"
-            change = f"{100 * (statistics.median(cur) / statistics.median(old) - 1):+.1f}%" if old and cur else "-"
+            old, cur, cells = _compared(row, runs[(row, ref)], runs[(row, "current")])
             summary[f"{row}/{ref}"] = {"reference": old, "current": cur, "verdict": verdict(old, cur)}
-            print(f"| {row} ({what}) | {describe(old, share)} | {describe(cur, share)} | {change} | "
-                  f"{paired(runs[(row, ref)], runs[(row, 'current')])} | {verdict(old, cur)} |")
+            print(f"| {' | '.join(cells)} | {verdict(old, cur)} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"refs": args.ref, "rounds": done, "summary": summary,

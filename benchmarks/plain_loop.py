@@ -136,7 +136,7 @@ def main() -> int:
         result["ceiling"] = ceiling(step, args.batch_size, device, args.ceiling_seconds)
     transform, mix = recipe(args.recipe)
     kwargs = {"transform": transform, "batch_transform": mix} if transform is not None else {}
-    if args.validation:
+    if args.validation:  # the recipe is the standard one (checked above): the loader's own Resize + CenterCrop
         kwargs = {"train": False, "drop_last": False}
     try:
         loader = ImageLoader(args.data, batch_size=args.batch_size, num_workers=args.workers, device=device,
