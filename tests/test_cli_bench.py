@@ -126,6 +126,42 @@ def test_monitor_phases_do_not_wait_for_the_sampler_and_their_readings_come_in_o
     assert second.rss_peak - first.rss_peak >= 60 << 20  # the child came in the second phase alone
 
 
+def test_a_late_sampler_does_not_count_a_process_started_after_the_phase_ended():
+    """The sampler, running late on a loaded machine, reads the tree after the measured process has ended the
+    phase and started a child: ``stop T`` keeps that child out of the phase's peak, and in the next one."""
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("psutil")
+    sampler = subprocess.Popen([sys.executable, "-m", "gpufeed.bench.sampler", str(os.getpid()), "-1", "0.01", "rss"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(sampler.stdout.readline())["psutil"] is True
+        sampler.stdin.write("start\n")
+        sampler.stdin.flush()
+        time.sleep(0.2)
+        ended = time.monotonic()  # the phase ends here; the "stop" line goes only after the child came
+        child = _busy_child(80)
+        try:
+            time.sleep(0.2)  # the sampler lists the child several times, still within the first phase
+            sampler.stdin.write(f"stop {ended!r}\nstart\n")
+            sampler.stdin.flush()
+            first = json.loads(sampler.stdout.readline())
+            time.sleep(0.2)
+            sampler.stdin.write(f"stop {time.monotonic()!r}\n")
+            sampler.stdin.flush()
+            second = json.loads(sampler.stdout.readline())
+        finally:
+            child.stdin.close()
+            child.wait(timeout=30)
+    finally:
+        sampler.stdin.close()
+        sampler.wait(timeout=30)
+    assert first["rss_peak"] - first["rss_start"] < 40 << 20
+    assert second["rss_start"] - first["rss_peak"] >= 60 << 20 and second["rss_peak"] >= second["rss_start"]
+
+
 def test_monitor_samples_from_a_process_of_its_own_and_counts_cores_busy_over_the_phase():
     """No thread is added to the measured process; ``stop()`` gives the cores kept busy since ``start()``,
     and RSS sampled meanwhile catches a child that came and went."""

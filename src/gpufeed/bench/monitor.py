@@ -114,7 +114,7 @@ class Monitor:
     def stop(self) -> Pending:
         """End the phase; its readings come with the returned ``Pending``'s ``get()``. Answers already
         arrived are taken in, without waiting, so that unread ones never fill the pipe and stall the sampler."""
-        self._send("stop")
+        self._send(f"stop {time.monotonic()!r}")  # the sampler counts only what it listed before this
         pending = Pending(self)
         self._pending.append(pending)
         fd = self._proc.stdout.fileno()

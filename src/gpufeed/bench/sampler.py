@@ -12,7 +12,10 @@ One JSON object per line answers each command read from standard input:
 - ``now``: the same readings, without starting anything; ``now-pss``: with the tree's PSS too.
 - ``pss``: read the tree's PSS (and RSS) now, into the phase's peaks; answers nothing, so the measured
   process does not wait for the read (which walks every process's page tables under its memory-map lock).
-- ``stop``: end the phase; answers its readings (``Reading`` in ``monitor.py``).
+- ``stop T``: end the phase, ``T`` being the measured process's ``time.monotonic()`` when it sent the
+  command (one clock for every process on the host); answers its readings (``Reading`` in ``monitor.py``).
+  The sampled peaks count only readings whose process list was taken before ``T``: a sampler that runs
+  late on a loaded machine does not put into this phase a process the measured one started after it.
 
 End of input (the measured process closing the pipe, or exiting) ends the sampler. Imports neither torch
 nor the loader: it starts in a fraction of a second.
@@ -46,13 +49,16 @@ class _Tree:
         except self.psutil.NoSuchProcess:
             return []
 
-    def memory(self, pss: bool = False) -> tuple[int | None, int | None]:
-        """(RSS, PSS) summed over the tree; PSS None unless asked for and readable for every member.
-        RSS counts shared pages once per process, as ``ps`` does; PSS splits them among their processes."""
+    def memory(self, pss: bool = False) -> tuple[int | None, int | None, float]:
+        """(RSS, PSS, when the tree was listed) summed over the tree; PSS None unless asked for and readable
+        for every member. RSS counts shared pages once per process, as ``ps`` does; PSS splits them among
+        their processes."""
         if self.psutil is None:
-            return None, None
+            return None, None, time.monotonic()
         rss, pss_sum, pss_ok = 0, 0, pss
-        for p in self._members():
+        members = self._members()
+        listed = time.monotonic()
+        for p in members:
             try:
                 try:
                     m = p.memory_full_info() if pss else p.memory_info()
@@ -65,7 +71,7 @@ class _Tree:
                 pss_ok = False
             else:
                 pss_sum += m.pss
-        return rss, (pss_sum if pss_ok else None)
+        return rss, (pss_sum if pss_ok else None), listed
 
     def cpu_seconds(self) -> float | None:
         """User + system CPU seconds of the tree, reaped children included."""
@@ -116,27 +122,27 @@ class Sampler:
 
     def _reset(self) -> None:
         self.util: list[int] = []
-        self.gpu_peak = self.rss_peak = self.pss_peak = None
+        self.gpu_peak = None
+        self.memory: list[tuple[float, int | None, int | None]] = []  # (listed at, RSS, PSS) this phase
         self.start: dict[str, Any] = {}
         self.tick = 0
 
     def now(self, pss: bool = False) -> dict[str, Any]:
-        rss, pss_sum = self.tree.memory(pss)
+        rss, pss_sum, listed = self.tree.memory(pss)
         return {"rss": rss, "pss": pss_sum, "gpu_used": self.gpu.used(), "cpu_seconds": self.tree.cpu_seconds(),
-                "time": time.monotonic()}
+                "time": time.monotonic(), "listed": listed}
 
     def begin(self) -> dict[str, Any]:
         self._reset()
         self.start = self.now()
-        self.rss_peak, self.gpu_peak = self.start["rss"], self.start["gpu_used"]
+        self.memory.append((self.start["listed"], self.start["rss"], None))
+        self.gpu_peak = self.start["gpu_used"]
         self.active = True
         return self.start
 
     def read_pss(self) -> None:
-        rss, pss = self.tree.memory(pss=True)
-        self.rss_peak = _max(self.rss_peak, rss)
-        if pss is not None:
-            self.pss_peak = _max(self.pss_peak, pss)
+        rss, pss, _ = self.tree.memory(pss=True)
+        self.memory.append((float("-inf"), rss, pss))  # asked for within the phase: counts however late
 
     def sample(self) -> None:
         if self.sample_nvml:
@@ -145,18 +151,24 @@ class Sampler:
                 self.util.append(util)
             self.gpu_peak = _max(self.gpu_peak, self.gpu.used())
         if self.sample_rss and self.tick % 4 == 0:
-            self.rss_peak = _max(self.rss_peak, self.tree.memory()[0])
+            rss, _, listed = self.tree.memory()
+            self.memory.append((listed, rss, None))
         self.tick += 1
 
-    def end(self) -> dict[str, Any]:
+    def end(self, sent: float | None = None) -> dict[str, Any]:
+        """End the phase that the measured process ended at ``sent`` (its monotonic clock; None: now)."""
         self.active = False
         end = self.now()
-        self.rss_peak = _max(self.rss_peak, end["rss"])
+        self.memory.append((end["listed"], end["rss"], None))
         self.gpu_peak = _max(self.gpu_peak, end["gpu_used"])
+        kept = [m for m in self.memory if sent is None or m[0] <= sent] or self.memory[:1]  # none listed in time: the start's
+        rss_peak = pss_peak = None
+        for _, rss, pss in kept:
+            rss_peak, pss_peak = _max(rss_peak, rss), _max(pss_peak, pss)
         cpu0, cpu1, wall = self.start.get("cpu_seconds"), end["cpu_seconds"], end["time"] - self.start["time"]
         return {"gpu_busy": sum(self.util) / len(self.util) if self.util else None, "gpu_samples": len(self.util),
                 "gpu_mem_start": self.start["gpu_used"], "gpu_mem_peak": self.gpu_peak,
-                "rss_start": self.start["rss"], "rss_peak": self.rss_peak, "pss_peak": self.pss_peak,
+                "rss_start": self.start["rss"], "rss_peak": rss_peak, "pss_peak": pss_peak,
                 "cores_busy": (cpu1 - cpu0) / max(wall, 1e-9) if cpu0 is not None and cpu1 is not None else None}
 
 
@@ -188,11 +200,14 @@ def serve(sampler: Sampler, stdin, stdout) -> None:
                 sampler.begin()
                 due = time.monotonic() + sampler.interval
             elif command in ("now", "now-pss"):
-                print(json.dumps(sampler.now(pss=command == "now-pss")), file=stdout, flush=True)
+                now = sampler.now(pss=command == "now-pss")
+                del now["listed"]
+                print(json.dumps(now), file=stdout, flush=True)
             elif command == "pss":
                 sampler.read_pss()
-            elif command == "stop":
-                print(json.dumps(sampler.end()), file=stdout, flush=True)
+            elif command.split(" ")[0] == "stop":
+                sent = command.split(" ")[1:]
+                print(json.dumps(sampler.end(float(sent[0]) if sent else None)), file=stdout, flush=True)
             else:
                 print(json.dumps({"error": f"unknown command {command!r}"}), file=stdout, flush=True)
 
