@@ -128,14 +128,18 @@ class Sampler:
         self.tick = 0
 
     def now(self, pss: bool = False) -> dict[str, Any]:
+        return self._now(pss)[0]
+
+    def _now(self, pss: bool = False) -> tuple[dict[str, Any], float]:
+        """The readings of ``now``, and when the tree was listed for them."""
         rss, pss_sum, listed = self.tree.memory(pss)
         return {"rss": rss, "pss": pss_sum, "gpu_used": self.gpu.used(), "cpu_seconds": self.tree.cpu_seconds(),
-                "time": time.monotonic(), "listed": listed}
+                "time": time.monotonic()}, listed
 
     def begin(self) -> dict[str, Any]:
         self._reset()
-        self.start = self.now()
-        self.memory.append((self.start["listed"], self.start["rss"], None))
+        self.start, listed = self._now()
+        self.memory.append((listed, self.start["rss"], None))
         self.gpu_peak = self.start["gpu_used"]
         self.active = True
         return self.start
@@ -158,8 +162,8 @@ class Sampler:
     def end(self, sent: float | None = None) -> dict[str, Any]:
         """End the phase that the measured process ended at ``sent`` (its monotonic clock; None: now)."""
         self.active = False
-        end = self.now()
-        self.memory.append((end["listed"], end["rss"], None))
+        end, listed = self._now()
+        self.memory.append((listed, end["rss"], None))
         self.gpu_peak = _max(self.gpu_peak, end["gpu_used"])
         kept = [m for m in self.memory if sent is None or m[0] <= sent] or self.memory[:1]  # none listed in time: the start's
         rss_peak = pss_peak = None
@@ -195,19 +199,16 @@ def serve(sampler: Sampler, stdin, stdout) -> None:
         buffer += chunk
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
-            command = line.decode().strip()
+            command, *args = line.decode().split() or [""]
             if command == "start":
                 sampler.begin()
                 due = time.monotonic() + sampler.interval
             elif command in ("now", "now-pss"):
-                now = sampler.now(pss=command == "now-pss")
-                del now["listed"]
-                print(json.dumps(now), file=stdout, flush=True)
+                print(json.dumps(sampler.now(pss=command == "now-pss")), file=stdout, flush=True)
             elif command == "pss":
                 sampler.read_pss()
-            elif command.split(" ")[0] == "stop":
-                sent = command.split(" ")[1:]
-                print(json.dumps(sampler.end(float(sent[0]) if sent else None)), file=stdout, flush=True)
+            elif command == "stop":
+                print(json.dumps(sampler.end(float(args[0]) if args else None)), file=stdout, flush=True)
             else:
                 print(json.dumps({"error": f"unknown command {command!r}"}), file=stdout, flush=True)
 
