@@ -261,9 +261,9 @@ class RemoteTarSource:
         s, k = self._groups.locate(index)
         members = self._shard(s)[1]
         label = members.labels[k] if k < len(members.labels) else -1
-        if label < 0 and k in members.bad:  # a .cls that holds no label
-            raise ValueError(f"{self.shown[s]}:{members.bad[k]}")
         if label < 0:
+            if k in members.bad:  # a .cls that holds no label
+                raise ValueError(f"{self.shown[s]}:{members.bad[k]}")
             name = members.names[k] if k < len(members.names) else f"sample {k}"
             raise ValueError(f"{self.shown[s]}:{name}: no '{os.path.splitext(name)[0]}.cls' member")
         return label
