@@ -115,8 +115,15 @@ def _png_bomb(w=65000, h=65000) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + chunk(b"IEND", b"")
 
 
+# Formats Pillow has plugins for, which gpufeed does not read: refused by content, whatever the name (EPS
+# would go to Ghostscript)
+EPS = (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nnewpath 0 0 moveto 8 8 lineto stroke\nshowpage\n"
+       b"%%EOF\n")
+
 UNDECODABLE = {
     "zero_bytes": lambda: b"",
+    "eps_named_jpg": lambda: EPS,
+    "gif_named_jpg": lambda: _save(Image.fromarray(_pixels(50, 40, 18)), "GIF"),
     "junk": lambda: bytes(np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8)),
     "truncated_header": lambda: jpeg(96, 72, 32)[:60],
     "truncated_scan": lambda: (lambda d: d[: (_scan_start(d) + len(d)) // 2])(jpeg(96, 72, 33)),

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +32,56 @@ def _folder(root, names, bad=()):
     for i, name in enumerate(names):
         (root / "c" / name).write_bytes(b"not an image" if name in bad else jpeg_bytes(24, 20, seed=i))
     return root
+
+
+# ---- bytes are data: no file reaches another program ---------------------------------------------
+
+
+def _tripwire(tmp_path):
+    """(an environment whose PATH starts with a ``gs`` that records each call, the record's path): Pillow
+    runs the first ``gs`` on PATH to render an EPS file."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "gs-calls"
+    bin_dir.mkdir()
+    (bin_dir / "gs").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexit 1\n')
+    (bin_dir / "gs").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONPATH": os.pathsep.join(sys.path)}, calls
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for Ghostscript")
+def test_an_eps_named_jpg_reaches_no_external_program(tmp_path):
+    """An EPS file named photo.jpg in a class folder, with a stand-in ``gs`` on PATH: the loader skips it,
+    naming it and saying it is no format gpufeed reads, `gpufeed shards` lists it as broken, the bench's
+    DataLoader refuses it, and ``gs`` is never run. Each in a fresh process, so that PATH reaches the workers."""
+    from .corpus import EPS
+
+    data = _folder(tmp_path / "data", ["a.jpg", "b.jpg", "c.jpg"])
+    (data / "c" / "photo.jpg").write_bytes(EPS)
+    env, calls = _tripwire(tmp_path)
+    load = ("import sys; from gpufeed import ImageLoader\n"
+            "with ImageLoader(sys.argv[1], batch_size=4, image_size=16, device='cpu', num_workers=2, train=False,\n"
+            "                 drop_last=False, on_error='skip') as loader:\n"
+            "    print(sum(len(y) for _, y in loader), loader.stats['skipped'])")
+    out = subprocess.run([sys.executable, "-c", load, str(data)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("3 ") and "photo.jpg" in out.stdout, out.stdout
+    assert "not an image of a format gpufeed reads" in out.stdout, out.stdout
+    dest = tmp_path / "shards"
+    out = subprocess.run([sys.executable, "-m", "gpufeed", "shards", str(data), str(dest), "--workers", "1",
+                          "--max-side", "16"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    broken = json.loads((dest / "manifest.json").read_text())["broken"]
+    assert [Path(b["path"]).name for b in broken] == ["photo.jpg"], broken
+    assert "not an image of a format gpufeed reads" in broken[0]["reason"]
+    baseline = ("import sys; from gpufeed.bench.baseline import create_baseline_loader\n"
+                "try:\n    list(create_baseline_loader(sys.argv[1], batch_size=4, num_workers=0, image_size=16))\n"
+                "except Exception as e:\n    print(type(e).__name__)")
+    out = subprocess.run([sys.executable, "-c", baseline, str(data)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "UnidentifiedImageError", (out.stdout, out.stderr)
+    assert not calls.exists(), calls.read_text()
 
 
 # ---- no process-wide side effects ---------------------------------------------------------------

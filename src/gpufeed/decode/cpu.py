@@ -15,12 +15,11 @@ columns of the crop box: 1.27 -> 1.03 ms per RandomResizedCrop sample on the
 same machine and data, identical pixels (800 random regions compared).
 
 Everything that is not a JPEG, or a JPEG that libjpeg-turbo's TurboJPEG API
-cannot turn into RGB (CMYK, YCCK), goes through Pillow.
+cannot turn into RGB (CMYK, YCCK), goes through Pillow, asked for the formats of ``pillow.FORMATS`` alone.
 """
 
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
@@ -29,6 +28,7 @@ from PIL import Image
 
 from .base import DEFAULT_MAX_PIXELS, DecodeError, check_pixels, is_jpeg
 from .jpeg_check import gpu_safe_jpeg
+from .pillow import open_image, reason
 
 try:  # optional C extension (setup.py): decodes only a crop's rows and columns
     from ._turbo_crop import decode_crop as _decode_crop
@@ -73,11 +73,8 @@ class CpuDecoder:
             else:
                 check_pixels(w, h, self.max_pixels, path)
                 return w, h, colorspace in _TURBO_RGB_SOURCES
-        try:
-            with Image.open(io.BytesIO(data)) as im:
-                w, h = im.size
-        except Exception as e:  # Pillow raises many types for bad input
-            raise DecodeError(path, f"not a readable image ({type(e).__name__}: {e})") from None
+        with open_image(data, path) as im:
+            w, h = im.size
         check_pixels(w, h, self.max_pixels, path)
         return w, h, False
 
@@ -142,9 +139,9 @@ class CpuDecoder:
                 return simplejpeg.decode_jpeg(data, "RGB")
             except ValueError as e:
                 raise DecodeError(path, f"corrupt or truncated JPEG (libjpeg-turbo: {e})") from None
-        try:
-            with Image.open(io.BytesIO(data)) as im:
+        with open_image(data, path) as im:
+            try:
                 im.load()
                 return np.asarray(im.convert("RGB"))
-        except Exception as e:  # Pillow raises many types for bad input
-            raise DecodeError(path, f"{type(e).__name__}: {e}") from None
+            except Exception as e:  # Pillow raises many types for bad input
+                raise DecodeError(path, reason(e)) from None

@@ -13,15 +13,17 @@ import io
 import numpy as np
 from PIL import Image
 
+from .pillow import FORMATS
+
 ORIENTATION_TAG = 0x0112
 
 
 def read_orientation(data: bytes) -> int:
     """The EXIF orientation (1-8) of an encoded image; 1 when absent or unreadable."""
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        with Image.open(io.BytesIO(data), formats=FORMATS) as im:
             value = int(im.getexif().get(ORIENTATION_TAG, 1))
-    except Exception:  # malformed EXIF or header: the documented fallback is "no rotation"
+    except Exception:  # malformed EXIF or header, or no image: the documented fallback is "no rotation"
         return 1
     return value if 1 <= value <= 8 else 1
 

@@ -8,7 +8,8 @@ decode. An image whose longer side is over ``max_side`` is resized to it with Pi
 JPEG at ``quality``, keeping its EXIF orientation tag; a JPEG at least ``2 x REDUCING_GAP`` times the
 target is first decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (libjpeg-turbo), never below
 ``REDUCING_GAP`` times the target, as Pillow's ``reducing_gap`` does. Any other image is copied byte for
-byte, unless its format has no file extension the loader reads (then it is re-encoded at its size).
+byte, unless its format has no file extension the loader reads (then it is re-encoded at its size). A file
+of a format the loader does not read (``decode.pillow.FORMATS``) is broken.
 """
 
 from __future__ import annotations
