@@ -313,12 +313,17 @@ def test_a_killed_conversion_resumes_to_the_same_shards_keeping_the_finished_one
     kill_part_way(["shards", str(root), str(dest), *args[1:]], lambda: len(list(dest.glob("shard-*.tar"))))
     finished = {p.name: p.stat().st_mtime_ns for p in dest.glob("shard-*.tar")}
     assert 3 <= len(finished) < 30 and not (dest / "manifest.json").exists()
+    with pytest.raises(ValueError, match=r"holds an unfinished `gpufeed shards` conversion of .*src.* Run the same "
+                                         r"`gpufeed shards` command again"):
+        ImageLoader(dest, **LOADER)  # a part of the data set is never read as the whole
     assert main(["shards", str(root), str(dest), *args[1:]]) == 0
     whole = sorted(p.name for p in (tmp_path / "whole").iterdir())
     assert sorted(p.name for p in dest.iterdir()) == whole  # no temporary file or progress folder left
     for name in whole:
         assert (dest / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
     assert {n: (dest / n).stat().st_mtime_ns for n in finished} == finished  # kept, not written again
+    with ImageLoader(dest, **LOADER) as loader:
+        assert sum(len(labels) for _, labels in loader) == 240
 
 
 def test_importing_gpufeed_and_the_local_engine_imports_neither_ray_nor_torch():

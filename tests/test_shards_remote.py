@@ -75,6 +75,8 @@ def test_a_killed_conversion_to_s3_resumes_to_the_same_objects(s3, tmp_path):
     kill_part_way(["shards", str(root), "s3://out/part", *args], shards_up)
     finished = {k: v for k, v in _objects(s3, "part/").items() if k.startswith("shard-")}
     assert 3 <= len(finished) < 25 and "manifest.json" not in _objects(s3, "part/")
+    with pytest.raises(ValueError, match=r"'s3://out/part' holds an unfinished `gpufeed shards` conversion"):
+        ImageLoader("s3://out/part", storage_options=s3.storage_options, **KW)
     puts = _puts(s3, ".tar")
     assert main(["shards", str(root), "s3://out/part", *args]) == 0
     assert _objects(s3, "part/") == {p.name: p.read_bytes() for p in (tmp_path / "whole").iterdir()}

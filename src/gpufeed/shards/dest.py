@@ -15,9 +15,9 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..sources.manifest import PROGRESS
 from ..sources.urls import filesystem, is_url, scheme
 
-PROGRESS = ".gpufeed-progress"  # hidden: the sources and listings of shards pass over it
 TEMP_SUFFIX = ".gpufeed-tmp"
 
 

@@ -14,12 +14,11 @@ import collections
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..sources.manifest import FORMAT_KEY, FORMAT_VERSION, MANIFEST
-from .dest import PROGRESS, TEMP_SUFFIX, Destination
+from ..sources.manifest import FORMAT_KEY, FORMAT_VERSION, MANIFEST, PLAN_RECORD, PROGRESS
+from .dest import TEMP_SUFFIX, Destination
 from .plan import Plan, writer_versions
 from .shard import ShardRecord
 
-PLAN_RECORD = f"{PROGRESS}/plan.json"
 
 
 def build_manifest(plan: Plan, records: Sequence[ShardRecord], classes: Sequence[str], source: str) -> dict[str, Any]:

@@ -13,7 +13,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
-from .dest import PROGRESS, Destination
+from ..sources.manifest import PROGRESS
+from .dest import Destination
 from .plan import Plan
 from .prepare import Broken, Prepared
 from .writers import create_writer

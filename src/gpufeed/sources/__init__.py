@@ -10,7 +10,7 @@ from .base import IMG_EXTENSIONS, FileSource, Source
 from .fetch import FetchLimits
 from .filelist import filelist_source
 from .folder import folder_source
-from .manifest import MANIFEST, manifest_source
+from .manifest import MANIFEST, manifest_source, refuse_unfinished
 from .parquet import ParquetSource, parquet_source
 from .remote_tar import RemoteTarSource, remote_tar_source
 from .retry import RetryPolicy
@@ -50,6 +50,7 @@ def create_source(source: "str | os.PathLike | Sequence[str] | Source", *,
             shards = manifest_source(p)  # shards gpufeed wrote: counted by their manifest
             if shards is not None:
                 return shards
+            refuse_unfinished(str(p))
             entries = folder_entries(p)
             if entries and all(e.is_file() and e.suffix == ".tar" for e in entries):
                 return tar_source(p)
@@ -79,6 +80,7 @@ def _url_source(url: str, storage_options: dict[str, Any] | None) -> Source:
     if shards is not None:
         return shards
     names = filesystem(url, storage_options).find(url)
+    refuse_unfinished(url, storage_options, names)
     if any(n.endswith(".tar") for n in names):
         return remote_tar_source(url, storage_options=storage_options)
     if any(n.endswith(".parquet") for n in names):

@@ -4,7 +4,9 @@ without indexing or fetching any shard, and the options the shards were written 
 
 The counts are taken only when every shard's size is the one the manifest gives (a stat, or the folder
 URL's one listing); otherwise the shards are counted as they would be without a manifest. A manifest that
-cannot be read or is not gpufeed's is ignored; both with a warning.
+cannot be read or is not gpufeed's is ignored; both with a warning. A folder holding a conversion that began
+and has not ended (its plan record, no manifest) is refused (``refuse_unfinished``): its shards are a part of
+the data set.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from .urls import filesystem, is_url
 
 MANIFEST = "manifest.json"
 FORMAT_KEY, FORMAT_VERSION = "gpufeed_shards", 1  # what marks a manifest as gpufeed's, and its layout
+# A conversion's progress, kept until it ends; hidden, so listings of shards pass over it. Its plan record,
+# written first, marks a destination whose conversion has begun; the manifest, written last, one that ended.
+PROGRESS = ".gpufeed-progress"
+PLAN_RECORD = f"{PROGRESS}/plan.json"
 
 _log = logging.getLogger("gpufeed")
 
@@ -81,6 +87,40 @@ def read_manifest(folder: str | os.PathLike, storage_options: dict[str, Any] | N
     except (ValueError, TypeError, KeyError) as e:
         _log.warning("gpufeed: ignoring the shard manifest %s: %s", where, e)
         return None
+
+
+def refuse_unfinished(folder: str, storage_options: dict[str, Any] | None = None,
+                      names: list[str] | None = None) -> None:
+    """ValueError when ``folder`` (a path, or a folder URL whose recursive listing ``names`` is given) holds a
+    ``gpufeed shards`` conversion that began and has not ended: its plan record and no manifest."""
+    if is_url(folder):
+        plan = folder.rstrip("/") + "/" + PLAN_RECORD
+        held = any(n.rstrip("/").endswith(PLAN_RECORD) for n in names or ())
+        if held and not any(n.rstrip("/").endswith("/" + MANIFEST) for n in names or ()):
+            _refuse(folder, _read_plan(lambda: filesystem(plan, storage_options).open(plan, "rb")))
+        return
+    plan = os.path.join(folder, PLAN_RECORD)
+    if os.path.isfile(plan) and not os.path.exists(os.path.join(folder, MANIFEST)):
+        _refuse(folder, _read_plan(lambda: open(plan, "rb")))
+
+
+def _read_plan(opener) -> Any:
+    try:
+        with opener() as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _refuse(folder: str, plan: Any) -> None:
+    from .urls import redact
+
+    source = plan.get("source") if isinstance(plan, dict) else None
+    of = f" of {source!r}" if isinstance(source, str) else ""
+    raise ValueError(f"{redact(folder)!r} holds an unfinished `gpufeed shards` conversion{of} (no {MANIFEST} yet): "
+                     f"its shards are a part of the data set. Run the same `gpufeed shards` command again to finish "
+                     f"it (the shards already written are kept), or delete {PROGRESS}/ there to read the shards "
+                     f"it holds as they are")
 
 
 def parse_manifest(doc: Any, where: str) -> ShardManifest:
