@@ -96,6 +96,65 @@ def test_break_then_iterate_again(synth_root):
         assert sum(len(y) for _, y in loader) == 40 - 8  # the rest of the epoch
 
 
+def test_a_later_iteration_ends_the_live_one_and_no_batch_is_mislabelled(coloured_root):
+    """``peek = iter(loader); next(peek)`` kept while a training loop iterates the loader: the loop takes
+    over from where peek's batch left the epoch, every image comes once with its own label (flat colours:
+    the pixels tell the label), and peek raises if used again."""
+    with make(coloured_root, train=False, drop_last=False, batch_size=5) as loader:
+        peek = iter(loader)
+        images, labels = next(peek)
+        assert torch.equal(_colour_labels(images), labels)
+        seen = list(loader.batch_indices)
+        for images, labels in loader:
+            assert torch.equal(_colour_labels(images), labels)
+            seen += loader.batch_indices
+        assert sorted(seen) == list(range(len(loader.source)))
+        with pytest.raises(RuntimeError, match="ended by a later iter"):
+            next(peek)
+        assert sum(len(y) for _, y in loader) == len(loader.source)  # the next epoch, whole
+
+
+def test_a_loader_live_in_one_thread_is_refused_to_another(coloured_root):
+    import threading
+
+    with make(coloured_root, train=False, drop_last=False, batch_size=5) as loader:
+        it = iter(loader)
+        next(it)
+        found = []
+
+        def other() -> None:
+            try:
+                iter(loader)
+            except RuntimeError as e:
+                found.append(str(e))
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert found and "is being iterated in another thread" in found[0]
+        assert 5 + sum(len(y) for _, y in it) == len(loader.source)  # the live one went on, untouched
+
+
+def test_next_on_one_iteration_from_two_threads_at_once_is_refused(tmp_path):
+    import threading
+
+    from .slow_source import SleepySource
+
+    paths = []
+    for i in range(2):
+        paths.append(tmp_path / f"{i}.jpg")
+        Image.new("RGB", (20, 20), COLOURS[i]).save(paths[-1])
+    with ImageLoader(SleepySource(paths, [0, 1]), batch_size=1, image_size=16, device="cpu", num_workers=1,
+                     train=False, drop_last=False) as loader:
+        it = iter(loader)
+        t = threading.Thread(target=lambda: next(it))  # waits about 1.5 s for its first batch
+        t.start()
+        time.sleep(0.5)
+        with pytest.raises(RuntimeError, match="from two threads at once"):
+            next(it)
+        t.join()
+
+
 def test_validation_is_deterministic(synth_root):
     with make(synth_root, train=False, drop_last=False) as loader:
         a = torch.cat([x for x, _ in loader])

@@ -31,6 +31,7 @@ import torch
 
 from .augment.mix import BatchMix, read_batch_transform
 from .decode.base import DEFAULT_MAX_PIXELS
+from .iteration import OneAtATime
 from .options import (DEFAULT_BATCH_TIMEOUT, DEFAULT_MAX_BYTES, DEFAULT_SAMPLE_TIMEOUT, DecodeOptions, ErrorPolicy,
                       OrderOptions)
 from .pipeline import create_pipeline, read_settings
@@ -178,6 +179,7 @@ class ImageLoader:
         self.gpu_memory, self.worker_cpus = pipeline.gpu_memory, pipeline.worker_cpus
         self._skips, self._share, self._per_sample = pipeline.skips, pipeline.share, pipeline.per_sample
         self._stage, self._scheduler, self._prefetcher = pipeline.stage, pipeline.scheduler, pipeline.prefetcher
+        self._iterations = OneAtATime("this ImageLoader")
         self._gpu_stage = getattr(self._stage, "decode", None)  # the GPU path's decode, for stats and tests
         self.decode_backend = self._stage.name
         self.batch_indices: list[int] = []  # the source indices of the batch last yielded
@@ -259,6 +261,11 @@ class ImageLoader:
             raise
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This epoch's batches from where it stands (``iteration``: one iteration at a time; a later
+        ``iter()`` in the same thread ends a live one, from another thread it raises)."""
+        return self._iterations.begin(self._batches)
+
+    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._skips.epoch = 0
         # the stream the batches are read on: a reused output batch waits for the work queued there
         self._stage.read_on(torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None)
