@@ -37,7 +37,7 @@ def _readme():
         if line.startswith("```"):
             inside = line.startswith("```bash") and not inside
         elif inside:
-            lines[i] = f"echo {MARK}" if i == fence + 1 else f"echo ran-block-{i}"
+            lines[i] = f"echo pytest {MARK}" if i == fence + 1 else f"echo ran-block-{i}"
     return lines, tests, fence
 
 
@@ -45,7 +45,40 @@ def test_ci_run_runs_the_readme_s_test_command(tmp_path):
     """The control: the README as it is (its commands swapped for echoes) runs its test command, alone."""
     lines, _, _ = _readme()
     res = _ci_run(tmp_path, lines)
-    assert res.returncode == 0 and res.stdout.splitlines() == [f"+ echo {MARK}", MARK], (res.stdout, res.stderr)
+    assert res.returncode == 0 and res.stdout.splitlines() == [f"+ echo pytest {MARK}", f"pytest {MARK}"], \
+        (res.stdout, res.stderr)
+
+
+@pytest.mark.parametrize("command, said", [
+    ("echo {MARK}", "runs no pytest"),
+    (".venv/bin/python -m pytest -q -k 'not slow' && echo {MARK}", "gives pytest '-k'"),
+    (".venv/bin/python -m pytest -q -m 'not ray' && echo {MARK}", "gives pytest '-m'"),
+    (".venv/bin/python -m pytest -q --deselect tests/test_ci.py && echo {MARK}", "gives pytest '--deselect'"),
+    (".venv/bin/python -m pytest -q --ignore tests/gpu && echo {MARK}", "gives pytest '--ignore'"),
+    (".venv/bin/python -m pytest -q -x && echo {MARK}", "gives pytest '-x'"),
+    (".venv/bin/python -m pytest -q --lf && echo {MARK}", "gives pytest '--lf'"),
+    ("echo pytest {MARK} || true", "holds '||'"),
+    ("echo pytest {MARK}; true", "holds ';'"),
+    ("PYTEST_ADDOPTS='-k x' echo pytest {MARK}", "holds 'PYTEST_ADDOPTS'"),
+])
+def test_ci_run_refuses_a_test_command_that_leaves_tests_unrun_or_forgives_a_failure(tmp_path, command, said):
+    lines, _, fence = _readme()
+    lines[fence + 1] = command.format(MARK=MARK)
+    res = _ci_run(tmp_path, lines)
+    assert res.returncode == 1 and said in res.stderr and "nothing run" in res.stderr, (res.stdout, res.stderr)
+    assert MARK not in res.stdout
+
+
+def test_ci_run_sets_ci_itself(tmp_path):
+    lines, _, fence = _readme()
+    lines[fence + 1] = 'echo pytest "CI=$CI"'
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    (tmp_path / ".ci").mkdir()
+    shutil.copy2(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
+    (tmp_path / "README.md").write_text("\n".join(lines) + "\n")
+    res = subprocess.run(["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path, env=env)
+    assert res.returncode == 0 and res.stdout.splitlines()[-1] == "pytest CI=true", (res.stdout, res.stderr)
 
 
 DOCTORED = ["no Tests line", "Tests line reworded", "Tests line not naming .ci/run", "no bash block after it",
@@ -157,6 +190,45 @@ def test_under_ci_only_a_gpu_test_may_skip(tmp_path):
     summary = out.strip().splitlines()[-1]
     counts = {"failed": 2, "passed": 1 - gpu_skips, "skipped": gpu_skips, "errors": 2}
     assert all((f"{n} {what}" in summary) == (n > 0) for what, n in counts.items()), summary
+
+
+_NOT_EXEMPT = '''
+import pytest
+
+
+@pytest.mark.parametrize("device", ["gpu"])
+def test_says_gpu_but_is_not_marked(device):
+    pytest.skip("not here")
+
+
+@pytest.mark.xfail(reason="a known fault")
+def test_expected_to_fail():
+    assert 1 == 2
+'''
+
+
+def test_under_ci_neither_a_gpu_name_nor_an_expected_failure_passes(tmp_path):
+    """A test whose parameter says "gpu" but carries no gpu marker, and an xfail: without CI a skip and an
+    expected failure; under ``CI=true`` both fail."""
+    (tmp_path / "gpu").mkdir()  # the folder's name says gpu too
+    (tmp_path / "gpu" / "test_not_exempt.py").write_text(_NOT_EXEMPT)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a CUDA GPU\n")
+    args = ["-p", "tests.conftest", str(tmp_path)]
+    local = _pytest(args, tmp_path, ci=False)
+    assert "1 skipped" in local.stdout and "1 xfailed" in local.stdout, local.stdout
+    ci = _pytest(args, tmp_path, ci=True)
+    if missing_parts():
+        assert ci.returncode != 0 and "parts the suite needs are missing" in ci.stderr, ci.stderr
+        return
+    assert ci.returncode == pytest.ExitCode.TESTS_FAILED and "2 failed" in ci.stdout, ci.stdout
+    assert "CI=true: an expected failure (a known fault) is a failure" in ci.stdout, ci.stdout
+
+
+def test_the_repository_s_expected_failures_are_strict():
+    import tomllib
+
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert options["xfail_strict"] is True
 
 
 def test_the_parts_checked_are_the_test_extra_s_and_triton(tmp_path):
