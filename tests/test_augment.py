@@ -13,6 +13,7 @@ from gpufeed.augment.params import AugmentSpec, CropBox, SampleRandom
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.synth import synthetic_jpeg
 from tests.helpers import psnr
+from tests.stats import assert_same_frequencies
 
 
 def test_sample_random_is_deterministic_and_uniform():
@@ -86,6 +87,31 @@ def test_fallback_is_central_crop_for_extreme_aspect():
     # a 1000x10 strip: no random try fits the ratio range, so torchvision's central fallback applies
     box = AugmentSpec(scale=(0.9, 1.0)).draw(1000, 10, seed=0, epoch=0, index=0)
     assert (box.width, box.height) == (13, 10) and box.x == (1000 - 13) // 2 and box.y == 0
+
+
+@pytest.mark.parametrize("width, height", [(1000, 10), (10, 1000), (977, 31), (31, 977), (600, 41), (41, 600)])
+@pytest.mark.parametrize("ratio", [(3 / 4, 4 / 3), (0.5, 0.9), (1.3, 2.0)])
+def test_the_fallback_box_is_torchvisions_for_wide_and_tall_images(width, height, ratio):
+    """Where no try fits (a strip), torchvision's box is deterministic: the central crop of the ratio range's
+    nearest end, for wide and tall images alike."""
+    spec = AugmentSpec(scale=(0.95, 1.0), ratio=ratio)
+    box = spec.draw(width, height, seed=0, epoch=0, index=0)
+    y, x, h, w = T.RandomResizedCrop.get_params(torch.empty(3, height, width), [0.95, 1.0], list(ratio))
+    assert (box.x, box.y, box.width, box.height) == (x, y, w, h)
+
+
+def test_every_offset_is_drawn_as_torchvision_draws_it_to_both_edges():
+    """A fixed crop size (one scale, one ratio) leaves a few offsets along each axis: each is drawn as often
+    as torchvision draws it, the last one (the crop at the right or bottom edge) included."""
+    spec = AugmentSpec(scale=(0.9, 0.9), ratio=(1.0, 1.0))
+    ours = [spec.draw(70, 66, seed=1, epoch=0, index=i) for i in range(3000)]
+    torch.manual_seed(1)
+    ref = [T.RandomResizedCrop.get_params(torch.empty(3, 66, 70), [0.9, 0.9], [1.0, 1.0]) for _ in range(3000)]
+    assert {(b.width, b.height) for b in ours} == {(w, h) for _, _, h, w in ref}
+    assert_same_frequencies([b.x for b in ours], [x for _, x, _, _ in ref], "x offsets")
+    assert_same_frequencies([b.y for b in ours], [y for y, _, _, _ in ref], "y offsets")
+    assert {(b.width, b.height) for b in ours} == {(64, 64)}  # offsets 0-6 across, 0-2 down
+    assert max(b.x + b.width for b in ours) == 70 and max(b.y + b.height for b in ours) == 66
 
 
 def test_validation_geometry_is_torchvisions_resize_then_centre_crop():
