@@ -3,6 +3,7 @@ every broken one named; the same bytes on every run; a killed conversion resumed
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
@@ -119,6 +120,8 @@ def _check_delivered(dest: Path, inputs: dict) -> dict:
     assert sorted(seen) == list(range(len(decodable)))
     assert manifest["samples"] == len(decodable) and manifest["inputs"] == len(inputs)
     assert manifest["resized"] == sum(1 for p in decodable if Path(p).parent.name == "a_big")
+    per_label = collections.Counter(str(label) for _, label in decodable.values())
+    assert manifest["labels"] == dict(sorted(per_label.items(), key=lambda kv: int(kv[0])))
     return manifest
 
 
