@@ -70,10 +70,11 @@ def test_same_seed_same_batches_and_epochs_differ(synth_root):
         assert not torch.equal(xa[0], xa2[0])
 
 
-def test_resume_mid_epoch_yields_exactly_the_rest(synth_root):
+def test_resume_mid_epoch_yields_exactly_the_rest_then_the_next_epoch_whole(synth_root):
     with make(synth_root, seed=1) as ref:
         ref.set_epoch(2)
         full = [(x, y) for x, y in ref]
+        following = [(x, y, list(ref.batch_indices)) for x, y in ref]  # epoch 3, run on by itself
     with make(synth_root, seed=1) as first:
         first.set_epoch(2)
         for i, _ in enumerate(first):
@@ -83,9 +84,13 @@ def test_resume_mid_epoch_yields_exactly_the_rest(synth_root):
     with make(synth_root, seed=99) as resumed:
         resumed.load_state_dict(state)
         rest = [(x, y) for x, y in resumed]
+        after = [(x, y, list(resumed.batch_indices)) for x, y in resumed]
     assert len(full) == 5 and len(rest) == len(full) - 2
     for (x, y), (rx, ry) in zip(full[2:], rest, strict=True):
         assert torch.equal(y, ry) and torch.equal(x, rx)
+    assert len(after) == len(following) == 5  # the epoch after a resume is whole: every sample, the same order
+    for (x, y, i), (ax, ay, ai) in zip(following, after, strict=True):
+        assert i == ai and torch.equal(y, ay) and torch.equal(x, ax)
 
 
 def test_break_then_iterate_again(synth_root):
