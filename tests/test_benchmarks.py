@@ -114,6 +114,15 @@ def test_paced_says_it_needs_a_gpu(synth_root, capsys, monkeypatch):
     assert "needs a CUDA GPU" in out
 
 
+@pytest.mark.parametrize("script", ["engine_cost.py", "anatomy.py"])
+def test_scripts_of_the_gpu_machine_say_they_need_a_gpu(script, synth_root, capsys, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("measures on the GPU machine")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # as run from there: its sibling scripts import
+    out = _run(script, [str(synth_root)], capsys, monkeypatch)
+    assert "needs a CUDA GPU" in out
+
+
 def test_progressive(synth_root, capsys, monkeypatch):
     out = _run("progressive.py", [str(synth_root), "--sizes", "24,32,40", "--device", "cpu", "--workers", "2",
                                   "--batch-size", "8", "--warmup", "1"], capsys, monkeypatch)
