@@ -502,6 +502,37 @@ def test_options_that_cannot_apply_are_said_once_when_the_loader_is_made(synth_r
         ImageLoader(synth_root, batch_size=4, image_size=16, num_workers=1, device="cpu").close()
 
 
+def test_validation_under_skip_keeps_each_image_with_its_label_when_a_bad_one_leaves_mid_batch(tmp_path):
+    """Two classes of textured images in validation's order, a bad file in the middle of the batch where the
+    classes meet: the batch comes one smaller, and every image delivered equals that image from a folder
+    without the bad file, with its own label."""
+    import shutil
+
+    from tests.corpus import jpeg
+
+    for c, n in ((0, 6), (1, 5)):
+        (tmp_path / "all" / f"c{c}").mkdir(parents=True)
+        for i in range(n):
+            (tmp_path / "all" / f"c{c}" / f"{i}.jpg").write_bytes(jpeg(40 + 3 * i, 30 + c, seed=10 * c + i))
+    shutil.copytree(tmp_path / "all", tmp_path / "good")
+    (tmp_path / "all" / "c0" / "5.jpg").write_bytes(b"not an image at all")  # index 5: batch [4, 5, 6, 7]
+    (tmp_path / "good" / "c0" / "5.jpg").unlink()
+    kw = dict(batch_size=4, image_size=16, num_workers=2, device="cpu", train=False, drop_last=False)
+    with ImageLoader(tmp_path / "good", **kw) as good:
+        expected = {}
+        for images, labels in good:
+            for k, i in enumerate(good.batch_indices):
+                expected[good.source.path(i).split("good")[1]] = (images[k], int(labels[k]))
+    with ImageLoader(tmp_path / "all", on_error="skip", **kw) as val:
+        sizes = []
+        for images, labels in val:
+            sizes.append(len(images))
+            for k, i in enumerate(val.batch_indices):
+                image, label = expected[val.source.path(i).split("all")[1]]
+                assert int(labels[k]) == label == val.source.label(i) and torch.equal(images[k], image)
+    assert sizes == [4, 3, 3] and val.stats["skipped_count"] == 1
+
+
 def test_validation_under_skip_leaves_a_bad_image_out_instead_of_repeating_a_good_one(tmp_path):
     """Validation counts each image once: a file that cannot be decoded leaves its batch (smaller then), where
     training would put a good sample of the batch in its place."""

@@ -55,6 +55,19 @@ def test_gpu_matches_cpu_for_the_same_crops(synth, decode, job_images):
     gpu.close(), cpu.close()
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_the_cpu_decode_path_normalises_on_cuda_as_on_the_cpu(synth, channels_last):
+    """The CPU workers' crops normalised on the device (torch's passes) equal the same crops normalised on a
+    CPU device (NumPy), in either memory format: a scale and shift swapped on one path shows here."""
+    kw = dict(batch_size=16, num_workers=2, seed=3, decode="cpu", channels_last=channels_last)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    with ImageLoader(synth, device="cuda", **kw) as gpu, ImageLoader(synth, device="cpu", **kw) as cpu:
+        for (xg, yg), (xc, yc) in zip(gpu, cpu, strict=True):
+            assert xg.is_cuda and xg.is_contiguous(memory_format=fmt) and xc.is_contiguous(memory_format=fmt)
+            assert torch.equal(yg.cpu(), yc) and xc.std() > 0.3  # textured: a wrong constant cannot hide
+            torch.testing.assert_close(xg.cpu(), xc, rtol=0, atol=1e-5)
+
+
 def test_kernel_writes_every_element_and_matches_reference():
     g = torch.Generator().manual_seed(1)
     imgs = [torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=g) for h, w in ((375, 500), (17, 900), (1, 1))]
