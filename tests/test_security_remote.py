@@ -27,6 +27,7 @@ import pytest
 
 from gpufeed import ImageLoader, WorkerError
 from gpufeed.sources import FetchLimits, RetryPolicy, remote_tar_source
+from gpufeed.sources.fetch import http_get
 from gpufeed.sources.retry import transient
 from gpufeed.synth import tar_shards
 
@@ -282,8 +283,8 @@ def test_storage_option_values_never_reach_the_bench_output_or_its_errors(tmp_pa
 
 
 class _Hostile(http_server.BaseHTTPRequestHandler):
-    """/drip: a byte every 0.1 s of a declared megabyte; /endless: a body without length that never ends;
-    /huge: a Content-Length of a terabyte."""
+    """/drip: a byte every 0.1 s of a declared megabyte; /slow: 2,000 bytes every 0.1 s of 40,000 (20 KB/s);
+    /endless: a body without length that never ends; /huge: a Content-Length of a terabyte."""
 
     def log_message(self, *args) -> None:
         pass
@@ -293,11 +294,13 @@ class _Hostile(http_server.BaseHTTPRequestHandler):
         self.send_response(200)
         if self.path.startswith("/drip"):
             self.send_header("Content-Length", str(1 << 20))
+        elif self.path.startswith("/slow"):
+            self.send_header("Content-Length", "40000")
         elif self.path.startswith("/huge"):
             self.send_header("Content-Length", str(1 << 40))
         self.end_headers()
-        step = (b"x", 0.1) if self.path.startswith("/drip") else (b"\0" * 65536, 0.0)
-        for _ in range(1000):  # bounded: the client gives up long before
+        step = {"/drip": (b"x", 0.1), "/slow": (b"s" * 2000, 0.1)}.get(self.path[:5], (b"\0" * 65536, 0.0))
+        for _ in range(20 if self.path.startswith("/slow") else 1000):  # bounded: the client gives up long before
             try:
                 self.wfile.write(step[0])
                 self.wfile.flush()
@@ -321,11 +324,33 @@ def test_a_server_that_drips_fails_at_the_deadline_naming_the_url(hostile, tmp_p
     httpd, url = hostile
     source = remote_tar_source([f"{url}/drip/shard.tar"], samples_per_shard=5, retry=FAST,
                                limits=FetchLimits(deadline=1.0), spool_dir=str(tmp_path / "spool"))
+    began = time.monotonic()
     with pytest.raises(OSError, match=r"/drip/shard\.tar: cannot fetch the file after 2 attempts \(TimeoutError: "
                                       r".*not complete within the deadline of 1 s \(\d+ bytes came\)"):
         source.read(0)
+    assert time.monotonic() - began < 8  # two attempts of the 1 s deadline, and FAST's short wait
     assert httpd.requests == ["/drip/shard.tar"] * 2  # each attempt through the plain GET, none through fsspec
     assert not [n for n in os.listdir(tmp_path / "spool") if n.endswith((".tar", ".part"))]  # nothing partial left
+
+
+def test_a_stalled_transfer_fails_at_the_low_speed_rule_and_a_slow_one_finishes(hostile, tmp_path):
+    """The drip (10 bytes/s) under a rule of 1,000 bytes/s over 1 s fails each attempt in about a second,
+    long before its deadline; the slow server (20 KB/s for 2 s) passes the same rule and its file arrives."""
+    httpd, url = hostile
+    limits = FetchLimits(deadline=120.0, low_speed=1000, low_speed_time=1.0)
+    source = remote_tar_source([f"{url}/drip/shard.tar"], samples_per_shard=5, retry=FAST, limits=limits,
+                               spool_dir=str(tmp_path / "spool"))
+    began = time.monotonic()
+    with pytest.raises(OSError, match=r"/drip/shard\.tar: cannot fetch the file after 2 attempts \(TimeoutError: "
+                                      r".*under 1000 bytes/s for 1 s \(\d+ bytes came\)"):
+        source.read(0)
+    assert time.monotonic() - began < 8
+    path = tmp_path / "slow.bin"
+    began = time.monotonic()
+    http_get(f"{url}/slow/file", str(path), FetchLimits(low_speed=10_000, low_speed_time=0.5))
+    assert path.read_bytes() == b"s" * 40000 and time.monotonic() - began > 1.5  # it was slow, and it finished
+    with pytest.raises(ValueError, match="low_speed must be an integer number of bytes/s >= 0"):
+        FetchLimits(low_speed=-1)
 
 
 @pytest.mark.parametrize("path, message", [("/endless/shard.tar", "more than the cap of 1048576 bytes"),

@@ -10,9 +10,11 @@ in a process, a failure that is not a passing one (those are retried) is tried a
 from then on (a proxy, a CA bundle or request headers only the fsspec client knows about), so it never
 turns a working setup into a failing one.
 
-Every plain GET has an overall deadline and a byte cap (``FetchLimits``): a server that drips a byte at a
-time, or sends a body without end, fails the request (the deadline as a passing failure, retried; the cap
-as a permanent one) instead of holding a fetch thread forever or filling the disk. A body over the cap is
+Every plain GET has a low-speed rule, an overall deadline and a byte cap (``FetchLimits``): a transfer under
+``low_speed`` bytes/s for ``low_speed_time`` seconds (curl's ``--speed-limit``/``--speed-time``) or past the
+deadline fails as a passing failure (retried), a body over the cap as a permanent one, instead of holding a
+fetch thread for the deadline or forever, or filling the disk. A stalled server thus fails an attempt within
+a minute by default, while a slow but steady one finishes. A body over the cap is
 never handed over to fsspec, whose transfers are bounded by their own client's timeouts only.
 """
 
@@ -22,6 +24,7 @@ import http.client
 import os
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -39,15 +42,20 @@ _CHUNK = 1 << 20
 @dataclass(frozen=True)
 class FetchLimits:
     """Bounds on each plain GET of a whole file: ``deadline`` seconds for the whole transfer (a 1 GB shard
-    at 4 MB/s fits), ``read_timeout`` seconds for the server to send anything at all, ``max_bytes`` for the
-    body (far above any real shard or Parquet file)."""
+    at 4 MB/s fits), ``read_timeout`` seconds for the server to send anything at all, a transfer slower than
+    ``low_speed`` bytes/s over ``low_speed_time`` seconds given up (a stalled server, not a slow link: 1 KB/s is
+    a thousandth of a poor one), ``max_bytes`` for the body (far above any real shard or Parquet file)."""
 
     deadline: float = 300.0
     read_timeout: float = 60.0
+    low_speed: int = 1024
+    low_speed_time: float = 30.0
     max_bytes: int = 64 << 30
 
     def __post_init__(self) -> None:
-        for name in ("deadline", "read_timeout"):
+        if not isinstance(self.low_speed, int) or isinstance(self.low_speed, bool) or self.low_speed < 0:
+            raise ValueError(f"low_speed must be an integer number of bytes/s >= 0 (0: no rule), got {self.low_speed!r}")
+        for name in ("deadline", "read_timeout", "low_speed_time"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
@@ -114,7 +122,9 @@ def http_get(url: str, path: str, limits: FetchLimits = FetchLimits()) -> str | 
     bytes object per read would page-fault its memory in every time); the object's version
     (``version_of``). A body shorter than its Content-Length raises ``http.client.IncompleteRead``; one
     over ``limits.max_bytes`` raises ``TooLarge`` (before any byte is read when its Content-Length says so);
-    a transfer not complete within ``limits.deadline`` raises ``TimeoutError``."""
+    a transfer not complete within ``limits.deadline``, or under ``limits.low_speed`` bytes/s for
+    ``limits.low_speed_time`` seconds, raises ``TimeoutError``. Each read takes what one receive gives, so a
+    server that drips is seen as it drips."""
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
     shown = redact(url)
@@ -129,13 +139,20 @@ def http_get(url: str, path: str, limits: FetchLimits = FetchLimits()) -> str | 
         timer.daemon = True
         timer.start()
         got = 0
+        window, window_got = time.monotonic(), 0  # the low-speed rule's current window
         try:
             with os.fdopen(open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb", buffering=0) as f:
-                while n := r.readinto(buf):
+                while n := r.readinto1(buf):
                     got += n
                     if got > limits.max_bytes:
                         raise TooLarge(f"{shown}: more than the cap of {limits.max_bytes} bytes per request")
                     f.write(view[:n])
+                    now = time.monotonic()
+                    if now - window >= limits.low_speed_time:
+                        if got - window_got < limits.low_speed * (now - window):
+                            raise TimeoutError(f"{shown}: under {limits.low_speed} bytes/s for "
+                                               f"{limits.low_speed_time:g} s ({got} bytes came)")
+                        window, window_got = now, got
         except (OSError, http.client.HTTPException, ValueError):
             if not cut.is_set():  # else the read failed because the deadline cut the connection: said below
                 raise
