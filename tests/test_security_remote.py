@@ -180,6 +180,49 @@ def test_a_default_spool_left_by_a_killed_process_is_removed_at_the_next_start(t
     assert not os.path.exists(root) and os.path.dirname(fresh.spool.root) == base
 
 
+KILLED_WITH_A_CHILD = """
+import os, sys, time
+from gpufeed.sources import remote_tar_source
+source = remote_tar_source(sys.argv[1], samples_per_shard=5)
+source.read(0)
+child = os.fork()
+if child == 0:  # the user's own child: it inherits every descriptor, the session's lock among them
+    time.sleep(120)
+    os._exit(0)
+print(source.spool.root, child, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_killed_process_s_spool_is_removed_though_a_child_it_forked_lives_on(tmp_path, http, monkeypatch):
+    """The child holds the session's lock (an inherited descriptor); the owner named in the session file is
+    gone, so the next spool made removes the dead one's."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_WITH_A_CHILD)
+    proc = subprocess.Popen([sys.executable, str(script), http.pattern], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": os.pathsep.join(sys.path)})
+    child = None
+    try:
+        root, child = proc.stdout.readline().split()
+        child = int(child)
+        proc.kill()
+        proc.wait(10)
+        os.kill(child, 0)  # the child lives on
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+        fresh = remote_tar_source(http.pattern, samples_per_shard=5)
+        assert not os.path.exists(root) and os.path.dirname(fresh.spool.root) == os.path.dirname(root)
+        fresh.read(0)  # and a live spool is left alone by its own sweep
+        remote_tar_source(http.pattern, samples_per_shard=5)
+        assert os.path.isdir(fresh.spool.root)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if child:
+            os.kill(child, signal.SIGKILL)
+
+
 def test_bad_labels_in_a_remote_shard_fail_alone_naming_url_and_member(tmp_path, src):
     from .test_security import TAR_LABELS, _tar_with_labels
 

@@ -8,7 +8,9 @@ sees a complete file or none. Nothing read back is unpickled or evaluated: index
 
 Liveness: a process that uses a folder holds an exclusive ``flock`` on a session file there for as long as it
 lives (``Session``); the kernel drops it when the process dies, however it dies, so a later process can tell
-what a dead one left behind (``Session.alive``).
+what a dead one left behind (``Session.alive``). The file also names its owner (process id and start time):
+a child forked by the user's code shares the lock's open file and would hold it after the owner died, so a
+held lock counts only while its owner still runs.
 """
 
 from __future__ import annotations
@@ -141,6 +143,7 @@ class Session:
         self.path = os.path.join(folder, SESSION_PREFIX + self.token)
         self._fd = create_file(self.path)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
+        os.write(self._fd, json.dumps(process_identity(os.getpid())).encode())
 
     def close(self) -> None:
         if self._fd is not None:
@@ -159,12 +162,13 @@ class Session:
         except OSError:
             return False
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True  # held: its process lives
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held: by its owner, or by a child that inherited the descriptor
+                return _owner_runs(os.read(fd, 256))
+            return False
         finally:
             os.close(fd)
-        return False
 
     @staticmethod
     def sweep(folder: str) -> None:
@@ -172,6 +176,38 @@ class Session:
         for name in os.listdir(folder):
             if name.startswith(SESSION_PREFIX) and not Session.alive(folder, name[len(SESSION_PREFIX):]):
                 with_missing_ok(os.unlink, os.path.join(folder, name))
+
+
+def process_identity(pid: int) -> dict[str, Any]:
+    """``pid`` and, where ``/proc`` tells it, the process's start time (clock ticks since boot): a pid alone
+    may be reused by another process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_line = f.read()
+        return {"pid": pid, "start": int(stat_line[stat_line.rindex(b")") + 2 :].split()[19])}
+    except (OSError, ValueError, IndexError):
+        return {"pid": pid}
+
+
+def _owner_runs(recorded: bytes) -> bool:
+    """Whether the owner a session file names still runs; True when it names none that can be checked."""
+    try:
+        owner = json.loads(recorded)
+        pid = owner["pid"]
+    except (ValueError, TypeError, KeyError):
+        return True  # written by an older gpufeed, or not yet: the lock alone decides
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid < 1:
+        return True
+    now = process_identity(pid)
+    if "start" not in now:  # no such process now (or no /proc to tell)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            pass
+        return True
+    return owner.get("start", now["start"]) == now["start"]
 
 
 def sweep_spools(base: str, prefix: str) -> None:
