@@ -17,3 +17,12 @@ class SleepySource(FileSource):
     def read(self, index, max_bytes=None):
         time.sleep(self.pause)
         return super().read(index, max_bytes)
+
+
+class HungrySource(FileSource):
+    """Reading a file whose name holds "hungry" runs out of memory, as reading a 40 GB file would."""
+
+    def read(self, index, max_bytes=None):
+        if "hungry" in self.paths[index]:
+            raise MemoryError()
+        return super().read(index, max_bytes)

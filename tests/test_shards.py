@@ -135,7 +135,8 @@ def test_every_decodable_input_once_with_its_label_and_every_broken_one_named(od
     manifest = _check_delivered(tmp_path / "out", inputs)
     assert manifest["classes"] == ["a_big", "b_odd", "c_broken"]
     assert manifest["options"] == {"format": fmt, "max_side": MAX_SIDE, "quality": 90, "resample": "lanczos",
-                                   "shard_size": "7", "shuffle": 0, "on_error": "skip"}
+                                   "shard_size": "7", "shuffle": 0, "on_error": "skip",
+                                   "max_bytes": 256 << 20}
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert names == sorted([s["name"] for s in manifest["shards"]] + ["manifest.json"])  # no leftovers
 
@@ -346,3 +347,42 @@ def test_a_shard_changed_after_its_manifest_is_counted_from_itself(synth_root, t
     with caplog.at_level("WARNING", logger="gpufeed"):
         src = create_source(tmp_path / "out")
     assert src.groups == (16, 5, 8) and "does not list shard-000001.parquet at its size" in caplog.text
+
+
+def test_hostile_inputs_are_each_their_own_failure_and_names_are_kept(tmp_path):
+    """A file over --max-bytes (sparse, 3 GB: refused unread), one whose read runs out of memory, and one whose
+    name is not UTF-8: the first two are broken, named, and the conversion goes on; the third converts, to
+    tar and to Parquet, its name kept (its odd byte as \\xNN in Parquet's string column)."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    from gpufeed.sources import FileSource
+
+    from .slow_source import HungrySource
+
+    root = tmp_path / "src"
+    (root / "c").mkdir(parents=True)
+    for i in range(4):
+        (root / "c" / f"{i}.jpg").write_bytes(encode(smooth(60, 40, i)))
+    odd = os.fsdecode(bytes(root / "c") + b"/caf\xe9.jpg")
+    with open(odd, "wb") as f:
+        f.write(encode(smooth(50, 50, 9)))
+    with open(root / "c" / "huge.jpg", "wb") as f:
+        f.truncate(3 << 30)
+    (root / "c" / "hungry.jpg").write_bytes(encode(smooth(40, 40, 8)))
+    out = tmp_path / "tar"
+    assert main(["shards", str(root), str(out), "--workers", "1", "--max-bytes", str(1 << 20)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    broken = {Path(b["path"]).name: b["reason"] for b in manifest["broken"]}
+    assert list(broken) == ["huge.jpg"] and "over max_bytes=1048576: refused unread" in broken["huge.jpg"]
+    assert manifest["samples"] == 6 and manifest["options"]["max_bytes"] == 1 << 20
+    with ImageLoader(out, **LOADER) as loader:
+        assert sum(len(y) for _, y in loader) == 6
+    src = create_source(root)
+    hungry = HungrySource(src.paths, src.labels, src.classes)
+    write_shards(hungry, tmp_path / "pq", ShardOptions(format="parquet", workers=1))
+    manifest = json.loads((tmp_path / "pq" / "manifest.json").read_text())
+    broken = {Path(b["path"]).name: b["reason"] for b in manifest["broken"]}
+    assert sorted(broken) == ["huge.jpg", "hungry.jpg"] and broken["hungry.jpg"] == "MemoryError: "
+    rows = pq.read_table(tmp_path / "pq" / "shard-000000.parquet").column("image").to_pylist()
+    assert sorted(Path(r["path"]).name for r in rows) == ["0.jpg", "1.jpg", "2.jpg", "3.jpg", "caf\\xe9.jpg"]
+    with ImageLoader(tmp_path / "pq", **LOADER) as loader:
+        assert sum(len(y) for _, y in loader) == 5

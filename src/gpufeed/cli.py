@@ -155,7 +155,8 @@ def _cmd_shards(args: argparse.Namespace) -> int:
             raise ValueError(f"--shuffle must be a seed (an integer), 'none' or 'auto', got {args.shuffle!r}") from None
     options = ShardOptions(format=args.format, max_side=args.max_side, quality=args.quality,
                            shard_size=ShardSize.parse(args.shard_size), shuffle=None if shuffle == "none" else shuffle,
-                           workers=args.workers, on_error=args.on_error, engine=args.engine)
+                           workers=args.workers, on_error=args.on_error, engine=args.engine,
+                           max_bytes=args.max_bytes)
     bar = _ImageBar()
     try:
         manifest = write_shards(args.src, args.dest, options, storage_options=_storage_options(args.storage_options),
@@ -303,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--on-error", choices=ON_ERROR, default=ShardOptions.on_error,
                    help="an input that cannot be read or decoded: skip it (listed in the manifest) or stop "
                         "(default skip)")
+    h.add_argument("--max-bytes", type=int, default=ShardOptions.max_bytes,
+                   help="an input file over this many bytes is broken, refused unread, as the loader's max_bytes "
+                        f"(default {ShardOptions.max_bytes})")
     h.add_argument("--engine", choices=ENGINES, default=ShardOptions.engine,
                    help="local: processes on this machine; ray: a Ray Data job on the cluster ray.init() finds "
                         "(RAY_ADDRESS) or a local one (pip install 'gpufeed[ray]') (default local)")

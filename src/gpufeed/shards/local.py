@@ -51,7 +51,7 @@ class LocalEngine:
         self.source, self.workers = source, workers
         self._block = None
         shipped = source
-        if isinstance(source, FileSource):
+        if type(source) is FileSource:  # a subclass keeps its own read (the shared copy is a plain list)
             shipped, self._block = SharedFileSource.create(source)
         methods = mp.get_all_start_methods()  # forkserver: safe whatever threads this process runs
         context = mp.get_context("forkserver" if "forkserver" in methods else "spawn")

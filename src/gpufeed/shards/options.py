@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from ..cores import affinity
+from ..options import DEFAULT_MAX_BYTES
 
 FORMATS = ("tar", "parquet")
 ENGINES = ("local", "ray")
@@ -60,7 +61,8 @@ class ShardOptions:
     None for the source's order, "auto" for ``default_shuffle``; ``workers``: processes (local) or
     actors (Ray), None for this machine's usable cores or the cluster's CPUs; ``on_error``: "skip" an
     input that cannot be read or decoded (named in the manifest) or "raise" at the first; ``engine``:
-    "local" (processes on this machine) or "ray" (a Ray Data job).
+    "local" (processes on this machine) or "ray" (a Ray Data job); ``max_bytes``: an input file larger than
+    this is broken, refused unread (the loader's cap, ``ImageLoader(max_bytes=)``).
     """
 
     format: str = "tar"
@@ -71,6 +73,7 @@ class ShardOptions:
     workers: int | None = None
     on_error: str = "skip"
     engine: str = "local"
+    max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -90,6 +93,8 @@ class ShardOptions:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if not isinstance(self.max_bytes, int) or isinstance(self.max_bytes, bool) or self.max_bytes < 1:
+            raise ValueError(f"max_bytes must be an integer >= 1, got {self.max_bytes!r}")
 
 
 def default_shuffle(source: object) -> int | None:

@@ -73,7 +73,7 @@ def output_options(options: ShardOptions, shuffle: int | None) -> dict[str, Any]
     """The options that decide the shards' bytes (those the manifest records and the loader reports)."""
     return {"format": options.format, "max_side": options.max_side, "quality": options.quality,
             "resample": RESAMPLE if options.max_side is not None else None, "shard_size": str(options.shard_size),
-            "shuffle": shuffle, "on_error": options.on_error}
+            "shuffle": shuffle, "on_error": options.on_error, "max_bytes": options.max_bytes}
 
 
 def make_plan(source, options: ShardOptions, shuffle: int | None, described: str,

@@ -24,6 +24,7 @@ from PIL import Image
 from ..decode.base import DEFAULT_MAX_PIXELS, DecodeError, is_jpeg
 from ..decode.cpu import CpuDecoder
 from ..decode.exif import ORIENTATION_TAG, read_orientation
+from ..sources.base import read_capped
 
 RESAMPLE = "lanczos"  # Pillow's Image.LANCZOS: a windowed sinc scaled to the reduction, antialiased
 REDUCING_GAP = 3.0  # Pillow's docs: from 3.0 on, indistinguishable from resampling the full image
@@ -52,6 +53,13 @@ class Broken(NamedTuple):
 def _stable(reason: str) -> str:
     """A reason without the object addresses Pillow's messages hold, so the manifest is the same each run."""
     return _ADDRESS.sub("", reason)
+
+
+def _name(source, index: int) -> str:
+    try:
+        return source.path(index)
+    except Exception:  # a source that cannot even name it
+        return f"input {index}"
 
 
 def file_extension(data: bytes) -> str | None:
@@ -95,21 +103,28 @@ def reduction(width: int, height: int, target: tuple[int, int]) -> int:
 class Preparer:
     """Inputs of a source to ``Prepared`` or ``Broken`` records (see the module docstring)."""
 
-    def __init__(self, *, max_side: int | None, quality: int, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
-        self.max_side, self.quality = max_side, quality
+    def __init__(self, *, max_side: int | None, quality: int, max_pixels: int = DEFAULT_MAX_PIXELS,
+                 max_bytes: int | None = None) -> None:
+        self.max_side, self.quality, self.max_bytes = max_side, quality, max_bytes
         self.decoder = CpuDecoder(max_pixels=max_pixels)
 
     def __call__(self, source, index: int, position: int) -> Prepared | Broken:
+        """One input's record: whatever goes wrong with it (its read, its label, its decode, memory) is that
+        input's failure, named with its path; only an interrupt stops the conversion here."""
         try:
-            data = source.read(index)
+            data = read_capped(source, index, self.max_bytes)
             label = source.label(index)
         except (OSError, ValueError) as e:  # the sources' errors for an unreadable file or a missing label
-            return Broken(position, source.path(index), _stable(str(e)))
+            return Broken(position, _name(source, index), _stable(str(e)))
+        except Exception as e:  # anything else about this input alone
+            return Broken(position, _name(source, index), _stable(f"{type(e).__name__}: {e}"))
         path = source.path(index)  # after the read: a remote shard's member names are known then
         try:
             data, ext, resized = self.convert(data, path)
         except DecodeError as e:
             return Broken(position, path, _stable(e.reason))
+        except Exception as e:  # a decoder's or encoder's fault on this input (MemoryError, ...)
+            return Broken(position, path, _stable(f"{type(e).__name__}: {e}"))
         return Prepared(position, data, ext, label, path, resized)
 
     def convert(self, data: bytes, path: str) -> tuple[bytes, str, bool]:

@@ -44,7 +44,7 @@ def write_shards(source: "str | os.PathLike | list[str] | Source", dest: str | o
     described = describe(source)
     shuffle = default_shuffle(src) if options.shuffle == "auto" else options.shuffle
     destination = Destination(str(dest), dict(storage_options or {}))
-    preparer = Preparer(max_side=options.max_side, quality=options.quality)
+    preparer = Preparer(max_side=options.max_side, quality=options.quality, max_bytes=options.max_bytes)
     engine = create_engine(options, src, preparer)
     try:
         plan = make_plan(src, options, shuffle, described, engine.probe)

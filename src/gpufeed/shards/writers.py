@@ -29,6 +29,12 @@ class ShardWriter(Protocol):
     def abort(self) -> None: ...
 
 
+def utf8_name(path: str) -> str:
+    """A file name as Parquet's string column can hold it: a name whose bytes are not UTF-8 (read with
+    Python's surrogate escapes) keeps each such byte as ``\\xNN``, the rest as it is."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def create_writer(format: str, path: str, classes: Sequence[str]) -> ShardWriter:
     return TarWriter(path) if format == "tar" else ParquetWriter(path, classes)
 
@@ -83,7 +89,7 @@ class ParquetWriter:
         self.row_groups: list[int] = []
 
     def add(self, key: str, ext: str, data: bytes, label: int, path: str) -> None:
-        self._rows.append({"bytes": data, "path": path})
+        self._rows.append({"bytes": data, "path": utf8_name(path)})
         self._labels.append(label)
         if len(self._rows) == ROWS_PER_GROUP:
             self._flush()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import bisect
 import errno
+import functools
 import hashlib
+import inspect
 import operator
 import os
 import stat
@@ -24,6 +26,30 @@ _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFB
 
 class TooLarge(OSError):
     """A file or a response over its byte cap, refused before it was read whole."""
+
+
+def read_capped(source: "Source", index: int, max_bytes: int | None) -> bytes:
+    """Sample ``index``'s bytes, refused (``TooLarge`` naming it) over ``max_bytes``: unread where the source's
+    ``read`` takes ``max_bytes`` (gpufeed's own sources do), else once read (a source of the user's)."""
+    if max_bytes is None:
+        return source.read(index)
+    data = source.read(index, max_bytes=max_bytes) if takes_max_bytes(source) else source.read(index)
+    if len(data) > max_bytes:
+        raise TooLarge(errno.EFBIG, f"{len(data)} bytes, over max_bytes={max_bytes}", source.path(index))
+    return data
+
+
+def takes_max_bytes(source: "Source") -> bool:
+    """Whether ``source.read`` takes ``max_bytes``, so that it refuses a larger sample before reading it."""
+    return _read_takes_max_bytes(type(source))
+
+
+@functools.lru_cache(maxsize=None)
+def _read_takes_max_bytes(kind: type) -> bool:
+    try:
+        return "max_bytes" in inspect.signature(kind.read).parameters
+    except (TypeError, ValueError, AttributeError):  # a read no signature can be found for
+        return False
 
 
 def refuse_over(size: int, max_bytes: int | None, where: str) -> None:

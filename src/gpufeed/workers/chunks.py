@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import time
 import traceback
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from ..decode.cpu import CpuDecoder
 from ..decode.exif import read_orientation, swaps_axes
 from ..placement.samples import Candidate, cheapest_on_cpu, gpu_may_take
 from ..ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, Ring
-from ..sources.base import Source, check_label
+from ..sources.base import Source, check_label, takes_max_bytes
 from .records import Failure, OutputSize, Progress, Task
 
 
@@ -52,10 +51,7 @@ class PipelineSpec:
     def bounded_read(self) -> bool:
         """Whether the source's ``read`` takes ``max_bytes`` (gpufeed's own sources do), so it refuses a
         larger sample before reading it."""
-        try:
-            return "max_bytes" in inspect.signature(self.source.read).parameters
-        except (TypeError, ValueError):  # a read no signature can be found for
-            return False
+        return takes_max_bytes(self.source)
 
     @property
     def raises(self) -> bool:
