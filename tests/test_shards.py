@@ -386,3 +386,34 @@ def test_hostile_inputs_are_each_their_own_failure_and_names_are_kept(tmp_path):
     assert sorted(Path(r["path"]).name for r in rows) == ["0.jpg", "1.jpg", "2.jpg", "3.jpg", "caf\\xe9.jpg"]
     with ImageLoader(tmp_path / "pq", **LOADER) as loader:
         assert sum(len(y) for _, y in loader) == 5
+
+
+FULL = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))
+from gpufeed.cli import main
+sys.exit(main(["shards", sys.argv[1], sys.argv[2], "--workers", "1", "--shard-size", "8"]))
+"""
+
+
+def test_a_full_destination_is_one_line_naming_it_and_leaves_nothing_partial(tmp_path):
+    """Writes past a file size limit fail as on a full disk: exit status 2, one line naming the destination
+    and the way out, no temporary file left; the shards finished before are kept, and the same command, with
+    room, finishes the conversion."""
+    root = tmp_path / "src"
+    (root / "c").mkdir(parents=True)
+    for i in range(24):
+        (root / "c" / f"{i:02d}.jpg").write_bytes(encode(smooth(200, 150, i), quality=95))
+    dest = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(Path(gpufeed.__file__).resolve().parents[1]))
+    done = subprocess.run([sys.executable, "-c", FULL, str(root), str(dest)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"gpufeed shards: error: {dest}: File too large while writing the shards: make room")
+    left = [p.name for p in dest.iterdir()]
+    assert not [n for n in left if n.endswith(".gpufeed-tmp")] and "manifest.json" not in left, left
+    assert main(["shards", str(root), str(dest), "--workers", "1", "--shard-size", "8"]) == 0
+    with ImageLoader(dest, **LOADER) as loader:
+        assert sum(len(y) for _, y in loader) == 24

@@ -14,6 +14,6 @@ manifest, and what a destination holds to resume), ``local`` and ``ray_engine`` 
 from .options import ShardOptions, ShardSize
 from .prepare import RESAMPLE
 from .run import write_shards
-from .shard import BrokenInput
+from .shard import BrokenInput, DestinationFull
 
-__all__ = ["RESAMPLE", "BrokenInput", "ShardOptions", "ShardSize", "write_shards"]
+__all__ = ["RESAMPLE", "BrokenInput", "DestinationFull", "ShardOptions", "ShardSize", "write_shards"]

@@ -8,6 +8,7 @@ manifest) are written the same way. A conversion keeps its progress in ``PROGRES
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -93,9 +94,14 @@ class Destination:
 
     def write_json(self, name: str, doc: Any) -> None:
         temp = self.temp_path(os.path.basename(name))
-        with open(temp, "w") as f:
-            json.dump(doc, f, indent=1, sort_keys=True)
-            f.write("\n")
+        try:
+            with open(temp, "w") as f:
+                json.dump(doc, f, indent=1, sort_keys=True)
+                f.write("\n")
+        except BaseException:  # a full disk, say: nothing partial stays
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise
         self.publish(temp, name)
 
     def read_json(self, name: str) -> Any:

@@ -8,13 +8,13 @@ from typing import Any, Callable
 
 from ..sources import Source, create_source
 from ..sources.manifest import MANIFEST
-from ..sources.urls import is_url, unsigned
+from ..sources.urls import is_url, redact, unsigned
 from .dest import Destination
 from .manifest import PLAN_RECORD, build_manifest, destination_state
 from .options import ShardOptions, default_shuffle, default_workers
 from .plan import make_plan
 from .prepare import Preparer
-from .shard import ShardJob
+from .shard import FULL_ERRNOS, DestinationFull, ShardJob
 
 
 def create_engine(options: ShardOptions, source, preparer: Preparer):
@@ -60,10 +60,17 @@ def write_shards(source: "str | os.PathLike | list[str] | Source", dest: str | o
         records = dict(state.done)
         tell = _Progress(progress, len(plan.order), sum(r.inputs for r in records.values()))
         todo = [k for k in range(len(plan.names)) if k not in records]
-        for record in engine.write(job, todo, tell):
-            records[record.index] = record
-        manifest = build_manifest(plan, [records[k] for k in sorted(records)], classes, described)
-        destination.write_json(MANIFEST, manifest)
+        try:
+            for record in engine.write(job, todo, tell):
+                records[record.index] = record
+            manifest = build_manifest(plan, [records[k] for k in sorted(records)], classes, described)
+            destination.write_json(MANIFEST, manifest)
+        except OSError as e:
+            if e.errno not in FULL_ERRNOS:
+                raise
+            raise DestinationFull(e.errno, f"{redact(str(dest))}: {os.strerror(e.errno)} while writing the shards: "
+                                  "make room there and run the same command again (the shards finished so far "
+                                  "are kept)") from None
         destination.remove_progress([job.record_name(k) for k in records] + [PLAN_RECORD])
         return manifest
     finally:

@@ -8,6 +8,8 @@ prepared them (the local engine's processes, or one Ray actor).
 from __future__ import annotations
 
 import collections
+import contextlib
+import errno
 import hashlib
 import os
 from dataclasses import asdict, dataclass, field
@@ -18,6 +20,17 @@ from .dest import Destination
 from .plan import Plan
 from .prepare import Broken, Prepared
 from .writers import create_writer
+
+
+class DestinationFull(OSError):
+    """The destination's file system refused a write for want of room (no space, a quota, a file size
+    limit); the message names the destination and the way out."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 class BrokenInput(ValueError):
@@ -93,8 +106,10 @@ def write_shard(job: ShardJob, k: int, samples: Iterator[Prepared | Broken]) -> 
             count += 1
         writer.close()
     except BaseException:
-        writer.abort()
-        os.unlink(temp)
+        with contextlib.suppress(Exception):  # on a full disk closing the file fails too: the temp goes anyway
+            writer.abort()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
         raise
     size, digest = _size_and_digest(temp) if count else (0, "")
     record = ShardRecord(k, name, size, digest, count, len(plan.positions(k)), resized,
