@@ -417,3 +417,32 @@ def test_a_full_destination_is_one_line_naming_it_and_leaves_nothing_partial(tmp
     assert main(["shards", str(root), str(dest), "--workers", "1", "--shard-size", "8"]) == 0
     with ImageLoader(dest, **LOADER) as loader:
         assert sum(len(y) for _, y in loader) == 24
+
+
+def test_a_second_writer_of_one_destination_is_refused_naming_the_first(tmp_path, capsys):
+    """While one conversion writes a folder, another of the same conversion is refused at once, naming the
+    process that holds it, and leaves its files alone: the first finishes whole."""
+    root = tmp_path / "src"
+    (root / "c").mkdir(parents=True)
+    for i in range(240):
+        (root / "c" / f"{i:03d}.jpg").write_bytes(encode(smooth(400, 300, i)))
+    dest = tmp_path / "out"
+    args = ["shards", str(root), str(dest), "--max-side", "64", "--shard-size", "8", "--workers", "1"]
+    env = dict(os.environ, PYTHONPATH=str(Path(gpufeed.__file__).resolve().parents[1]))
+    first = subprocess.Popen([sys.executable, "-m", "gpufeed", *args], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list(dest.glob("shard-*.tar")):
+            time.sleep(0.01)
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"{dest} is being written by another `gpufeed shards` (process {first.pid} on " in err, err
+        assert "one conversion per destination at a time" in err
+        assert first.wait(120) == 0, first.stderr.read()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert sorted(p.name for p in dest.iterdir()) == ["manifest.json"] + [f"shard-{k:06d}.tar" for k in range(30)]
+    with ImageLoader(dest, **LOADER) as loader:
+        assert sum(len(y) for _, y in loader) == 240

@@ -45,36 +45,43 @@ def write_shards(source: "str | os.PathLike | list[str] | Source", dest: str | o
     shuffle = default_shuffle(src) if options.shuffle == "auto" else options.shuffle
     destination = Destination(str(dest), dict(storage_options or {}))
     preparer = Preparer(max_side=options.max_side, quality=options.quality, max_bytes=options.max_bytes)
-    engine = create_engine(options, src, preparer)
-    try:
-        plan = make_plan(src, options, shuffle, described, engine.probe)
-        state = destination_state(destination, plan)
-        if state.manifest is not None:  # done already: nothing read or written again
-            return state.manifest
-        destination.prepare()
-        destination.remove(state.stale)
-        destination.write_json(PLAN_RECORD, {"fingerprint": plan.fingerprint, "options": plan.options,
-                                             "source": described})
-        classes = tuple(getattr(src, "classes", ()) or ())
-        job = ShardJob(plan, destination, classes, source if isinstance(source, str) else None, options.on_error)
-        records = dict(state.done)
-        tell = _Progress(progress, len(plan.order), sum(r.inputs for r in records.values()))
-        todo = [k for k in range(len(plan.names)) if k not in records]
+    with destination.held(owner={"source": described}):  # one conversion per destination at a time
+        engine = create_engine(options, src, preparer)
         try:
-            for record in engine.write(job, todo, tell):
-                records[record.index] = record
-            manifest = build_manifest(plan, [records[k] for k in sorted(records)], classes, described)
-            destination.write_json(MANIFEST, manifest)
-        except OSError as e:
-            if e.errno not in FULL_ERRNOS:
-                raise
-            raise DestinationFull(e.errno, f"{redact(str(dest))}: {os.strerror(e.errno)} while writing the shards: "
-                                  "make room there and run the same command again (the shards finished so far "
-                                  "are kept)") from None
-        destination.remove_progress([job.record_name(k) for k in records] + [PLAN_RECORD])
-        return manifest
-    finally:
-        engine.close()
+            plan = make_plan(src, options, shuffle, described, engine.probe)
+            return _convert(src, source, plan, destination, engine, options, described, progress)
+        finally:
+            engine.close()
+
+
+def _convert(src, source, plan, destination: Destination, engine, options: ShardOptions, described: str,
+             progress: Callable[[int, int], None] | None) -> dict[str, Any]:
+    """The plan's shards into a destination this process holds: those not there yet, then the manifest."""
+    state = destination_state(destination, plan)
+    if state.manifest is not None:  # done already: nothing read or written again
+        return state.manifest
+    destination.prepare()
+    destination.remove(state.stale)
+    destination.write_json(PLAN_RECORD, {"fingerprint": plan.fingerprint, "options": plan.options,
+                                         "source": described})
+    classes = tuple(getattr(src, "classes", ()) or ())
+    job = ShardJob(plan, destination, classes, source if isinstance(source, str) else None, options.on_error)
+    records = dict(state.done)
+    tell = _Progress(progress, len(plan.order), sum(r.inputs for r in records.values()))
+    todo = [k for k in range(len(plan.names)) if k not in records]
+    try:
+        for record in engine.write(job, todo, tell):
+            records[record.index] = record
+        manifest = build_manifest(plan, [records[k] for k in sorted(records)], classes, described)
+        destination.write_json(MANIFEST, manifest)
+    except OSError as e:
+        if e.errno not in FULL_ERRNOS:
+            raise
+        raise DestinationFull(e.errno, f"{redact(destination.root)}: {os.strerror(e.errno)} while writing the "
+                              "shards: make room there and run the same command again (the shards finished so "
+                              "far are kept)") from None
+    destination.remove_progress([job.record_name(k) for k in records] + [PLAN_RECORD])
+    return manifest
 
 
 class _Progress:
