@@ -446,3 +446,29 @@ def test_a_second_writer_of_one_destination_is_refused_naming_the_first(tmp_path
     assert sorted(p.name for p in dest.iterdir()) == ["manifest.json"] + [f"shard-{k:06d}.tar" for k in range(30)]
     with ImageLoader(dest, **LOADER) as loader:
         assert sum(len(y) for _, y in loader) == 240
+
+
+def test_a_shard_changed_in_place_is_found_by_verify_and_made_anew_by_a_rerun(synth_root, tmp_path, capsys):
+    """A label of one shard changed in place, the size kept (bit rot, tampering): --verify names that shard
+    (exit status 2), a rerun of the conversion makes it anew instead of calling the conversion done, and then
+    --verify passes and the labels are the source's again."""
+    args = ["shards", str(synth_root), str(tmp_path / "out"), "--shard-size", "16", "--workers", "1"]
+    assert main(args) == 0
+    assert main(["shards", "--verify", str(tmp_path / "out")]) == 0
+    assert "every shard as its manifest lists it" in capsys.readouterr().out
+    shard = tmp_path / "out" / "shard-000001.tar"
+    original = shard.read_bytes()
+    with tarfile.open(shard) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".cls"))
+        label = tar.extractfile(member).read()
+        where = original.index(label, member.offset_data)
+    forged = original[:where] + (b"9" if label[:1] != b"9" else b"8") + original[where + 1:]
+    shard.write_bytes(forged)
+    assert main(["shards", "--verify", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "shard-000001.tar: its sha256 is not the manifest's" in err and "1 shard(s) differ" in err
+    assert main(args) == 0  # not "done": the changed shard is made again, the same bytes as before
+    assert shard.read_bytes() == original
+    assert main(["shards", "--verify", str(tmp_path / "out")]) == 0
+    assert main(["shards", "--verify", str(synth_root)]) == 2
+    assert "holds no manifest.json of a finished `gpufeed shards` conversion" in capsys.readouterr().err

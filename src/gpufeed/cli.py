@@ -153,6 +153,10 @@ def _cmd_shards(args: argparse.Namespace) -> int:
             shuffle = int(shuffle)
         except ValueError:
             raise ValueError(f"--shuffle must be a seed (an integer), 'none' or 'auto', got {args.shuffle!r}") from None
+    if args.verify:
+        return _verify_shards(args)
+    if args.dest is None:
+        raise ValueError("give SRC and DEST (or --verify DEST)")
     options = ShardOptions(format=args.format, max_side=args.max_side, quality=args.quality,
                            shard_size=ShardSize.parse(args.shard_size), shuffle=None if shuffle == "none" else shuffle,
                            workers=args.workers, on_error=args.on_error, engine=args.engine,
@@ -167,6 +171,22 @@ def _cmd_shards(args: argparse.Namespace) -> int:
     print(f"{manifest['samples']} samples ({manifest['resized']} resized) in {len(manifest['shards'])} "
           f"{manifest['format']} shards under {args.dest}; {broken} input(s) left out"
           + (" (listed in manifest.json)" if broken else ""))
+    return 0
+
+
+def _verify_shards(args: argparse.Namespace) -> int:
+    from .shards import verify_shards
+
+    if args.dest is not None:
+        raise ValueError(f"--verify takes one folder, the destination to check; got {args.src!r} and {args.dest!r}")
+    problems = verify_shards(args.src, storage_options=_storage_options(args.storage_options))
+    for line in problems:
+        print(f"gpufeed shards: {args.src}: {line}", file=sys.stderr)
+    if problems:
+        print(f"gpufeed shards: {len(problems)} shard(s) differ from the manifest; run the conversion's command "
+              "again to make them anew", file=sys.stderr)
+        return 2
+    print(f"{args.src}: every shard as its manifest lists it (size and sha256)")
     return 0
 
 
@@ -285,8 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "bytes, with either engine; a conversion stopped part-way resumes when run again.")
     h.add_argument("src", help="an ImageFolder tree, a 'path,label' file list, tar shards or Parquet files, or a URL "
                                "of shards or Parquet files")
-    h.add_argument("dest", help="a folder or folder URL (s3://, gs://, az://...): empty, or holding this same "
-                                "conversion to resume")
+    h.add_argument("dest", nargs="?", help="a folder or folder URL (s3://, gs://, az://...): empty, or holding "
+                                           "this same conversion to resume")
+    h.add_argument("--verify", action="store_true",
+                   help="gpufeed shards --verify DEST: check every shard of the finished conversion in DEST against "
+                        "its manifest (size and sha256); exit status 2 naming each that differs")
     h.add_argument("--format", choices=FORMATS, default=ShardOptions.format,
                    help="tar: WebDataset <key>.jpg + <key>.cls; parquet: an image {bytes, path} struct and a label "
                         "(default tar)")

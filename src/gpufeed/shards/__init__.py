@@ -13,7 +13,7 @@ manifest, and what a destination holds to resume), ``local`` and ``ray_engine`` 
 
 from .options import ShardOptions, ShardSize
 from .prepare import RESAMPLE
-from .run import write_shards
+from .run import verify_shards, write_shards
 from .shard import BrokenInput, DestinationFull
 
-__all__ = ["RESAMPLE", "BrokenInput", "DestinationFull", "ShardOptions", "ShardSize", "write_shards"]
+__all__ = ["RESAMPLE", "BrokenInput", "DestinationFull", "ShardOptions", "ShardSize", "verify_shards", "write_shards"]

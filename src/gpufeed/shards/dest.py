@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import secrets
@@ -24,6 +25,15 @@ from ..sources.urls import filesystem, is_url, scheme
 
 TEMP_SUFFIX = ".gpufeed-tmp"
 HOLDER = f"{PROGRESS}/holder.json"  # who holds a local destination now (``Destination.held``)
+
+
+def file_digest(f) -> tuple[int, str]:
+    """(bytes, sha256) of what the open binary file ``f`` holds from where it stands."""
+    h, size = hashlib.sha256(), 0
+    while chunk := f.read(1 << 20):
+        h.update(chunk)
+        size += len(chunk)
+    return size, h.hexdigest()
 
 
 def _holder(doc: Any) -> str:
@@ -146,6 +156,17 @@ class Destination:
                 os.unlink(temp)
             raise
         self.publish(temp, name)
+
+    def digest(self, name: str) -> tuple[int, str] | None:
+        """(bytes, sha256) of the file ``name``, read through once; None when it is missing."""
+        try:
+            if self.remote:
+                with self._fs().open(self.where(name), "rb") as f:
+                    return file_digest(f)
+            with open(self.where(name), "rb") as f:
+                return file_digest(f)
+        except FileNotFoundError:
+            return None
 
     def read_json(self, name: str) -> Any:
         """The JSON document ``name``, or None when it is missing or not JSON."""

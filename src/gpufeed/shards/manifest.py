@@ -59,8 +59,7 @@ def destination_state(dest: Destination, plan: Plan) -> DestinationState:
         if not isinstance(manifest, dict) or manifest.get("fingerprint") != plan.fingerprint:
             raise ValueError(f"{dest.root} holds the shards of another conversion (its {MANIFEST} is of other "
                              "inputs or options): give an empty destination, or delete it first")
-        shards = {s["name"]: s["size"] for s in manifest.get("shards", [])}
-        if all(listing.get(n) == size for n, size in shards.items()):
+        if not changed_shards(dest, manifest, listing):  # every byte as the manifest's checksums say
             return DestinationState({}, manifest, stale)
         foreign = []  # a shard of it missing or changed: made again, the same bytes
     plan_doc = dest.read_json(PLAN_RECORD) if PLAN_RECORD in listing else None
@@ -72,6 +71,26 @@ def destination_state(dest: Destination, plan: Plan) -> DestinationState:
         if foreign:
             raise ValueError(f"{dest.root} is not empty (it holds {foreign[0]!r}): give an empty destination")
     return DestinationState(_done(dest, plan, listing), None, stale)
+
+
+def changed_shards(dest: Destination, manifest: dict, listing: dict[str, int] | None = None) -> list[str]:
+    """The shards of a finished conversion that are not as its manifest lists them, each said with what
+    differs: missing, another size, or another sha256 (each shard read through once)."""
+    listing = dest.listing() if listing is None else listing
+    found = []
+    for s in manifest.get("shards", []):
+        name, size, sha = s.get("name"), s.get("size"), s.get("sha256")
+        if name not in listing:
+            found.append(f"{name}: missing")
+        elif listing[name] != size:
+            found.append(f"{name}: {listing[name]} bytes where the manifest has {size}")
+        else:
+            held = dest.digest(name)
+            if held is None:
+                found.append(f"{name}: missing")
+            elif held[1] != sha:
+                found.append(f"{name}: its sha256 is not the manifest's (changed since it was written)")
+    return found
 
 
 def _done(dest: Destination, plan: Plan, listing: dict[str, int]) -> dict[int, ShardRecord]:

@@ -10,7 +10,7 @@ from ..sources import Source, create_source
 from ..sources.manifest import MANIFEST
 from ..sources.urls import is_url, redact, unsigned
 from .dest import Destination
-from .manifest import PLAN_RECORD, build_manifest, destination_state
+from .manifest import PLAN_RECORD, build_manifest, changed_shards, destination_state
 from .options import ShardOptions, default_shuffle, default_workers
 from .plan import make_plan
 from .prepare import Preparer
@@ -82,6 +82,18 @@ def _convert(src, source, plan, destination: Destination, engine, options: Shard
                               "far are kept)") from None
     destination.remove_progress([job.record_name(k) for k in records] + [PLAN_RECORD])
     return manifest
+
+
+def verify_shards(dest: str | os.PathLike, *, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """Every shard of the finished conversion in ``dest`` against its manifest (size and sha256, each shard
+    read through once): what differs, one line a shard (empty: all as written). ValueError when ``dest``
+    holds no manifest."""
+    destination = Destination(str(dest), dict(storage_options or {}))
+    manifest = destination.read_json(MANIFEST)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+        raise ValueError(f"{redact(destination.root)} holds no {MANIFEST} of a finished `gpufeed shards` "
+                         "conversion: nothing to verify (an unfinished one is finished by running it again)")
+    return changed_shards(destination, manifest)
 
 
 class _Progress:

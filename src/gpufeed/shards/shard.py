@@ -10,13 +10,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
-import hashlib
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 from ..sources.manifest import PROGRESS
-from .dest import Destination
+from .dest import Destination, file_digest
 from .plan import Plan
 from .prepare import Broken, Prepared
 from .writers import create_writer
@@ -124,11 +123,8 @@ def write_shard(job: ShardJob, k: int, samples: Iterator[Prepared | Broken]) -> 
 
 
 def _size_and_digest(path: str) -> tuple[int, str]:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return os.path.getsize(path), h.hexdigest()
+        return file_digest(f)
 
 
 def _relative(path: str, base: str | None) -> str:
