@@ -160,6 +160,17 @@ def test_next_on_one_iteration_from_two_threads_at_once_is_refused(tmp_path):
         t.join()
 
 
+def test_an_epoch_of_no_batch_is_refused_when_the_loader_is_made(synth_root):
+    with pytest.raises(ValueError, match=r"40 samples make no batch of batch_size=64 with drop_last=True, so an "
+                                         r"epoch would yield nothing: give a batch_size of at most 40, or "
+                                         r"drop_last=False"):
+        make(synth_root, batch_size=64)
+    with pytest.raises(ValueError, match=r"20 samples on rank 1 of 2 make no batch of batch_size=32"):
+        make(synth_root, batch_size=32, rank=1, world_size=2)
+    with make(synth_root, batch_size=64, drop_last=False) as loader:  # one short batch
+        assert len(loader) == 1 and [len(y) for _, y in loader] == [40]
+
+
 def test_validation_is_deterministic(synth_root):
     with make(synth_root, train=False, drop_last=False) as loader:
         a = torch.cat([x for x, _ in loader])

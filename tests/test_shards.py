@@ -266,6 +266,7 @@ def test_loader_and_bench_on_the_shards_report_their_options(synth_root, tmp_pat
     with ImageLoader(tmp_path / "out", **LOADER) as loader:
         assert loader.stats["shards"]["max_side"] == 64
         assert loader.stats["shards"]["manifest"] == str(tmp_path / "out" / "manifest.json")
+        assert list(loader.source.classes) == list(create_source(synth_root).classes)  # the folder's names
     rc = main(["bench", "--data", str(tmp_path / "out"), "--batch-size", "8", "--workers", "1", "--epochs", "2",
                "--device", "cpu", "--json", str(tmp_path / "r.json")])
     assert rc == 0

@@ -113,6 +113,11 @@ def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions,
     sampler = ShardedSampler(len(src), shuffle=augment.train, seed=order.seed, rank=rank, world_size=world_size,
                              drop_last=order.drop_last, groups=getattr(src, "groups", None),  # a grouped order
                              window=getattr(src, "window", 4), units=getattr(src, "units", None), batch_size=batch)
+    if order.drop_last and len(sampler) < batch:  # else every epoch would silently do nothing
+        on_rank = f" on rank {rank} of {world_size}" if world_size > 1 else ""
+        raise ValueError(f"{len(sampler)} samples{on_rank} make no batch of batch_size={batch} with drop_last=True, "
+                         f"so an epoch would yield nothing: give a batch_size of at most {len(sampler)}, or "
+                         f"drop_last=False")
     local_ranks = local_world_size(world_size)
     num_workers = decoding.num_workers or placement.default_num_workers(local_ranks)
     gpu_decoders, reason = placement.create_gpu_decoders(decoding.decode, device, recipe=placement.cpu_crops(augment),

@@ -47,6 +47,7 @@ class ShardManifest:
     format: str
     shards: tuple[ShardEntry, ...]
     options: dict[str, Any]
+    classes: tuple[str, ...] = ()  # an ImageFolder's class names, label i being classes[i]
     _by_name: dict[str, ShardEntry] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -133,7 +134,10 @@ def parse_manifest(doc: Any, where: str) -> ShardManifest:
         if "/" in entry.name or entry.name.startswith(".") or entry.samples < 1:
             raise ValueError(f"{where}: bad shard entry {s!r}")
         shards.append(entry)
-    return ShardManifest(where, str(doc["format"]), tuple(shards), dict(doc.get("options", {})))
+    classes = doc.get("classes", [])
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise ValueError(f"{where}: classes must be a list of names, got {classes!r}")
+    return ShardManifest(where, str(doc["format"]), tuple(shards), dict(doc.get("options", {})), tuple(classes))
 
 
 def _listing(folder: str, suffix: str, storage_options: dict[str, Any] | None) -> dict[str, int]:
@@ -177,4 +181,6 @@ def manifest_source(folder: str | os.PathLike, storage_options: dict[str, Any] |
     else:  # local shards are indexed in place, which gives their counts too
         source = tar_source(folder)
     source.shard_options = manifest.stats
+    if manifest.classes and not getattr(source, "classes", None):  # the class names of the folder converted
+        source.classes = manifest.classes
     return source
