@@ -45,7 +45,7 @@ def test_cmyk_jpeg_goes_through_pillow():
 
 @pytest.mark.parametrize("data, message", [
     (b"", "empty"),
-    (b"this is not an image at all", "not a readable image"),
+    (b"this is not an image at all", "not an image of a format gpufeed reads \\(JPEG, PNG, PPM, BMP, TIFF, WEBP\\)"),
 ])
 def test_bad_bytes_name_the_file(data, message):
     with pytest.raises(DecodeError, match=message) as info:
