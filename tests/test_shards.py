@@ -473,3 +473,14 @@ def test_a_shard_changed_in_place_is_found_by_verify_and_made_anew_by_a_rerun(sy
     assert main(["shards", "--verify", str(tmp_path / "out")]) == 0
     assert main(["shards", "--verify", str(synth_root)]) == 2
     assert "holds no manifest.json of a finished `gpufeed shards` conversion" in capsys.readouterr().err
+
+
+def test_parquet_without_pyarrow_is_said_in_one_line_before_anything_is_written(synth_root, tmp_path):
+    code = ("import sys; sys.modules['pyarrow'] = None; from gpufeed.cli import main; "
+            "sys.exit(main(['shards', sys.argv[1], sys.argv[2], '--format', 'parquet']))")
+    env = dict(os.environ, PYTHONPATH=str(Path(gpufeed.__file__).resolve().parents[1]))
+    done = subprocess.run([sys.executable, "-c", code, str(synth_root), str(tmp_path / "out")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "gpufeed shards: error: writing Parquet shards needs pyarrow: pip install 'gpufeed[parquet]'"], done.stderr
+    assert not (tmp_path / "out").exists()

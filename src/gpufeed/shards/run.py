@@ -38,6 +38,10 @@ def write_shards(source: "str | os.PathLike | list[str] | Source", dest: str | o
     ``dest`` must be empty, or hold this same conversion (same inputs, options and library versions),
     unfinished (its missing shards are made; finished ones are kept) or finished (nothing is done).
     ``storage_options`` go to fsspec for source and destination URLs."""
+    if options.format == "parquet":  # before anything is read or written
+        from ..sources.parquet import require_pyarrow
+
+        require_pyarrow("writing Parquet shards")
     if isinstance(source, (str, os.PathLike)) and not is_url(str(source)):
         source = os.path.abspath(source)  # the same conversion from any working folder
     src = create_source(source, storage_options=storage_options)

@@ -51,18 +51,22 @@ LABEL_NULL, LABEL_SET, LABEL_NEGATIVE, LABEL_OVERFLOW = 0, 1, 2, 3  # a row's la
 PYARROW_SAFE = (14, 0, 1)  # earlier versions run code from an untrusted Parquet file (CVE-2023-47248)
 
 
-@functools.cache  # asked for each row group and column: the version is checked once
 def _pyarrow():
+    return require_pyarrow("reading Parquet")
+
+
+@functools.cache  # asked for each row group and column: the version is checked once
+def require_pyarrow(doing: str):
+    """pyarrow, imported and of a safe version; else ImportError saying what ``doing`` needs and how to get it."""
     try:
         import pyarrow
         import pyarrow.compute
         import pyarrow.parquet
     except ImportError:
-        raise ImportError("reading Parquet needs pyarrow: pip install 'gpufeed[parquet]'") from None
+        raise ImportError(f"{doing} needs pyarrow: pip install 'gpufeed[parquet]'") from None
     if tuple(int(p) for p in re.findall(r"\d+", pyarrow.__version__)[:3]) < PYARROW_SAFE:
         raise ImportError(f"pyarrow {pyarrow.__version__} runs code from an untrusted Parquet file "
-                          "(CVE-2023-47248); gpufeed reads Parquet with pyarrow 14.0.1 or later: "
-                          "pip install 'gpufeed[parquet]'")
+                          "(CVE-2023-47248); gpufeed uses pyarrow 14.0.1 or later: pip install 'gpufeed[parquet]'")
     return pyarrow
 
 
