@@ -191,8 +191,12 @@ def test_parquet_on_s3_with_named_columns(synth_root, tmp_path):
 def test_parquet_errors_name_the_file_and_column(synth_root, tmp_path):
     src = folder_source(synth_root)
     folder = _write(src, tmp_path / "pq", files=1, image="img")
-    with pytest.raises(ValueError, match=r"train-00000\.parquet: no column 'image' \(columns: img, label\)"):
+    with pytest.raises(ValueError, match=r"train-00000\.parquet: no column 'image' \(columns: img, label\)") as e:
         parquet_source(folder)
+    assert "parquet_source(PATH, image_column=..., label_column=...) and give that source to ImageLoader" in str(e.value)
+    taken = parquet_source(folder, image_column="img")  # the way the message gives works as said
+    with ImageLoader(taken, batch_size=8, image_size=16, device="cpu", num_workers=1) as loader:
+        assert len(next(iter(loader))[1]) == 8
     bad = tmp_path / "bad"
     bad.mkdir()
     pq.write_table(pa.table({"image": pa.array([b"x"]), "label": pa.array(["cat"])}), bad / "a.parquet")

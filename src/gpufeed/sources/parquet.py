@@ -365,7 +365,8 @@ def parquet_source(path: str | os.PathLike | Sequence[str], *, image_column: str
         for column in (image_column, label_column):
             if schema.get_field_index(column) < 0:
                 raise ValueError(f"{redact(f)}: no column {column!r} (columns: {', '.join(schema.names)}); "
-                                 "name them with image_column= / label_column=")
+                                 "name the columns to read with gpufeed.sources.parquet_source(PATH, "
+                                 "image_column=..., label_column=...) and give that source to ImageLoader")
         label_type = schema.field(label_column).type
         if not pa.types.is_integer(label_type):
             raise ValueError(f"{redact(f)}: label column {label_column!r} must hold integers, not {label_type}")
