@@ -223,13 +223,18 @@ def test_missing_folder_named():
 
 
 def test_undecodable_file_raises_naming_it(tmp_path):
-    (tmp_path / "a").mkdir()
-    for i in range(5):
-        Image.new("RGB", (40, 40), (10, 20, 30)).save(tmp_path / "a" / f"{i}.jpg")
-    (tmp_path / "a" / "3.jpg").write_bytes(b"\xff\xd8\xff\xe0 garbage")
-    with make(tmp_path, batch_size=5) as loader:
-        with pytest.raises(WorkerError, match="3.jpg"):
-            list(loader)
+    """A broken JPEG (libjpeg-turbo's path) and a file of no format gpufeed reads (Pillow's): the error names
+    the file and the option that skips it, and holds no object's address."""
+    for root, bad, data in (("ra", "3.jpg", b"\xff\xd8\xff\xe0 garbage"), ("rb", "2.jpg", b"GIF89a then nothing")):
+        (tmp_path / root / "a").mkdir(parents=True)
+        for i in range(5):
+            Image.new("RGB", (40, 40), (10, 20, 30)).save(tmp_path / root / "a" / f"{i}.jpg")
+        (tmp_path / root / "a" / bad).write_bytes(data)
+        with make(tmp_path / root, batch_size=5) as loader:
+            with pytest.raises(WorkerError, match=re.escape(bad)) as e:
+                list(loader)
+        message = str(e.value).split("\n")[0]
+        assert "on_error='skip') skips such files" in message and " at 0x" not in message, message
 
 
 def test_dead_worker_is_reported_not_waited_on(synth_root):

@@ -236,7 +236,8 @@ class WorkerPool:
         failures = sorted(entry.failures)
         if failures and self._spec.raises:
             f = failures[0]
-            raise WorkerError(f"failed to load {f.path!r}: {f.reason}"
+            raise WorkerError(f"failed to load {f.path!r}: {f.reason} (ImageLoader(on_error='skip') skips such "
+                              f"files and lists them in loader.stats['skipped'])"
                               + (f"\n\nworker traceback:\n{f.traceback}" if f.traceback else ""))
         return self._ring.at(entry.size).slot(entry.slot).head(entry.n), failures
 
