@@ -331,7 +331,8 @@ def test_a_transform_and_the_settings_it_replaces_are_not_taken_together(synth_r
     pipeline = v2.Compose([v2.RandomResizedCrop(64), v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
     with pytest.raises(ValueError, match=r"leave out image_size=32 \(the transform's: 64\), mean=\(0.5, 0.5, 0.5\)"):
         ImageLoader(synth_root, transform=pipeline, image_size=32, mean=(0.5, 0.5, 0.5), device="cpu")
-    same = ImageLoader(synth_root, transform=pipeline, train=True, image_size=64, device="cpu", num_workers=1)
+    same = ImageLoader(synth_root, transform=pipeline, train=True, image_size=64, device="cpu", num_workers=1,
+                       batch_size=8)
     assert same.augment.image_size == 64  # the same values beside it are fine
     same.close()
     with pytest.raises(ValueError, match="dtype=torch.bfloat16 but the transform casts to torch.float32"):

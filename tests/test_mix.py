@@ -100,7 +100,7 @@ def test_what_gpufeed_does_not_read_is_called_as_given(synth_root):
 
 def test_a_mixup_without_num_classes_is_refused_naming_it(synth_root):
     with pytest.raises(ValueError, match=r"MixUp\(alpha=1.0\) has num_classes=None: .* give it num_classes"):
-        ImageLoader(synth_root, device="cpu", batch_transform=v2.MixUp())
+        ImageLoader(synth_root, device="cpu", batch_size=8, batch_transform=v2.MixUp())
 
 
 def test_the_mix_follows_the_per_sample_ops(synth_root):

@@ -285,7 +285,7 @@ def test_loading_another_seeds_state_says_so_and_goes_on_in_its_order(two_datase
 
 
 def test_default_deadlines_are_finite():
-    loader = ImageLoader(FileSource(["x.jpg"], [0]), device="cpu")
+    loader = ImageLoader(FileSource(["x.jpg"], [0]), device="cpu", batch_size=1)
     assert loader.errors.sample_timeout == 300 and loader.errors.batch_timeout == 600
     assert loader.errors.max_bytes == 256 << 20
 
