@@ -156,14 +156,21 @@ time.sleep(120)
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_a_default_spool_left_by_a_killed_process_is_removed_at_the_next_start(tmp_path, http, monkeypatch, sig):
+def _spooling(code: str, tmp_path, pattern: str) -> tuple[subprocess.Popen, object]:
+    """``code`` run on ``pattern`` in a process of its own whose temporary folder is ``tmp_path/tmp``: (the
+    process, reading its stdout; that folder)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     script = tmp_path / "killed.py"
-    script.write_text(KILLED)
-    proc = subprocess.Popen([sys.executable, str(script), http.pattern], stdout=subprocess.PIPE, text=True,
+    script.write_text(code)
+    proc = subprocess.Popen([sys.executable, str(script), pattern], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": os.pathsep.join(sys.path)})
+    return proc, tmp
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_default_spool_left_by_a_killed_process_is_removed_at_the_next_start(tmp_path, http, monkeypatch, sig):
+    proc, tmp = _spooling(KILLED, tmp_path, http.pattern)
     try:
         root = proc.stdout.readline().strip()
         assert root.startswith(str(tmp)) and any(n.endswith(".tar") for n in os.listdir(root))
@@ -197,12 +204,7 @@ time.sleep(120)
 def test_a_killed_process_s_spool_is_removed_though_a_child_it_forked_lives_on(tmp_path, http, monkeypatch):
     """The child holds the session's lock (an inherited descriptor); the owner named in the session file is
     gone, so the next spool made removes the dead one's."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    script = tmp_path / "killed.py"
-    script.write_text(KILLED_WITH_A_CHILD)
-    proc = subprocess.Popen([sys.executable, str(script), http.pattern], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": os.pathsep.join(sys.path)})
+    proc, tmp = _spooling(KILLED_WITH_A_CHILD, tmp_path, http.pattern)
     child = None
     try:
         root, child = proc.stdout.readline().split()

@@ -20,7 +20,7 @@ class Iteration:
 
     def __init__(self, batches: Generator[Any, None, None], name: str) -> None:
         self._batches, self._name = batches, name
-        self._thread = threading.get_ident()
+        self.thread = threading.get_ident()  # the thread that began it
         self._busy = threading.Lock()
         self._ended_by_later = False
 
@@ -67,7 +67,7 @@ class OneAtATime:
         with self._lock:
             live = self._live()
             if live is not None and live.live:
-                if live._thread != threading.get_ident():
+                if live.thread != threading.get_ident():
                     raise RuntimeError(f"{self._name} is being iterated in another thread: one iteration at a "
                                        "time; iterate a loader from one thread, or make one loader per thread")
                 live.end_for_a_later_one()

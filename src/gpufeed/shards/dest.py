@@ -157,13 +157,14 @@ class Destination:
             raise
         self.publish(temp, name)
 
+    def _open(self, name: str):
+        """The file ``name``, open for reading in binary (FileNotFoundError when it is missing)."""
+        return self._fs().open(self.where(name), "rb") if self.remote else open(self.where(name), "rb")
+
     def digest(self, name: str) -> tuple[int, str] | None:
         """(bytes, sha256) of the file ``name``, read through once; None when it is missing."""
         try:
-            if self.remote:
-                with self._fs().open(self.where(name), "rb") as f:
-                    return file_digest(f)
-            with open(self.where(name), "rb") as f:
+            with self._open(name) as f:
                 return file_digest(f)
         except FileNotFoundError:
             return None
@@ -171,10 +172,7 @@ class Destination:
     def read_json(self, name: str) -> Any:
         """The JSON document ``name``, or None when it is missing or not JSON."""
         try:
-            if self.remote:
-                with self._fs().open(self.where(name), "rb") as f:
-                    return json.loads(f.read())
-            with open(self.where(name), "rb") as f:
+            with self._open(name) as f:
                 return json.loads(f.read())
         except (FileNotFoundError, ValueError):  # none yet, or not JSON: none to go by
             return None

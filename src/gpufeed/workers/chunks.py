@@ -11,7 +11,6 @@ decoder should see are finished here (``KIND_PIXELS``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 import traceback
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from ..decode.cpu import CpuDecoder
 from ..decode.exif import read_orientation, swaps_axes
 from ..placement.samples import Candidate, cheapest_on_cpu, gpu_may_take
 from ..ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, Ring
-from ..sources.base import Source, check_label, takes_max_bytes
+from ..sources.base import Source, check_label, read_capped
 from .records import Failure, OutputSize, Progress, Task
 
 
@@ -47,12 +46,6 @@ class PipelineSpec:
     max_bytes: int | None = None  # larger samples are refused, unread where the source can tell (gpufeed's can)
     num_classes: int | None = None  # labels must lie in [0, num_classes)
 
-    @functools.cached_property
-    def bounded_read(self) -> bool:
-        """Whether the source's ``read`` takes ``max_bytes`` (gpufeed's own sources do), so it refuses a
-        larger sample before reading it."""
-        return takes_max_bytes(self.source)
-
     @property
     def raises(self) -> bool:
         """Whether the first bad sample stops the batch (``on_error="raise"``; "skip" goes on)."""
@@ -61,14 +54,10 @@ class PipelineSpec:
 
 def _read(spec: PipelineSpec, index: int) -> tuple[str, bytes]:
     path = spec.source.path(index)
-    cap = spec.max_bytes
     try:
-        data = spec.source.read(index, max_bytes=cap) if spec.bounded_read else spec.source.read(index)
+        return path, read_capped(spec.source, index, spec.max_bytes)
     except OSError as e:
         raise DecodeError(path, f"cannot read the file ({type(e).__name__}: {e.strerror or e})") from None
-    if cap is not None and len(data) > cap:  # a source of the user's that could not refuse it unread
-        raise DecodeError(path, f"{len(data)} bytes, over max_bytes={cap}")
-    return path, data
 
 
 def _label(spec: PipelineSpec, index: int, path: str) -> int:
