@@ -11,6 +11,9 @@ row per epoch and the growth from the end of epoch 1 to the end of the run.
 ``--probe``: one nvJPEG hardware decoder, calls of growing size (the smallest files, then the largest), NVML
 "used" after each: how the decoder's own memory follows the images of a call, when it takes the least
 memory at first and when it takes room for a whole call at once (as the loader makes it).
+
+``--sizes 128x1024,128x640,...``: what a decoder (two decode states) takes when made with room for calls of N
+images of up to S x S, each made and dropped in turn.
 """
 
 from __future__ import annotations
@@ -134,6 +137,24 @@ def _probe_calls(device, nvml, arena, lengths, widths, heights, extents, flat, p
             call(f"{k} largest, state {turn}", np.arange(k))
 
 
+def sizes(args: argparse.Namespace, device: torch.device, nvml: _Nvml) -> None:
+    import gc
+
+    from gpufeed.decode import nvjpeg_hw
+
+    print("| room for (images x side) | decoder made, NVML used added, MB |\n|---|---|")
+    for spec in args.sizes.split(","):
+        n, side = (int(v) for v in spec.split("x"))
+        torch.cuda.synchronize(device)
+        used0 = nvml.used()
+        decoder = nvjpeg_hw.NvJpegHwDecoder(device, call_images=n, max_side=side)
+        torch.cuda.synchronize(device)
+        print(f"| {n} x {side} | {(nvml.used() - used0) / MB:+.1f} |", flush=True)
+        del decoder
+        gc.collect()
+        torch.cuda.synchronize(device)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("data")
@@ -142,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=0, help="0: the loader's default")
     p.add_argument("--probe", action="store_true")
+    p.add_argument("--sizes", help="N1xS1,N2xS2,...: decoders made with room for N images of S x S")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("gpu_memory.py needs a CUDA device")
@@ -151,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     m = machine_description()
     print(f"{time.strftime('%Y-%m-%d')}, {m['cpu_cores']} CPU cores, GPU {m['gpu']}, torch {m['torch']}; "
           f"python3 benchmarks/gpu_memory.py {' '.join(sys.argv[1:] if argv is None else argv)}")
-    (probe if args.probe else loader_epochs)(args, device, nvml)
+    (sizes if args.sizes else probe if args.probe else loader_epochs)(args, device, nvml)
 
 
 if __name__ == "__main__":
