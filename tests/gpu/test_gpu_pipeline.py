@@ -250,6 +250,44 @@ def test_nvjpeg_direct_decodes_a_mixed_batch_and_names_what_the_engines_refuse()
     assert ok[0] and ok[1] and ok[3] and ok[5], ok
 
 
+def test_two_nvjpeg_decoders_called_at_once_from_two_threads_decode_every_image():
+    """A loader's decoder threads call their decoders at the same time, each decoder with room for
+    512 x 512 images (``placement.ENGINE_ROOM_SIDE``) and given larger ones too: every image decodes."""
+    import threading
+
+    from gpufeed.decode import nvjpeg_hw
+    from gpufeed.decode.cpu import CpuDecoder
+    from tests.corpus import jpeg
+
+    try:
+        decoders = [nvjpeg_hw.NvJpegHwDecoder(torch.device("cuda", 0), max_side=placement.ENGINE_ROOM_SIDE)
+                    for _ in range(2)]
+    except RuntimeError as e:  # no engines, or the library is missing
+        pytest.skip(str(e))
+    # sides from 200 to over 900: the later calls hold images larger than the room taken
+    datas = [[jpeg(w=200 + 30 * i + 4 * t, h=150 + 20 * i, seed=100 * t + i) for i in range(24)] for t in range(2)]
+    refs = [[CpuDecoder().decode(d, "x", fast=True) for d in ds] for ds in datas]
+    outs = [[torch.full(r.shape, 7, dtype=torch.uint8, device="cuda") for r in rs] for rs in refs]
+    results: dict = {}
+
+    def run(t: int) -> None:
+        stream = torch.cuda.Stream()
+        job = DecodeJob.of([np.frombuffer(d, np.uint8) for d in datas[t]], outs[t])
+        ok = [decoders[t].decode(job, stream) for _ in range(20)]  # calls overlap the other thread's
+        stream.synchronize()
+        results[t] = ok
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t in range(2):
+        assert all(ok.all() for ok in results[t]), t
+        for out, ref in zip(outs[t], refs[t]):
+            assert psnr(out.cpu().numpy(), ref) >= 40.0, t
+
+
 def _engine_decoder(decode):
     try:
         if decode == "nvjpeg":

@@ -113,8 +113,9 @@ class NvJpegHwDecoder:
 
     ``states``: decode states used in turn (a call waits until the state it takes has finished its
     previous decode on the GPU; nvJPEG stages the bitstreams in the state's own buffers). Each state takes
-    its device memory now, for a call of ``call_images`` images of up to ``max_side`` x ``max_side``
-    pixels, so that it never grows later; callers keep within both (``placement.GPU_MAX_SIDE``, ``placement.gpu_may_take``).
+    its device memory now, for a call of ``call_images`` images of up to ``max_side`` x ``max_side`` pixels;
+    a call with a larger image makes nvJPEG grow it to what that image needs (``placement.ENGINE_ROOM_SIDE``).
+    Calls hold at most ``call_images`` images (``placement.decode_call_images``).
     """
 
     name = "nvjpeg-hw"

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from .cpus import KEPT_CORES, WORKERS_NORMALISE_FROM, default_num_workers, worker_cpus
 from .decoders import DECODE_CHOICES, DECODER_THREADS, cpu_crops, create_gpu_decoders, decode_call_images
-from .memory import BUFFER_PIXELS_PER_IMAGE, GpuMemory, gpu_memory, reserved_bytes, ring_slots
+from .memory import BUFFER_PIXELS_PER_IMAGE, ENGINE_ROOM_SIDE, GpuMemory, gpu_memory, reserved_bytes, ring_slots
 from .samples import (ENGINE_BYTES_PER_IMAGE, GPU_BYTES_CAPACITY, GPU_MAX_SIDE, Candidate, cheapest_on_cpu, cpu_cost,
                       engine_cost, gpu_may_take)
 from .share import ShareControl
 
 __all__ = ["DECODE_CHOICES", "DECODER_THREADS", "GPU_BYTES_CAPACITY", "GPU_MAX_SIDE", "KEPT_CORES",
-           "WORKERS_NORMALISE_FROM", "BUFFER_PIXELS_PER_IMAGE", "ENGINE_BYTES_PER_IMAGE", "Candidate", "GpuMemory",
+           "WORKERS_NORMALISE_FROM", "BUFFER_PIXELS_PER_IMAGE", "ENGINE_ROOM_SIDE", "ENGINE_BYTES_PER_IMAGE", "Candidate", "GpuMemory",
            "ShareControl", "cheapest_on_cpu", "cpu_cost", "cpu_crops", "create_gpu_decoders", "decode_call_images",
            "default_num_workers", "engine_cost", "gpu_may_take", "gpu_memory", "reserved_bytes", "ring_slots",
            "worker_cpus"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .samples import GPU_MAX_SIDE
+from .memory import ENGINE_ROOM_SIDE
 
 if TYPE_CHECKING:
     import torch
@@ -90,7 +90,7 @@ def _nvjpeg(device: "torch.device", batch_size: int) -> tuple[list, str]:
     from ..decode.nvjpeg_hw import NvJpegHwDecoder
 
     images = decode_call_images(batch_size, NvJpegHwDecoder.job_images)
-    decoders = [NvJpegHwDecoder(device, call_images=images, max_side=GPU_MAX_SIDE) for _ in range(DECODER_THREADS)]
+    decoders = [NvJpegHwDecoder(device, call_images=images, max_side=ENGINE_ROOM_SIDE) for _ in range(DECODER_THREADS)]
     d = decoders[0]
     return decoders, (f"nvJPEG {'.'.join(map(str, d.version))} hardware engines ({d.engines} engines) called "
                       f"directly, {DECODER_THREADS} decoder threads ({d.library})")

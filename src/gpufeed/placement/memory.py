@@ -8,6 +8,11 @@ from typing import NamedTuple
 # 400 x 350 (most are 500 x 375 or smaller); a batch of larger images goes through in slices, never a bigger buffer.
 BUFFER_PIXELS_PER_IMAGE = 512 * 512
 
+# The side of the images nvJPEG's engine decoders take room for when made: a quarter of the memory room for
+# 1024 x 1024 takes, and a larger image (up to ``GPU_MAX_SIDE``) grows a decoder only to what it needs
+# (BENCHMARKS.md#memory).
+ENGINE_ROOM_SIDE = 512
+
 
 # PyTorch's caching allocator (its default configuration) reserves whole segments: blocks of up to 1 MiB share
 # 2 MiB segments, one set per stream; blocks under 10 MiB share 20 MiB segments; larger ones get a segment of

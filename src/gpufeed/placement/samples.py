@@ -13,9 +13,8 @@ if TYPE_CHECKING:
 GPU_BYTES_CAPACITY = 2 * 1024 * 1024
 
 # The longest side of an image the GPU decoders take; longer ones go to the CPU workers. nvJPEG's engine
-# decoder would otherwise grow its own device memory whenever a call holds more or larger images than any
-# before (+22 MB over 20 epochs); it is given room for a whole call of images this size once, at
-# construction, and then never grows (BENCHMARKS.md#memory). ImageNet's training images are almost all smaller.
+# decoders take room for smaller images when made (``memory.ENGINE_ROOM_SIDE``) and grow to a larger image's
+# needs; this bounds that growth. ImageNet's training images are almost all smaller.
 GPU_MAX_SIDE = 1024
 
 # The NVJPG engines' cost per JPEG is 0.28 ns per byte + 10.2 us per image on the H200 (pixels barely count):

@@ -34,8 +34,9 @@ Memory: the two decode buffers (``buffer_bytes`` each) are allocated at construc
 batch whose images need more goes through in consecutive slices, and no image larger than a buffer comes
 here (``placement.gpu_may_take``). Output batches are reused once nothing but the stage refers to them
 (``buffers.ReusePool``), so their number stays what the prefetch depth keeps in flight. That is the loader's whole
-GPU budget (``placement.gpu_memory``); nvJPEG's decoders take their own memory once, when made, and a
-recipe's per-sample ops make their batches from PyTorch's caching allocator.
+GPU budget (``placement.gpu_memory``); nvJPEG's decoders take their own memory when made and grow it only
+for an image larger than their room (``placement.ENGINE_ROOM_SIDE``), and a recipe's per-sample ops make
+their batches from PyTorch's caching allocator.
 """
 
 from __future__ import annotations
