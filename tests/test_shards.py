@@ -484,3 +484,29 @@ def test_parquet_without_pyarrow_is_said_in_one_line_before_anything_is_written(
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "gpufeed shards: error: writing Parquet shards needs pyarrow: pip install 'gpufeed[parquet]'"], done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_plain_script_converts_without_a_main_guard(tmp_path):
+    """A script that calls write_shards at module level, as one calls ImageLoader, with no ``if __name__ ==
+    "__main__":``: the worker processes do not run it again (which multiprocessing refuses while they
+    start), and the shards it wrote load with every image and label."""
+    from gpufeed.synth import create_synthetic_dataset
+
+    root = tmp_path / "src"
+    create_synthetic_dataset(str(root), n=24, num_classes=3, seed=5)
+    script = tmp_path / "convert.py"
+    script.write_text(
+        "import sys\n"
+        "from gpufeed.shards import ShardOptions, ShardSize, write_shards\n"
+        "manifest = write_shards(sys.argv[1], sys.argv[2], ShardOptions(max_side=64, shard_size=ShardSize(10), workers=2))\n"
+        "print('converted', sum(s['samples'] for s in manifest['shards']))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(gpufeed.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, str(script), str(root), str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["converted", "24"]
+    assert done.stderr.count("Traceback") == 0
+    loader = ImageLoader(str(tmp_path / "out"), batch_size=8, device="cpu", train=False, image_size=32,
+                         num_workers=1)
+    labels = sorted(int(v) for _, y in loader for v in y)
+    assert labels == sorted(create_source(str(root)).label(i) for i in range(24))

@@ -14,6 +14,7 @@ process is gone, however it went (the loader's workers' rule, ``workers.process`
 from __future__ import annotations
 
 import collections
+import contextlib
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Iterator, Sequence
@@ -22,7 +23,7 @@ import numpy as np
 
 from ..sources.base import FileSource
 from ..sources.shared import SharedFileSource
-from ..workers.process import exit_with_parent
+from ..workers.process import exit_with_parent, main_not_reimported
 from .plan import probe_cost
 from .prepare import Broken, Prepared, Preparer
 from .shard import ShardJob, ShardRecord, write_shard
@@ -56,8 +57,16 @@ class LocalEngine:
         methods = mp.get_all_start_methods()  # forkserver: safe whatever threads this process runs
         context = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
         alive, self._alive = context.Pipe(duplex=False)  # workers read; the write end stays here, and only here
-        self._pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init,
-                                         initargs=(shipped, preparer, alive))
+        # the pool starts its processes as tasks come: the user's script is not re-run in them while it lives,
+        # so a script converting at module level needs no __main__ guard
+        self._main = contextlib.ExitStack()
+        self._main.enter_context(main_not_reimported(type(source).__module__ == "__main__"))
+        try:
+            self._pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init,
+                                             initargs=(shipped, preparer, alive))
+        except BaseException:
+            self._main.close()
+            raise
 
     def probe(self, indices: np.ndarray, positions: np.ndarray, format: str) -> list[int]:
         return [probe_cost(s, format) for s in self._results(list(zip(indices.tolist(), positions.tolist())))]
@@ -106,6 +115,7 @@ class LocalEngine:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._main.close()
         self._alive.close()
         if self._block is not None:
             self._block.close()

@@ -24,7 +24,6 @@ import queue
 import signal
 import sys
 import time
-import types
 from multiprocessing import connection as mp_connection
 from multiprocessing import shared_memory
 from multiprocessing import util as mp_util
@@ -35,7 +34,7 @@ from ..ring import Ring, SlotView, check_shm_space
 from ..sources.base import FileSource, Source
 from ..sources.shared import SharedFileSource
 from .chunks import PipelineSpec
-from .process import WorkerArgs, run
+from .process import WorkerArgs, main_not_reimported, run
 from .records import RETRY, ChunkDone, Failure, OutputSize, Progress, Task, WorkerError
 
 # How often a waiting main process checks that its workers are alive and within ``sample_timeout``.
@@ -186,7 +185,7 @@ class WorkerPool:
                           self._progress[i], self._generation, self._alive_r, held)
         p = self._ctx.Process(target=run, args=(args,), daemon=True, name=f"gpufeed-worker-{i}")
         try:
-            with _main_not_reimported(self._spec):
+            with main_not_reimported(type(self._spec.source).__module__ == "__main__"):
                 p.start()
         except BaseException:
             lifeline.close()
@@ -384,29 +383,6 @@ def check_source_importable(source: Source) -> None:
             f"source class {cls.__name__!r} is defined in an interactive session (a notebook or REPL), "
             "where worker processes cannot import it; define it in a .py module and import it from there"
         )
-
-
-@contextlib.contextmanager
-def _main_not_reimported(spec: PipelineSpec):
-    """Start workers without re-running the user's main script in them.
-
-    spawn and forkserver children normally import ``__main__`` again (as ``__mp_main__``), which for a
-    training script means PyTorch, the model and everything else it imports: about 300 MB more per
-    worker, measured with 16 workers. Workers need only gpufeed's worker modules and the source, so while
-    they start, ``__main__`` reports itself as a module named "__main__", which multiprocessing does not
-    re-import. A source class defined in the main script itself needs that import, so then nothing is
-    changed.
-    """
-    main = sys.modules.get("__main__")
-    if main is None or type(spec.source).__module__ == "__main__":
-        yield
-        return
-    saved = main.__dict__.get("__spec__")
-    main.__spec__ = types.SimpleNamespace(name="__main__")
-    try:
-        yield
-    finally:
-        main.__spec__ = saved
 
 
 def _default_context() -> mp.context.BaseContext:

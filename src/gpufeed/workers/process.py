@@ -20,10 +20,36 @@ import signal
 import sys
 import threading
 import time
+import types
 from dataclasses import dataclass
 from typing import Any
 
 from .records import ChunkDone, Progress
+
+@contextlib.contextmanager
+def main_not_reimported(needed: bool = False):
+    """Start processes without re-running the user's main script in them.
+
+    spawn and forkserver children normally import ``__main__`` again (as ``__mp_main__``). For a training
+    script that means PyTorch, the model and everything else it imports, about 300 MB more per worker
+    (measured with 16 workers); for a script that converts a dataset at module level, without an ``if
+    __name__ == "__main__":`` guard, it means starting the conversion again in every child, which
+    multiprocessing refuses. Workers need only gpufeed's modules and what they are sent, so while they
+    start, ``__main__`` reports itself as a module named "__main__", which multiprocessing does not
+    re-import. ``needed``: something sent to the children is defined in the main script (a source class),
+    so the import is kept.
+    """
+    main = sys.modules.get("__main__")
+    if main is None or needed:
+        yield
+        return
+    saved = main.__dict__.get("__spec__")
+    main.__spec__ = types.SimpleNamespace(name="__main__")
+    try:
+        yield
+    finally:
+        main.__spec__ = saved
+
 
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                    "VECLIB_MAXIMUM_THREADS": "1"}
