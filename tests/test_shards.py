@@ -240,7 +240,25 @@ def test_a_destination_of_other_files_or_another_conversion_is_refused(synth_roo
     assert main(["shards", str(synth_root), str(tmp_path / "out"), "--workers", "1"]) == 0
     assert main(["shards", str(synth_root), str(tmp_path / "out"), "--workers", "2"]) == 0  # the same: done
     assert main(["shards", str(synth_root), str(tmp_path / "out"), "--workers", "1", "--max-side", "30"]) == 2
-    assert "holds the shards of another conversion" in capsys.readouterr().err
+    assert "holds the shards of another conversion (what differs: max_side (None there, 30 here)," in \
+        capsys.readouterr().err
+
+
+def test_a_conversion_is_the_same_one_whatever_the_library_versions(synth_root, tmp_path, capsys):
+    """Library versions are recorded, not part of what a conversion is: after an upgrade the same command
+    finds its conversion done (or resumes it), and a refusal says which setting differs."""
+    out = tmp_path / "out"
+    assert main(["shards", str(synth_root), str(out), "--workers", "1", "--shard-size", "40"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["written_with"] = {"gpufeed": "0.0.1", "pillow": "1.0"}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    capsys.readouterr()
+    assert main(["shards", str(synth_root), str(out), "--workers", "1", "--shard-size", "40"]) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before  # nothing written again
+    assert main(["shards", str(synth_root), str(out), "--workers", "1", "--shard-size", "50", "--quality", "80"]) == 2
+    err = capsys.readouterr().err
+    assert "quality (" in err and "80 here" in err and "shard_size ('40' there, '50' here)" in err
 
 
 def test_options_are_checked_and_name_the_bad_value():
@@ -510,3 +528,25 @@ def test_a_plain_script_converts_without_a_main_guard(tmp_path):
                          num_workers=1)
     labels = sorted(int(v) for _, y in loader for v in y)
     assert labels == sorted(create_source(str(root)).label(i) for i in range(24))
+
+
+def test_an_unfinished_conversion_is_resumed_with_its_options_and_refused_with_others(synth_root, tmp_path):
+    """A conversion stopped after its first shard: the same call resumes it to the uninterrupted result;
+    a call with other options is refused, naming the option and both values."""
+    class Stop(Exception):
+        pass
+
+    def stop_after_first_shard(done: int, total: int) -> None:
+        if done >= 40:
+            raise Stop
+
+    options = ShardOptions(shard_size=ShardSize(40), workers=1)
+    with pytest.raises(Stop):
+        write_shards(synth_root, tmp_path / "out", options, progress=stop_after_first_shard)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    with pytest.raises(ValueError, match=r"unfinished conversion of other inputs or options \(what differs: "
+                                         r"quality \(90 there, 70 here\)\): resume it with those"):
+        write_shards(synth_root, tmp_path / "out", ShardOptions(shard_size=ShardSize(40), workers=1, quality=70))
+    resumed = write_shards(synth_root, tmp_path / "out", options)
+    whole = write_shards(synth_root, tmp_path / "whole", options)
+    assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in whole["shards"]]

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from ..sources.manifest import FORMAT_KEY, FORMAT_VERSION, MANIFEST, PLAN_RECORD, PROGRESS
 from .dest import TEMP_SUFFIX, Destination
-from .plan import Plan, writer_versions
+from .plan import Plan, differences, writer_versions
 from .shard import ShardRecord
 
 
@@ -30,7 +30,7 @@ def build_manifest(plan: Plan, records: Sequence[ShardRecord], classes: Sequence
         FORMAT_KEY: FORMAT_VERSION, "format": plan.options["format"], "inputs": len(plan.order),
         "samples": sum(r.samples for r in records), "resized": sum(r.resized for r in records),
         "classes": list(classes), "labels": dict(sorted(labels.items(), key=lambda kv: int(kv[0]))),
-        "options": plan.options, "source": source, "fingerprint": plan.fingerprint,
+        "options": plan.options, "source": source, "fingerprint": plan.fingerprint, "identity": plan.identity,
         "written_with": writer_versions(),
         "shards": [{"name": r.name, "size": r.size, "samples": r.samples, "sha256": r.sha256,
                     **({"row_groups": r.row_groups} if r.row_groups else {})} for r in written],
@@ -57,15 +57,17 @@ def destination_state(dest: Destination, plan: Plan) -> DestinationState:
     manifest = dest.read_json(MANIFEST) if MANIFEST in listing else None
     if manifest is not None:
         if not isinstance(manifest, dict) or manifest.get("fingerprint") != plan.fingerprint:
-            raise ValueError(f"{dest.root} holds the shards of another conversion (its {MANIFEST} is of other "
-                             "inputs or options): give an empty destination, or delete it first")
+            what = differences(manifest.get("identity") if isinstance(manifest, dict) else None, plan.identity)
+            raise ValueError(f"{dest.root} holds the shards of another conversion (what differs: {what}): give an "
+                             "empty destination, or delete it first")
         if not changed_shards(dest, manifest, listing):  # every byte as the manifest's checksums say
             return DestinationState({}, manifest, stale)
         foreign = []  # a shard of it missing or changed: made again, the same bytes
     plan_doc = dest.read_json(PLAN_RECORD) if PLAN_RECORD in listing else None
     if plan_doc is not None and plan_doc.get("fingerprint") != plan.fingerprint:
-        raise ValueError(f"{dest.root} holds an unfinished conversion of other inputs or options: give an empty "
-                         f"destination, or delete it first")
+        what = differences(plan_doc.get("identity"), plan.identity)
+        raise ValueError(f"{dest.root} holds an unfinished conversion of other inputs or options (what differs: "
+                         f"{what}): resume it with those, or give an empty destination, or delete it first")
     if plan_doc is None:
         foreign = [n for n in foreign if n != MANIFEST]
         if foreign:

@@ -4,8 +4,10 @@ own (by any process or node, in any order, again after a kill) and comes out the
 The order is the source's, or a permutation drawn from the shuffle seed; shard k takes inputs
 ``[k * per_shard, (k + 1) * per_shard)`` of it, less those that cannot be delivered (a shard left with
 none is not written). A size in bytes sets ``per_shard`` from a probe: ``PROBE`` inputs spread evenly
-over the order, prepared first, whose mean stored size divides the target. The plan's fingerprint
-(options, the inputs' names, writer versions) tells a resumable conversion from another one.
+over the order, prepared first, whose mean stored size divides the target. The plan's identity (options,
+the source, its inputs' names and classes, inputs per shard) and its digest, the fingerprint, tell a
+resumable conversion from another one; library versions are recorded in the manifest, not part of it, so an
+upgrade does not orphan a conversion half done.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class Plan:
     order: np.ndarray
     per_shard: int
     options: dict[str, Any]
-    fingerprint: str
+    identity: dict[str, Any]  # what decides the shards (``identity``); its digest is the fingerprint
     names: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -60,6 +62,10 @@ class Plan:
         width = max(6, len(str(count - 1)))
         ext = self.options["format"]
         object.__setattr__(self, "names", tuple(f"shard-{k:0{width}d}.{ext}" for k in range(count)))
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.identity, sort_keys=True).encode()).hexdigest()
 
     def positions(self, k: int) -> range:
         return range(k * self.per_shard, min(len(self.order), (k + 1) * self.per_shard))
@@ -88,19 +94,37 @@ def make_plan(source, options: ShardOptions, shuffle: int | None, described: str
         at = probe_positions(n)
         per_shard = per_shard_from(probe(order[at], at, options.format), options.shard_size.bytes)
     out = output_options(options, shuffle)
-    return Plan(order, per_shard, out, fingerprint(source, out, described, per_shard))
+    return Plan(order, per_shard, out, identity(source, out, described, per_shard))
 
 
-def fingerprint(source, options: dict[str, Any], described: str, per_shard: int) -> str:
-    """A digest of what decides the shards: the options, the source and its inputs' names in source
-    order, the plan, and the versions of the libraries that encode and write."""
+def identity(source, options: dict[str, Any], described: str, per_shard: int) -> dict[str, Any]:
+    """What decides the shards: the options, the source and its inputs' names (a digest) in source order,
+    its classes, and the plan."""
     names = hashlib.sha256()
     for i in range(len(source)):
         names.update(source.path(i).encode("utf-8", "surrogateescape") + b"\n")
-    doc = {"plan": PLAN_VERSION, "options": options, "source": described, "inputs": len(source),
-           "names": names.hexdigest(), "classes": list(getattr(source, "classes", ()) or ()),
-           "per_shard": per_shard, "versions": writer_versions()}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    return {"plan": PLAN_VERSION, "options": options, "source": described, "inputs": len(source),
+            "names": names.hexdigest(), "classes": list(getattr(source, "classes", ()) or ()),
+            "per_shard": per_shard}
+
+
+_SAID = {"plan": "the plan's layout", "source": "the source", "inputs": "the number of inputs",
+         "names": "the inputs' file names", "classes": "the class names", "per_shard": "the inputs per shard"}
+
+
+def differences(recorded: Any, ours: dict[str, Any]) -> str:
+    """What differs between a recorded identity and ``ours``, in words: "max_side (320 there, 256 here)"."""
+    if not isinstance(recorded, dict):
+        return "its record predates this check"
+    said = []
+    for k, v in ours.items():
+        there = recorded.get(k)
+        if k == "options" and isinstance(there, dict):
+            said += [f"{o} ({there.get(o)!r} there, {w!r} here)" for o, w in v.items() if there.get(o) != w]
+        elif there != v:
+            show = k in ("source", "inputs", "per_shard")
+            said.append(f"{_SAID.get(k, k)}" + (f" ({there!r} there, {v!r} here)" if show else ""))
+    return ", ".join(said) or "nothing recorded differs"
 
 
 def writer_versions() -> dict[str, str]:

@@ -35,7 +35,7 @@ def write_shards(source: "str | os.PathLike | list[str] | Source", dest: str | o
     (``shards.manifest``), also written as ``dest/manifest.json``. ``progress(done, total)``: inputs done
     of all, as they are (shards already there count as done).
 
-    ``dest`` must be empty, or hold this same conversion (same inputs, options and library versions),
+    ``dest`` must be empty, or hold this same conversion (same inputs and options; a refusal names what differs),
     unfinished (its missing shards are made; finished ones are kept) or finished (nothing is done).
     ``storage_options`` go to fsspec for source and destination URLs."""
     if options.format == "parquet":  # before anything is read or written
@@ -66,8 +66,7 @@ def _convert(src, source, plan, destination: Destination, engine, options: Shard
         return state.manifest
     destination.prepare()
     destination.remove(state.stale)
-    destination.write_json(PLAN_RECORD, {"fingerprint": plan.fingerprint, "options": plan.options,
-                                         "source": described})
+    destination.write_json(PLAN_RECORD, {"fingerprint": plan.fingerprint, "identity": plan.identity})
     classes = tuple(getattr(src, "classes", ()) or ())
     job = ShardJob(plan, destination, classes, source if isinstance(source, str) else None, options.on_error)
     records = dict(state.done)
