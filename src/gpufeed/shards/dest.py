@@ -14,17 +14,15 @@ import hashlib
 import json
 import os
 import secrets
-import socket
 import tempfile
-import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..sources.manifest import PROGRESS
 from ..sources.urls import filesystem, is_url, scheme
+from .lease import HOLDER, Lease, describe_holder, holder_record
 
 TEMP_SUFFIX = ".gpufeed-tmp"
-HOLDER = f"{PROGRESS}/holder.json"  # who holds a local destination now (``Destination.held``)
 
 
 def file_digest(f) -> tuple[int, str]:
@@ -34,16 +32,6 @@ def file_digest(f) -> tuple[int, str]:
         h.update(chunk)
         size += len(chunk)
     return size, h.hexdigest()
-
-
-def _holder(doc: Any) -> str:
-    """The holder record as words; the record is read back, so each field is checked."""
-    if not isinstance(doc, dict):
-        return "which did not say who it is"
-    pid, host, source = doc.get("pid"), doc.get("host"), doc.get("source")
-    said = [f"process {pid}" if isinstance(pid, int) else None, f"on {host}" if isinstance(host, str) else None,
-            f"converting {source!r}" if isinstance(source, str) else None]
-    return " ".join(p for p in said if p) or "which did not say who it is"
 
 
 @dataclass(frozen=True)
@@ -70,13 +58,18 @@ class Destination:
         return f"{self.root}/{name}" if self.remote else os.path.join(self.root, name)
 
     @contextlib.contextmanager
-    def held(self, owner: dict[str, Any]) -> Iterator[None]:
-        """Hold the destination for one conversion: a local folder by an exclusive ``flock`` on it (made if
-        missing), released however this process ends; a second writer is refused, naming the holder (the
-        host, process and ``owner`` it recorded in the folder, ``HOLDER``). A folder URL is not held: object
-        stores have no lock, and two conversions there are the user's to avoid."""
+    def held(self, owner: dict[str, Any]) -> Iterator[Callable[[], None]]:
+        """Hold the destination for one conversion; a second writer is refused, naming the holder (the host,
+        process and ``owner`` it recorded, ``HOLDER``). A local folder is held by an exclusive ``flock`` on it
+        (made if missing), released however this process ends; a folder URL by a lease object
+        (``lease.Lease``). Yields a check to call before publishing more, which raises once a lease was lost."""
         if self.remote:
-            yield
+            lease = Lease(self, owner)
+            lease.take()
+            try:
+                yield lease.check
+            finally:
+                lease.release()
             return
         os.makedirs(self.root, exist_ok=True)
         fd = os.open(self.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -85,12 +78,11 @@ class Destination:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise ValueError(f"{self.root} is being written by another `gpufeed shards` "
-                                 f"({_holder(self.read_json(HOLDER))}): one conversion per destination at a time; "
-                                 f"wait for it to end, or stop it and run the same command again") from None
+                                 f"({describe_holder(self.read_json(HOLDER))}): one conversion per destination at "
+                                 f"a time; wait for it to end, or stop it and run the same command again") from None
             os.makedirs(os.path.join(self.root, PROGRESS), exist_ok=True)
-            self.write_json(HOLDER, {"host": socket.gethostname(), "pid": os.getpid(), "since": int(time.time()),
-                                     **owner})
-            yield
+            self.write_json(HOLDER, holder_record(owner))
+            yield lambda: None  # a lock cannot be lost
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.where(HOLDER))

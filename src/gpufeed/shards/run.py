@@ -49,18 +49,19 @@ def write_shards(source: "str | os.PathLike | list[str] | Source", dest: str | o
     shuffle = default_shuffle(src) if options.shuffle == "auto" else options.shuffle
     destination = Destination(str(dest), dict(storage_options or {}))
     preparer = Preparer(max_side=options.max_side, quality=options.quality, max_bytes=options.max_bytes)
-    with destination.held(owner={"source": described}):  # one conversion per destination at a time
+    with destination.held(owner={"source": described}) as still_held:  # one conversion per destination at a time
         engine = create_engine(options, src, preparer)
         try:
             plan = make_plan(src, options, shuffle, described, engine.probe)
-            return _convert(src, source, plan, destination, engine, options, described, progress)
+            return _convert(src, source, plan, destination, engine, options, described, progress, still_held)
         finally:
             engine.close()
 
 
 def _convert(src, source, plan, destination: Destination, engine, options: ShardOptions, described: str,
-             progress: Callable[[int, int], None] | None) -> dict[str, Any]:
-    """The plan's shards into a destination this process holds: those not there yet, then the manifest."""
+             progress: Callable[[int, int], None] | None, still_held: Callable[[], None]) -> dict[str, Any]:
+    """The plan's shards into a destination this process holds (``still_held`` raises once it does not):
+    those not there yet, then the manifest."""
     state = destination_state(destination, plan)
     if state.manifest is not None:  # done already: nothing read or written again
         return state.manifest
@@ -75,6 +76,8 @@ def _convert(src, source, plan, destination: Destination, engine, options: Shard
     try:
         for record in engine.write(job, todo, tell):
             records[record.index] = record
+            still_held()
+        still_held()
         manifest = build_manifest(plan, [records[k] for k in sorted(records)], classes, described)
         destination.write_json(MANIFEST, manifest)
     except OSError as e:

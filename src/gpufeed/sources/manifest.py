@@ -116,7 +116,8 @@ def _read_plan(opener) -> Any:
 def _refuse(folder: str, plan: Any) -> None:
     from .urls import redact
 
-    source = plan.get("source") if isinstance(plan, dict) else None
+    identity = plan.get("identity") if isinstance(plan, dict) else None
+    source = identity.get("source") if isinstance(identity, dict) else None
     of = f" of {source!r}" if isinstance(source, str) else ""
     raise ValueError(f"{redact(folder)!r} holds an unfinished `gpufeed shards` conversion{of} (no {MANIFEST} yet): "
                      f"its shards are a part of the data set. Run the same `gpufeed shards` command again to finish "

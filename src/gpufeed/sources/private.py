@@ -193,9 +193,15 @@ def _owner_runs(recorded: bytes) -> bool:
     """Whether the owner a session file names still runs; True when it names none that can be checked."""
     try:
         owner = json.loads(recorded)
-        pid = owner["pid"]
-    except (ValueError, TypeError, KeyError):
+    except ValueError:
         return True  # written by an older gpufeed, or not yet: the lock alone decides
+    return process_runs(owner)
+
+
+def process_runs(owner: Any) -> bool:
+    """Whether the process a record names (``process_identity`` of this machine) still runs; True when the
+    record names none that can be checked (a record's fields are checked, never trusted)."""
+    pid = owner.get("pid") if isinstance(owner, dict) else None
     if not isinstance(pid, int) or isinstance(pid, bool) or pid < 1:
         return True
     now = process_identity(pid)
