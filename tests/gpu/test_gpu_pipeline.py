@@ -290,6 +290,10 @@ def test_two_nvjpeg_decoders_called_at_once_from_two_threads_decode_every_image(
 
 def _engine_decoder(decode):
     try:
+        if decode == "torchvision":
+            from gpufeed.decode.torchvision_gpu import TorchvisionGpuDecoder
+
+            return TorchvisionGpuDecoder(torch.device("cuda", 0))
         if decode == "nvjpeg":
             from gpufeed.decode.nvjpeg_hw import NvJpegHwDecoder
 
@@ -323,6 +327,29 @@ def test_engine_decoders_write_only_after_the_streams_queued_work(decode):
     assert ok.all(), ok
     assert [bool((s == 7).all()) for s in snaps] == [True] * 8
     assert min(psnr(o.cpu().numpy(), r) for o, r in zip(outs, refs)) >= 40.0
+
+
+@pytest.mark.parametrize("decode", ["torchvision", *ENGINE_PATHS])
+def test_two_calls_on_one_busy_stream_each_decode_their_own_images(decode):
+    """Two calls back to back on a stream whose queued work has not run yet (it sleeps about 0.25 s first):
+    each call's places hold its own images. A decoder whose engines write into memory the first call's queued
+    copies still read (torchvision's outputs, from the caching allocator) would put the second call's pixels
+    in the first call's places."""
+    from gpufeed.decode.cpu import CpuDecoder
+    from tests.corpus import jpeg
+
+    datas = [[jpeg(w=320, h=240, seed=10 * k + i) for i in range(8)] for k in range(2)]
+    refs = [[CpuDecoder().decode(d, "x", fast=True) for d in ds] for ds in datas]
+    outs = [[torch.full(r.shape, 7, dtype=torch.uint8, device="cuda") for r in rs] for rs in refs]
+    dec = _engine_decoder(decode)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(500_000_000)  # cycles: about 0.25 s at the H200's clock
+    oks = [dec.decode(DecodeJob.of([np.frombuffer(d, np.uint8) for d in datas[k]], outs[k]), stream) for k in range(2)]
+    stream.synchronize()
+    assert all(ok.all() for ok in oks), oks
+    for k in range(2):
+        assert min(psnr(o.cpu().numpy(), r) for o, r in zip(outs[k], refs[k])) >= 40.0, k
 
 
 def test_gpu_path_workers_stay_off_the_kept_cores(synth):

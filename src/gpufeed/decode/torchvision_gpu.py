@@ -2,6 +2,11 @@
 
 torchvision fails a whole batch when one image is bad, without saying which, so a failed batch is retried
 one image at a time and the failures are reported as not decoded (the CPU decoder takes them).
+
+torchvision's batched CUDA decode runs on the hardware engines, which write when called, not in the stream's
+order: into outputs it takes from PyTorch's caching allocator, whose blocks the stream's queued work may still
+read (the previous call's copies out of them). So a call first waits on the host for the stream's queued work
+(``base.engines_after``), as the other engine decoders do.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import DecodeJob
+from .base import DecodeJob, engines_after
 
 
 class TorchvisionGpuDecoder:
@@ -28,6 +33,7 @@ class TorchvisionGpuDecoder:
     def decode(self, job: DecodeJob, stream: torch.cuda.Stream) -> np.ndarray:
         """Decode ``job`` in ``stream``'s order; (n,) bool: which were decoded."""
         inputs = [torch.from_numpy(job.source(j).copy()) for j in range(len(job))]
+        engines_after(stream)
         with torch.cuda.stream(stream):
             try:
                 chw = self._decode_jpeg(inputs, mode=self._mode, device=self.device)
