@@ -172,6 +172,10 @@ class IdleCores:
                 total += sum(values)
         return now, idle, total
 
+    def restart(self) -> None:
+        """Start a new window now: what the cores did before (a pause of this loader's work) is not counted."""
+        self._last = self._read()
+
     def poll(self) -> float | None:
         """Idle cores over the window that just ended; None if it has not ended. Where nothing can be
         read (not Linux), every core counts as idle."""

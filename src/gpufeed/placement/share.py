@@ -43,6 +43,17 @@ class ShareControl:
         if not (setting == "auto" or (isinstance(setting, (int, float)) and 0 <= setting <= 1)):
             raise ValueError(f"cpu_share must be 'auto' or a fraction in [0, 1], got {setting!r}")
 
+    def restart(self) -> None:
+        """An iteration starts: the share stays what the last one learned, and the window starts now, so that
+        a pause since the last batch (a validation pass, a checkpoint, another loader's work on these cores)
+        does not count as this loader's workers crowding the cores or falling behind."""
+        if self._idle is None:
+            return
+        with self._lock:
+            self._takes = [0, 0]
+        self._batches = self._late = 0
+        self._idle.restart()
+
     def taken(self, waited: bool) -> None:
         """The training took a batch (its thread, ``Prefetcher``'s ``on_take``); ``waited``: none was ready."""
         if self._idle is None:  # a fixed share
