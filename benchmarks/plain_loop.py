@@ -8,7 +8,8 @@ and of the bench's own check (``ab.py --bench``).
 With a model, its own rate on one GPU-resident batch (the ceiling) is measured first, in this process; then
 ``epochs`` epochs of ``for images, labels in loader: step(images, labels)``, the device synchronised at each
 epoch's end and nothing else running. images/s is the median of the epochs after the first; every epoch's
-rate is printed and written, so a rate still rising shows. The loader is made as ``gpufeed bench`` makes its
+rate is printed and written, so a rate still rising shows. On CUDA, ``memory_added``: the drop in free device
+memory from before the loader was made to the least at any epoch's end (``dali_loop.py`` measures DALI so). The loader is made as ``gpufeed bench`` makes its
 ``gpufeed`` pipeline (decode "auto", cpu_share "auto", float32, channels_last with a model). ``--validation``:
 a ``train=False`` loader (Resize + CenterCrop, every image, the short last batch too), each epoch a whole
 validation pass, loader only.
@@ -136,6 +137,9 @@ def main() -> int:
         result["ceiling"] = ceiling(step, args.batch_size, device, args.ceiling_seconds)
     transform, mix = recipe(args.recipe)
     kwargs = {"transform": transform, "batch_transform": mix} if transform is not None else {}
+    if device.type == "cuda":  # what the loader takes of the device: the drop in free memory (dali_loop.py's too)
+        torch.cuda.synchronize(device)
+        free0 = least_free = torch.cuda.mem_get_info(device)[0]
     if args.validation:  # the recipe is the standard one (checked above): the loader's own Resize + CenterCrop
         kwargs = {"train": False, "drop_last": False}
     try:
@@ -150,7 +154,11 @@ def main() -> int:
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
             result["epochs"].append(plain_epoch(loader, step, device))
+            if device.type == "cuda":
+                least_free = min(least_free, torch.cuda.mem_get_info(device)[0])
         stats = loader.stats
+    if device.type == "cuda":
+        result["memory_added"] = free0 - least_free
     result["images_per_s"] = statistics.median(result["epochs"][1:])
     result["of_ceiling"] = result["images_per_s"] / result["ceiling"] if result["ceiling"] else None
     result["cpu_share"] = stats.get("cpu_share")
@@ -161,7 +169,8 @@ def main() -> int:
           f"recipe {args.recipe}: "
           + ", ".join(f"{r:,.0f}" for r in result["epochs"]) + " images/s by epoch; "
           + (f"{100 * result['of_ceiling']:.1f}% of its own rate {result['ceiling']:,.0f}"
-             if result["ceiling"] else "loader only") + f"; {result['decode_backend']}, CPU share {result['cpu_share']}")
+             if result["ceiling"] else "loader only") + f"; {result['decode_backend']}, CPU share {result['cpu_share']}"
+          + (f"; device memory added {result['memory_added'] / 1e9:.2f} GB" if "memory_added" in result else ""))
     _write(result, args.json)
     return 0
 
