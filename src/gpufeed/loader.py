@@ -116,7 +116,9 @@ class ImageLoader:
     torchvision ``Compose`` the script would give a Dataset, read for its settings in place of ``train``,
     ``image_size``, ``resize_size``, ``mean`` and ``std`` (``augment.recipe``: RandomResizedCrop with its
     scale and ratio or [Resize +] RandomCrop with its padding, RandomHorizontalFlip(p), Resize + CenterCrop,
-    to-tensor ops, Normalize, and the per-sample ops in ``recipe.SUPPORTED``; any other op raises, naming it).
+    to-tensor ops, Normalize, and the per-sample ops in ``recipe.SUPPORTED``, on the device; any other op, a
+    user's own callable included, runs per sample in the CPU workers as torchvision's own, said once in a
+    warning and in ``loader.stats["ops_in_workers"]``).
     The settings are kept, grouped and validated, in ``loader.augment`` (at the size in effect),
     ``loader.normalize``, ``loader.decoding`` and ``loader.errors``.
 
@@ -232,6 +234,8 @@ class ImageLoader:
                              "which sized its shared memory and GPU batches: make the loader with the largest size "
                              "it will be set to")
         self.sample_ops.check_size(image_size)
+        if self.spec.worker_ops is not None:
+            self.spec.worker_ops.check_size(image_size, self.max_image_size)
         self.augment = self.augment.at_size(image_size, resize_size)
 
     def state_dict(self) -> dict[str, Any]:
@@ -300,8 +304,10 @@ class ImageLoader:
         CPUs the workers run on (None: all of this process's), whether the batch ring is page-locked for
         CUDA copies (None before the workers start), the GPU memory budget in bytes (``placement.gpu_memory``;
         0 for a CPU device); what runs the auto-augment family's colour and point operations on CUDA (None
-        without them or on a CPU device); under ``on_error="skip"`` the number of skipped samples,
-        (path, reason) for the first 10,000, and how many samples stood in for them (``repeated``)."""
+        without them or on a CPU device); the recipe's ops the CPU workers run per sample (``ops_in_workers``:
+        those with no device version, and those among them; ``augment.worker_ops``); under ``on_error="skip"``
+        the number of skipped samples, (path, reason) for the first 10,000, and how many samples stood in for
+        them (``repeated``)."""
         by = dict(self._stage.decoded_by)
         pool = self._scheduler.pool
         return {"decode_backend": self.decode_backend, "decode_reason": self.decode_reason, "decoded_by": by,
@@ -310,6 +316,7 @@ class ImageLoader:
                 "ring_page_locked": pool.page_locked if pool is not None else None,
                 "gpu_memory_budget": self.gpu_memory.total if self.device.type == "cuda" else 0,
                 "auto_augment_ops": self.sample_ops.auto_augment_runner(self.device),
+                "ops_in_workers": list(self.spec.worker_ops.names) if self.spec.worker_ops is not None else [],
                 "skipped_count": self._skips.total, "skipped": list(self._skips.listed),
                 "repeated": self._skips.repeated, "shards": getattr(self.source, "shard_options", None)}
 

@@ -22,6 +22,7 @@ from .augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from .augment.ops import SampleOps
 from .augment.params import AugmentSpec, default_resize_size
 from .augment.recipe import read_transform
+from .augment.worker_ops import WorkerOps
 from .decode.base import SkipLog
 from .options import DecodeOptions, ErrorPolicy, OrderOptions
 from .sampling import ShardedSampler, local_world_size, resolve_rank
@@ -40,12 +41,13 @@ _PREFETCH_GRACE_S = 30.0
 
 @dataclass(frozen=True)
 class Settings:
-    """What the samples become: the crop (``augment``), the delivered tensors (``normalize``) and the recipe's
-    per-sample ops (``sample_ops``)."""
+    """What the samples become: the crop (``augment``), the delivered tensors (``normalize``), the recipe's
+    per-sample ops on the device (``sample_ops``) and those the CPU workers run (``worker_ops``)."""
 
     augment: AugmentSpec
     normalize: Normalize
     sample_ops: SampleOps
+    worker_ops: WorkerOps | None = None
 
 
 def read_settings(transform: Any, *, train: bool | None, image_size: int | None, resize_size: int | None,
@@ -79,7 +81,7 @@ def read_settings(transform: Any, *, train: bool | None, image_size: int | None,
                           channels_last=channels_last)
     # the recipe's per-sample ops on each delivered batch (pixel ops such as ColorJitter, RandomErasing)
     ops = SampleOps(pixel=recipe.pixel if recipe else (), erasing=recipe and recipe.erasing, mean=mean, std=std)
-    return Settings(augment, normalize, ops)
+    return Settings(augment, normalize, ops, recipe.workers if recipe else None)
 
 
 @dataclass(frozen=True)
@@ -120,10 +122,13 @@ def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions,
                          f"drop_last=False")
     local_ranks = local_world_size(world_size)
     num_workers = decoding.num_workers or placement.default_num_workers(local_ranks)
-    gpu_decoders, reason = placement.create_gpu_decoders(decoding.decode, device, recipe=placement.cpu_crops(augment),
-                                                         batch_size=batch)
+    worker_ops = settings.worker_ops
+    cpu_reason = placement.cpu_crops(augment) or (worker_ops.why_cpu if worker_ops is not None else None)
+    gpu_decoders, reason = placement.create_gpu_decoders(decoding.decode, device, recipe=cpu_reason, batch_size=batch)
     gpu_path = gpu_decoders is not None
     _warn_unused(device, gpu_path, reason, decoding)
+    if worker_ops is not None:
+        warnings.warn(worker_ops.warning(), stacklevel=3)
     # in ``dtype`` also where the GPU stage writes uint8 for pixel ops: their output batches are in flight instead
     memory = placement.gpu_memory(batch_size=batch, image_size=augment.image_size,
                                   itemsize=torch.empty((), dtype=normalize.dtype).element_size(),
@@ -137,7 +142,7 @@ def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions,
                         gpu_buffer_bytes=memory.buffer_bytes, on_error=errors.on_error,
                         exif_orientation=decoding.exif_orientation, max_bytes=errors.max_bytes,
                         num_classes=errors.num_classes,
-                        normalize=normalize.for_workers() if workers_normalise else None)
+                        normalize=normalize.for_workers() if workers_normalise else None, worker_ops=worker_ops)
     worker_cpus = placement.worker_cpus(gpu_path, local_ranks)
     skips = SkipLog()
     share = placement.ShareControl(decoding.cpu_share if gpu_path else 1.0,

@@ -3,8 +3,10 @@
 ``ImageLoader(source, transform=T)`` takes the ``Compose`` a training script already has (``torchvision.
 transforms.v2`` or the older ``torchvision.transforms``) and runs it the gpufeed way: the crop decided per
 sample by the workers, decode and resize where the loader decodes, flip and normalise in the same pass.
-Each op is read for its parameters; an op gpufeed does not run raises, naming it and what is supported,
-rather than being skipped: a recipe that silently lost an op would train a different model.
+Each op is read for its parameters; one whose parameters gpufeed cannot honour raises, naming it, rather
+than being changed or skipped: a recipe that silently lost an op would train a different model. An op with no
+device version (not in ``SUPPORTED``: RandomPerspective, a user's own callable) runs per sample in the CPU
+workers as torchvision's own, with the ops around it that its place needs (``worker_ops``).
 
     training:    RandomResizedCrop(size, scale, ratio) [RandomHorizontalFlip(p)] [pixel ops]
                  [to tensor] [Normalize] [RandomErasing(p, scale, ratio, value)]
@@ -39,7 +41,10 @@ from torchvision.transforms import v2
 from .ops import (AugMix, AutoAugment, Blur, Erasing, Grayscale, Jitter, PixelOp, RandAugment, Sharpen,
                   TrivialAugment, VerticalFlip)
 from .params import RandomCrop
+from .worker_ops import WorkerOps, op_name
 
+_SIZING = ("RandomResizedCrop", "RandomCrop", "Resize", "CenterCrop")
+_FLOAT_OPS = {"ToTensor", "ToDtype", "ConvertImageDtype"}
 _TENSOR_OPS = {"ToImage", "PILToTensor", "ToPureTensor", "ToTensor", "ToDtype", "ConvertImageDtype"}
 # uint8 tensors as a PIL image is: anywhere before the cast to float, as torchvision's own recipes place them
 _UINT8_OPS = {"ToImage", "PILToTensor", "ToPureTensor"}
@@ -54,7 +59,7 @@ SUPPORTED = ("RandomResizedCrop", "RandomCrop", "Resize", "CenterCrop", "RandomH
 class Recipe:
     """The settings a torchvision pipeline amounts to: the ``AugmentSpec`` fields, ``mean``/``std``, when
     the pipeline casts to one, the output ``dtype`` (None: the loader's ``dtype``), and the per-sample ops:
-    ``pixel`` in the pipeline's order, ``erasing``."""
+    ``pixel`` in the pipeline's order, ``erasing``; ``workers``: the stretch the CPU workers run."""
 
     train: bool
     image_size: int
@@ -68,6 +73,7 @@ class Recipe:
     pixel: tuple[PixelOp, ...] = ()
     erasing: Erasing | None = None
     crop: RandomCrop | None = None
+    workers: WorkerOps | None = None
 
     def augment_kwargs(self) -> dict[str, Any]:
         return dict(train=self.train, image_size=self.image_size, resize_size=self.resize_size, scale=self.scale,
@@ -75,29 +81,64 @@ class Recipe:
 
 
 def read_transform(transform: Any) -> Recipe:
-    """``transform`` (a ``Compose``, or one op) as a ``Recipe``; ValueError naming an op gpufeed does not run
-    or one whose parameters or place it cannot honour."""
+    """``transform`` (a ``Compose``, or one op) as a ``Recipe``; ValueError naming an op whose parameters or
+    place gpufeed cannot honour. The ops it has no device version of, and those among them, become the
+    stretch the workers run (``workers``, ``_worker_span``)."""
     ops = list(getattr(transform, "transforms", [transform]))
     names = [type(op).__name__ for op in ops]
-    for op, name in zip(ops, names, strict=True):
-        if name not in SUPPORTED:
-            raise ValueError(f"transform: {name} is not something gpufeed runs (it would be dropped, and the model "
-                             f"trained on other data); supported: {', '.join(SUPPORTED)}")
+    span = _worker_span(names, [op_name(op) for op in ops])
+    if span is None:
+        return _read(ops, names)
+    start, end = span
+    workers = WorkerOps.create(ops[start:end], own=[op_name(op) for op, n in zip(ops[start:end], names[start:end],
+                                                                                 strict=True) if n not in SUPPORTED],
+                               from_decode=start == 0, tensors=any(n in _UINT8_OPS for n in names[:start]))
+    kept, kept_names = ops[:start] + ops[end:], names[:start] + names[end:]
+    crop = _crop_made_in_workers(ops[start:end], names[start:end]) if start == 0 else None
+    return _replace(_read(kept, kept_names, crop), workers=workers)
+
+
+def _worker_span(names: list[str], labels: list[str]) -> tuple[int, int] | None:
+    """[start, end) of the ops the workers run, None where gpufeed runs every op itself: from the first op it
+    has no device version of to the last, widened to keep the order: back to the end of the crop (and flip)
+    gpufeed makes on decode, or to the start of the recipe where a crop or resize stands after that; on over
+    any crop, resize or flip after the last. ValueError where one stands after the cast to float (``labels``: the
+    ops as messages name them)."""
+    away = [i for i, n in enumerate(names) if n not in SUPPORTED]
+    if not away:
+        return None
+    first, last = away[0], away[-1]
+    floats = [i for i, n in enumerate(names) if n in _FLOAT_OPS or n in ("Normalize", "RandomErasing")]
+    if floats and last > floats[0]:
+        raise ValueError(f"transform: {labels[last]} stands after {names[floats[0]]}; gpufeed runs the ops it has no "
+                         f"device version of in its CPU workers, on the uint8 image: place it before "
+                         f"{names[floats[0]]}")
+    lead = 0  # the crop (and flip) gpufeed makes on decode, before the first
+    while lead < first and names[lead] in (*_SIZING, "RandomHorizontalFlip", *_UINT8_OPS):
+        lead += 1
+    sizing = [i for i, n in enumerate(names) if n in _SIZING]
+    start = lead if sizing and sizing[-1] < lead else 0
+    geometry = [i for i, n in enumerate(names) if i >= start and (n in _SIZING or n == "RandomHorizontalFlip")]
+    return start, 1 + max([last, *geometry])
+
+
+def _crop_made_in_workers(ops: list[Any], names: list[str]) -> Recipe:
+    """The sizes a stretch that crops (run in the workers, from the whole image) makes: its last crop's square
+    ``image_size``; training unless that is a CenterCrop."""
+    crops = [(op, n) for op, n in zip(ops, names, strict=True) if n in ("RandomResizedCrop", "RandomCrop", "CenterCrop")]
+    if not crops or [n for n in names if n in _SIZING][-1] == "Resize":
+        raise ValueError(f"transform: the ops run in the workers ({', '.join(names)}) must end their geometry with "
+                         f"RandomResizedCrop, RandomCrop or CenterCrop, so that every image comes out square")
+    op, name = crops[-1]
+    size = _square(op.size, name)
+    return Recipe(train=name != "CenterCrop", image_size=size, resize_size=size)
+
+
+def _read(ops: list[Any], names: list[str], crop: Recipe | None = None) -> Recipe:
+    """The recipe of ``ops``, all of which gpufeed runs itself; ``crop``: the sizes, where the workers make
+    the crop (then ``ops`` have none)."""
     _check_order(names)
-    geometry = [n for n in names if _stage(n) == 0]
-    crop = geometry[:-1] if geometry[-1:] == ["RandomHorizontalFlip"] else geometry
-    flip = ops[names.index("RandomHorizontalFlip")] if "RandomHorizontalFlip" in names else None
-    if crop == ["RandomResizedCrop"]:
-        recipe = _training(ops[names.index("RandomResizedCrop")], flip)
-    elif crop in (["RandomCrop"], ["Resize", "RandomCrop"]):
-        at = names.index("RandomCrop")
-        recipe = _random_crop(ops[names.index("Resize")] if "Resize" in crop else None, ops[at], flip, names[:at])
-    elif geometry == ["Resize", "CenterCrop"]:
-        recipe = _validation(ops[names.index("Resize")], ops[names.index("CenterCrop")])
-    else:
-        raise ValueError(f"transform: the geometric ops must be RandomResizedCrop or [Resize +] RandomCrop, then "
-                         f"[RandomHorizontalFlip] (training), or Resize + CenterCrop (validation), in that order; got "
-                         f"{geometry}")
+    recipe = crop if crop is not None else _geometry(ops, names)
     tensor = [op for op, n in zip(ops, names, strict=True) if n in _TENSOR_OPS]
     dtype = _dtype(tensor)
     if "Normalize" in names:
@@ -121,6 +162,23 @@ def read_transform(transform: Any) -> Recipe:
                 raise ValueError(f"transform: {e}") from None
     erasing = _erasing(ops[names.index("RandomErasing")]) if "RandomErasing" in names else None
     return _replace(recipe, dtype=dtype, pixel=tuple(pixel), erasing=erasing)
+
+
+def _geometry(ops: list[Any], names: list[str]) -> Recipe:
+    """The crop gpufeed makes on decode, read from the recipe's geometric ops."""
+    geometry = [n for n in names if _stage(n) == 0]
+    crop = geometry[:-1] if geometry[-1:] == ["RandomHorizontalFlip"] else geometry
+    flip = ops[names.index("RandomHorizontalFlip")] if "RandomHorizontalFlip" in names else None
+    if crop == ["RandomResizedCrop"]:
+        return _training(ops[names.index("RandomResizedCrop")], flip)
+    if crop in (["RandomCrop"], ["Resize", "RandomCrop"]):
+        at = names.index("RandomCrop")
+        return _random_crop(ops[names.index("Resize")] if "Resize" in crop else None, ops[at], flip, names[:at])
+    if geometry == ["Resize", "CenterCrop"]:
+        return _validation(ops[names.index("Resize")], ops[names.index("CenterCrop")])
+    raise ValueError(f"transform: the geometric ops must be RandomResizedCrop or [Resize +] RandomCrop, then "
+                     f"[RandomHorizontalFlip] (training), or Resize + CenterCrop (validation), in that order; got "
+                     f"{geometry}")
 
 
 def _stage(name: str) -> int:

@@ -6,6 +6,8 @@ GPU path: every sample is read and its header parsed; a plain JPEG that fits goe
 with its crop box, for a GPU decoder (``KIND_BYTES``); the chunk's share for the CPU (``cheapest_on_cpu``)
 is decoded here down to its crop's rows, which the GPU kernel resizes (``KIND_ROWS``); files no GPU
 decoder should see are finished here (``KIND_PIXELS``).
+A recipe with ops that have no device version (``augment.worker_ops``) takes the CPU path on every device:
+each sample is also run through them here, after its crop (or from the whole image, where they hold it).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing import shared_memory
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -24,11 +26,14 @@ from ..augment.in_workers import WorkerNormalize
 from ..augment.params import AugmentSpec, CropBox
 from ..decode.base import DecodeError
 from ..decode.cpu import CpuDecoder
-from ..decode.exif import read_orientation, swaps_axes
+from ..decode.exif import apply_orientation, read_orientation, swaps_axes
 from ..placement.samples import Candidate, cheapest_on_cpu, gpu_may_take
 from ..ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, Ring
 from ..sources.base import Source, check_label, read_capped
 from .records import Failure, OutputSize, Progress, Task
+
+if TYPE_CHECKING:
+    from ..augment.worker_ops import WorkerOps
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,18 @@ class PipelineSpec:
     normalize: WorkerNormalize | None = None  # a CPU device: also write each image's final float32 values
     max_bytes: int | None = None  # larger samples are refused, unread where the source can tell (gpufeed's can)
     num_classes: int | None = None  # labels must lie in [0, num_classes)
+    worker_ops: WorkerOps | None = None  # the recipe's ops with no device version, run per sample here
+
+    def __post_init__(self) -> None:
+        if self.worker_ops is not None and self.gpu_bytes_capacity:
+            raise ValueError(f"the recipe's {', '.join(self.worker_ops.own)} run in the CPU workers, which then decode "
+                             f"every sample: gpu_bytes_capacity must be 0, got {self.gpu_bytes_capacity}")
+
+    @property
+    def needs_main(self) -> bool:
+        """Whether the workers need the training script (``__main__``) imported: the source's class, or one of
+        the recipe's ops run in the workers, is defined there."""
+        return type(self.source).__module__ == "__main__" or (self.worker_ops is not None and self.worker_ops.main_module)
 
     @property
     def raises(self) -> bool:
@@ -95,6 +112,23 @@ def load_sample_into(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: 
     """CPU path: read, decode and augment sample ``index`` into ``out`` ((S, S, 3) uint8); its label."""
     path, data = _read(spec, index)
     _finish_on_cpu(spec, decoder, seed, epoch, index, path, data, out)
+    return _label(spec, index, path)
+
+
+def load_sample_with_ops(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, index: int,
+                         out: np.ndarray) -> int:
+    """CPU path of a recipe with ops run here (``spec.worker_ops``): ``load_sample_into``, then those ops on the
+    crop; or, where they hold the crop, the whole image decoded and run through them. Its label."""
+    ops = spec.worker_ops
+    path, data = _read(spec, index)
+    if ops.from_decode:
+        _, _, fast = decoder.header(data, path)
+        orientation = read_orientation(data) if spec.exif_orientation else 1
+        image = apply_orientation(decoder.decode(data, path, fast=fast), orientation)
+    else:
+        _finish_on_cpu(spec, decoder, seed, epoch, index, path, data, out)
+        image = out
+    ops.apply(image, out, seed=seed, epoch=epoch, index=index)
     return _label(spec, index, path)
 
 
@@ -168,6 +202,7 @@ class ChunkServer:
         self.decoder = CpuDecoder(max_pixels=spec.max_pixels)
         self._at: dict[OutputSize, PipelineSpec] = {}
         self._load = self._gpu_chunk if spec.gpu_bytes_capacity else self._cpu_chunk  # the path, chosen once
+        self._sample = load_sample_into if spec.worker_ops is None else load_sample_with_ops
 
     def at(self, size: OutputSize) -> tuple[PipelineSpec, Ring]:
         """The spec and ring views for batches made at ``size`` (progressive resizing: the spec's own size
@@ -208,7 +243,7 @@ class ChunkServer:
         """CPU path: every sample decoded, cropped and resized here (and normalised, for a CPU device)."""
         slot = task.slot
         for k, index in enumerate(task.indices, task.start):
-            go_on = settle(k, index, load_sample_into, spec, self.decoder, task.seed, task.epoch, index,
+            go_on = settle(k, index, self._sample, spec, self.decoder, task.seed, task.epoch, index,
                            ring.images[slot, k])
             if spec.normalize is not None:  # on this worker's core, while the image is in its cache
                 spec.normalize.into(ring.images[slot, k], ring.output[slot, k])

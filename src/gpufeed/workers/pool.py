@@ -185,7 +185,7 @@ class WorkerPool:
                           self._progress[i], self._generation, self._alive_r, held)
         p = self._ctx.Process(target=run, args=(args,), daemon=True, name=f"gpufeed-worker-{i}")
         try:
-            with main_not_reimported(type(self._spec.source).__module__ == "__main__"):
+            with main_not_reimported(self._spec.needs_main):
                 p.start()
         except BaseException:
             lifeline.close()

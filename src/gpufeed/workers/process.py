@@ -36,8 +36,8 @@ def main_not_reimported(needed: bool = False):
     __name__ == "__main__":`` guard, it means starting the conversion again in every child, which
     multiprocessing refuses. Workers need only gpufeed's modules and what they are sent, so while they
     start, ``__main__`` reports itself as a module named "__main__", which multiprocessing does not
-    re-import. ``needed``: something sent to the children is defined in the main script (a source class),
-    so the import is kept.
+    re-import. ``needed``: something sent to the children is defined in the main script (a source class, a
+    recipe op run in the workers), so the import is kept.
     """
     main = sys.modules.get("__main__")
     if main is None or needed:
