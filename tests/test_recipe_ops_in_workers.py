@@ -4,7 +4,11 @@ run per sample in the CPU workers as torchvision's own: checked against torchvis
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import numpy as np
@@ -123,7 +127,7 @@ def test_a_users_function_after_to_image_takes_the_uint8_tensor(synth_root):
     plain, = _batches(synth_root, v2.Compose(_to_float(*geometry)), 1, num_workers=1)
     recipe = v2.Compose([*geometry, v2.ToImage(), invert, v2.ToDtype(torch.float32, scale=True),
                          v2.Normalize([0.5] * 3, [0.25] * 3)])
-    with pytest.warns(UserWarning, match="invert have no device version"):
+    with pytest.warns(UserWarning, match="invert has no device version: it runs per sample"):
         loader = ImageLoader(synth_root, transform=recipe, batch_size=8, device="cpu", num_workers=1)
     assert loader.stats["ops_in_workers"] == ["invert"] and not loader.augment.train
     try:
@@ -189,6 +193,34 @@ def _local():
     return local_op
 
 
+def test_an_op_defined_in_the_training_script_reaches_the_workers(synth_root, tmp_path):
+    """A user's op defined in the script that makes the loader (``__main__``): the workers import the script
+    to unpickle it, as they do for a source class defined there."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import torch
+        from torchvision.transforms import v2
+        from gpufeed import ImageLoader
+
+        class Darken:
+            def __call__(self, image):
+                return image // 2
+
+        if __name__ == "__main__":
+            recipe = v2.Compose([v2.Resize(20), v2.CenterCrop(16), v2.ToImage(), Darken(),
+                                 v2.ToDtype(torch.float32, scale=True)])
+            with ImageLoader(sys.argv[1], transform=recipe, batch_size=8, device="cpu", num_workers=1) as loader:
+                images, _ = next(iter(loader))
+            print(loader.stats["ops_in_workers"], float(images.max()))
+    """))
+    done = subprocess.run([sys.executable, str(script), str(synth_root)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    names, top = done.stdout.split("] ")
+    assert names == "['Darken'" and float(top) <= 127 / 255 + 1e-6  # halved in the workers
+
+
 @pytest.mark.gpu
 def test_a_cuda_loader_takes_such_a_recipe_through_the_cpu_workers(synth_root):
     recipe = v2.Compose(_to_float(v2.RandomResizedCrop(32), v2.RandomPerspective(p=1.0), PaintRow()))
@@ -203,3 +235,15 @@ def test_a_cuda_loader_takes_such_a_recipe_through_the_cpu_workers(synth_root):
     (want, same), = _batches(synth_root, recipe, 1, num_workers=1)
     assert indices == same
     assert torch.equal((images.cpu() * 255).round().to(torch.uint8), want)
+
+
+def test_random_apply_and_a_nested_compose_are_read_through():
+    """RandomApply (a container gpufeed has no device version of) runs in the workers as torchvision's own; a
+    Compose within the recipe is read as its ops, so the crop in it stays gpufeed's."""
+    from gpufeed.augment.recipe import read_transform
+
+    recipe = read_transform(v2.Compose([v2.Compose([v2.RandomResizedCrop(16), v2.RandomHorizontalFlip()]),
+                                        v2.RandomApply([v2.RandomRotation(30)], p=0.5),
+                                        v2.Compose(_to_float(v2.GaussianBlur(3)))]))
+    assert recipe.workers.names == ("RandomApply",) and not recipe.workers.from_decode
+    assert (recipe.image_size, recipe.hflip, [type(op).__name__ for op in recipe.pixel]) == (16, 0.5, ["Blur"])

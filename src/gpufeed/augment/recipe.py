@@ -83,8 +83,8 @@ class Recipe:
 def read_transform(transform: Any) -> Recipe:
     """``transform`` (a ``Compose``, or one op) as a ``Recipe``; ValueError naming an op whose parameters or
     place gpufeed cannot honour. The ops it has no device version of, and those among them, become the
-    stretch the workers run (``workers``, ``_worker_span``)."""
-    ops = list(getattr(transform, "transforms", [transform]))
+    stretch the workers run (``workers``, ``_worker_span``). A ``Compose`` within it is read as its ops."""
+    ops = _flat(list(getattr(transform, "transforms", [transform])))
     names = [type(op).__name__ for op in ops]
     span = _worker_span(names, [op_name(op) for op in ops])
     if span is None:
@@ -96,6 +96,14 @@ def read_transform(transform: Any) -> Recipe:
     kept, kept_names = ops[:start] + ops[end:], names[:start] + names[end:]
     crop = _crop_made_in_workers(ops[start:end], names[start:end]) if start == 0 else None
     return _replace(_read(kept, kept_names, crop), workers=workers)
+
+
+def _flat(ops: list[Any]) -> list[Any]:
+    """``ops`` with each ``Compose`` among them (of either torchvision API) replaced by its own ops."""
+    out = []
+    for op in ops:
+        out.extend(_flat(list(op.transforms)) if type(op).__name__ == "Compose" else [op])
+    return out
 
 
 def _worker_span(names: list[str], labels: list[str]) -> tuple[int, int] | None:

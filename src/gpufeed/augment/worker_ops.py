@@ -73,7 +73,8 @@ class WorkerOps:
         among = [n for n in self.names if n not in self.own]
         also = f" ({', '.join(among)} too, to keep the recipe's order)" if among else ""
         where = "on the whole decoded image, before the crop" if self.from_decode else "after the crop"
-        return (f"gpufeed: {', '.join(self.own)} have no device version: they run per sample in the CPU worker "
+        have, they = ("has", "it runs") if len(self.own) == 1 else ("have", "they run")
+        return (f"gpufeed: {', '.join(self.own)} {have} no device version: {they} per sample in the CPU worker "
                 f"processes{also}, {where}, as torchvision's own ops; correct, and slower than the device ops "
                 f"(loader.stats['ops_in_workers'] lists them)")
 
