@@ -41,7 +41,7 @@ def test_the_recipe_is_read_as_each_torchvision_api_holds_it():
 
 
 def test_a_subclass_of_v2s_random_crop_is_read_as_v2():
-    """A class of the same name (other names are refused as ops gpufeed does not run) that v2 made."""
+    """A class of the same name (ops of other names run in the CPU workers as they are) that v2 made."""
     mine = type("RandomCrop", (v2.RandomCrop,), {"__module__": "my_transforms"})
     assert _crop_of(mine(32, padding=[1, 2, 3, 4])) == RandomCrop(padding=(1, 2, 3, 4))
 

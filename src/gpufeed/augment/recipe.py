@@ -133,7 +133,7 @@ def _worker_span(names: list[str], labels: list[str]) -> tuple[int, int] | None:
 def _crop_made_in_workers(ops: list[Any], names: list[str]) -> Recipe:
     """The sizes a stretch that crops (run in the workers, from the whole image) makes: its last crop's square
     ``image_size``; training unless that is a CenterCrop."""
-    crops = [(op, n) for op, n in zip(ops, names, strict=True) if n in ("RandomResizedCrop", "RandomCrop", "CenterCrop")]
+    crops = [(op, n) for op, n in zip(ops, names, strict=True) if n in _SIZING and n != "Resize"]
     if not crops or [n for n in names if n in _SIZING][-1] == "Resize":
         raise ValueError(f"transform: the ops run in the workers ({', '.join(names)}) must end their geometry with "
                          f"RandomResizedCrop, RandomCrop or CenterCrop, so that every image comes out square")

@@ -61,7 +61,8 @@ class PipelineSpec:
     def needs_main(self) -> bool:
         """Whether the workers need the training script (``__main__``) imported: the source's class, or one of
         the recipe's ops run in the workers, is defined there."""
-        return type(self.source).__module__ == "__main__" or (self.worker_ops is not None and self.worker_ops.main_module)
+        ops = self.worker_ops
+        return type(self.source).__module__ == "__main__" or (ops is not None and ops.main_module)
 
     @property
     def raises(self) -> bool:
