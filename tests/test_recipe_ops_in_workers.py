@@ -162,6 +162,17 @@ def test_the_draws_follow_seed_epoch_and_index_and_a_resumed_epoch_repeats(synth
     assert not torch.equal(epoch_1, rest[0])
 
 
+def test_ops_after_the_crop_follow_progressive_resizing(synth_root):
+    recipe = v2.Compose(_to_float(v2.RandomResizedCrop(32), PaintRow()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = ImageLoader(synth_root, transform=recipe, batch_size=8, device="cpu", num_workers=1)
+    loader.set_image_size(16)
+    (images, _), = _batches(synth_root, recipe, 1, loader)
+    assert images.shape == (8, 3, 16, 16)
+    assert all((image == 255).all(dim=0).all(dim=1).any() for image in images)  # PaintRow ran at 16 x 16
+
+
 def test_a_stretch_that_changes_the_size_names_the_ops_and_the_file(synth_root):
     from gpufeed import WorkerError
 
