@@ -1,5 +1,6 @@
 """timm's ImageNet training recipe fed by gpufeed: the augmentation written as a torchvision v2 Compose,
-Mixup/CutMix on each finished batch, a timm model (a torchvision one where timm is not installed).
+Mixup/CutMix on each finished batch, a timm model. It needs timm (pip install timm); without it, the script
+says so and runs the same recipe with torchvision's model, MixUp/CutMix and AdamW.
 
     python examples/timm_recipe.py /data/imagenet/train --steps 1000
     python examples/timm_recipe.py --synth 64 --steps 2 --device cpu --model resnet18 --image-size 64 --batch-size 8
@@ -40,19 +41,29 @@ except ImportError:  # the same recipe with torchvision's model, MixUp/CutMix an
     timm = None
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help: the module docstring as written, every option's default after its help."""
+
+
+def create_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="examples/timm_recipe.py", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("data", nargs="?", help="ImageFolder-layout training folder (or --synth)")
-    p.add_argument("--synth", type=int, default=0, metavar="N", help="train on N generated JPEGs instead")
-    p.add_argument("--model", default="resnet50", help="timm model name (torchvision's without timm)")
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--lr", type=float, default=5e-3)
-    p.add_argument("--weight-decay", type=float, default=0.02)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--workers", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--synth", type=int, default=0, metavar="N",
+                   help="train on N generated JPEGs in a temporary folder instead (0: use DATA)")
+    p.add_argument("--model", default="resnet50", help="timm model name (torchvision's, without timm)")
+    p.add_argument("--steps", type=int, default=100, help="training steps (optimizer updates)")
+    p.add_argument("--batch-size", type=int, default=256, help="images per step")
+    p.add_argument("--image-size", type=int, default=224, help="RandomResizedCrop size, in pixels")
+    p.add_argument("--lr", type=float, default=5e-3, help="peak learning rate of LAMB (AdamW without timm)")
+    p.add_argument("--weight-decay", type=float, default=0.02, help="weight decay")
+    p.add_argument("--device", default="auto", help="auto (the GPU, else the CPU), cpu, cuda or cuda:N")
+    p.add_argument("--workers", type=int, metavar="N", help="loader worker processes (none: the usable cores)")
+    p.add_argument("--seed", type=int, default=0, help="the model's initialisation, Mixup's draws, the loader's order")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = create_parser()
     args = p.parse_args(argv)
     if (args.data is None) == (args.synth == 0):
         p.error(f"give a data folder or --synth N, one of them (got data={args.data!r}, --synth {args.synth})")
@@ -97,6 +108,9 @@ def create_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if timm is None:
+        print("timm is not installed: running torchvision's model, MixUp/CutMix and AdamW instead; for timm's "
+              "recipe: pip install timm", file=sys.stderr)
     torch.manual_seed(args.seed)  # the model's initialisation, and timm's Mixup, draw from the global random state
     with contextlib.ExitStack() as stack:
         root = args.data

@@ -33,29 +33,45 @@ import torchvision
 from gpufeed import ImageLoader, create_synthetic_dataset
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", help="ImageFolder root with train/ and val/ (default: synthetic)")
-    p.add_argument("--model", default="resnet50", help="torchvision classifier name")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=256, help="per GPU")
-    p.add_argument("--lr", type=float, default=0.1, help="for a total batch of 256; scaled linearly")
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--weight-decay", type=float, default=1e-4)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--workers", type=int, default=None, help="loader workers per process (default: cores / ranks)")
-    p.add_argument("--decode", default="auto", help="ImageLoader decode: auto, cpu, gpu, nvjpeg, nvimgcodec, torchvision")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--synthetic-n", type=int, default=10_000)
-    p.add_argument("--checkpoint", default="checkpoint.pt")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps (0: each epoch only)")
-    p.add_argument("--resume", help="checkpoint to resume from")
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps in total (0: no limit)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stop-check-every", type=int, default=10,
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help: the module docstring as written, every option's default after its help."""
+
+
+def create_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="examples/train.py", description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--data", metavar="DIR",
+                   help="ImageFolder root holding train/ and val/ (none: the synthetic set under ~/.cache/gpufeed)")
+    p.add_argument("--model", default="resnet50", help="torchvision classifier name (torchvision.models.get_model)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs to train")
+    p.add_argument("--batch-size", type=int, default=256, help="images per step on each process")
+    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate for a total batch of 256; scaled linearly")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    p.add_argument("--weight-decay", type=float, default=1e-4, help="SGD weight decay")
+    p.add_argument("--image-size", type=int, default=224, help="training crop and validation size, in pixels")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="loader worker processes per process (none: this node's usable cores / local ranks)")
+    p.add_argument("--decode", default="auto",
+                   help="ImageLoader decode: auto, cpu, gpu, nvjpeg, nvimgcodec, torchvision")
+    p.add_argument("--device", default="auto", help="auto (this rank's GPU, else the CPU), cpu, cuda or cuda:N")
+    p.add_argument("--synthetic-n", type=int, default=10_000, metavar="N",
+                   help="training images of the synthetic set (without --data)")
+    p.add_argument("--checkpoint", default="checkpoint.pt", metavar="FILE",
+                   help="where rank 0 saves after each epoch and at a stop")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="also save every N steps (0: each epoch only)")
+    p.add_argument("--resume", metavar="FILE", help="checkpoint to resume from, on any number of processes")
+    p.add_argument("--max-steps", type=int, default=0, metavar="N",
+                   help="stop after this many steps in total (0: no limit)")
+    p.add_argument("--seed", type=int, default=0, help="the model's initialisation and the loader's order and crops")
+    p.add_argument("--stop-check-every", type=int, default=10, metavar="N",
                    help="steps between the ranks' checks for a stop request (SIGTERM, Ctrl-C) under DDP")
-    p.add_argument("--sample-log", help="append each step's sample indices to FILE.rank<r> (to audit delivery)")
-    return p.parse_args(argv)
+    p.add_argument("--sample-log", metavar="FILE",
+                   help="append each step's sample indices to FILE.rank<r> (to audit delivery)")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return create_parser().parse_args(argv)
 
 
 def setup_distributed(device_arg: str) -> tuple[int, int, torch.device]:
