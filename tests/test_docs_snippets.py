@@ -191,7 +191,7 @@ def s3(data):
 
 
 @pytest.fixture()
-def places(data, request, tmp_path, monkeypatch):
+def places(data, tmp_path, monkeypatch):
     """What ``${...}`` stands for, with the snippet's folder the working directory (what it writes lands there),
     the shard index its own and ``torch.cuda`` answering as without a GPU."""
     monkeypatch.chdir(tmp_path)
@@ -243,7 +243,7 @@ def _run(snippet: Snippet, places: dict[str, str]) -> dict:
                     value.close()
             namespace.clear()
             if torch.distributed.is_available() and torch.distributed.is_initialized():
-                torch.distributed.destroy_process_group()  # Lightning's "ddp" on one CPU process leaves its group
+                torch.distributed.destroy_process_group()  # Lightning's "ddp" keeps its group until exit
             gc.collect()
     return given
 
