@@ -216,7 +216,7 @@ class _ImageBar:
 def _cmd_info(args: argparse.Namespace) -> int:
     from .info import collect_info, format_info
 
-    print(format_info(collect_info()))
+    print(format_info(collect_info(say=lambda line: print(f"gpufeed info: {line} ...", file=sys.stderr, flush=True))))
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import sys
+from typing import Callable
 
 
 def _version(dist: str) -> str:
@@ -91,8 +92,10 @@ def data_access() -> dict[str, str]:
     return out
 
 
-def collect_info() -> dict[str, str]:
-    """Versions, hardware and backends as (name, value) text."""
+def collect_info(say: Callable[[str], None] = lambda line: None) -> dict[str, str]:
+    """Versions, hardware and backends as (name, value) text; ``say(line)`` is told before each probe that
+    may take seconds (importing torch, a decoder's first use, a kernel's compilation)."""
+    say("importing torch")
     import torch
 
     from .cores import affinity, cpu_limit, cpu_ranges, usable_cores
@@ -134,6 +137,7 @@ def collect_info() -> dict[str, str]:
     for line in _nvml_lines(cuda):
         name, _, value = line.partition(": ")
         info[name] = value
+    say("probing the CPU decoder")
     info["decode: cpu (simplejpeg + Pillow)"] = _probe_cpu_decode()
     from .decode.cpu import cropped_decode_available
 
@@ -143,9 +147,13 @@ def collect_info() -> dict[str, str]:
     from .decode.nvjpeg_hw import load_nvjpeg
 
     info["libnvjpeg"] = load_nvjpeg()[1]
-    info["decode: nvjpeg hardware engines (GPU)"] = _probe_gpu_decode("nvjpeg")
-    info["decode: nvimgcodec (GPU)"] = _probe_gpu_decode("nvimgcodec")
-    info["decode: torchvision (GPU)"] = _probe_gpu_decode("torchvision")
+    for name, choice in (("nvjpeg hardware engines", "nvjpeg"), ("nvimgcodec", "nvimgcodec"),
+                         ("torchvision", "torchvision")):
+        if cuda:
+            say(f"probing the GPU decoder {choice}")
+        info[f"decode: {name} (GPU)"] = _probe_gpu_decode(choice)
+    if cuda:
+        say("probing the auto-augment ops' GPU kernels (the first use compiles them)")
     info["per-sample auto-augment ops (GPU)"] = _probe_ops_kernels()
     info.update(data_access())
     from .placement import create_gpu_decoders
