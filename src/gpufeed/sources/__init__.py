@@ -13,7 +13,7 @@ from .folder import folder_source
 from .manifest import MANIFEST, manifest_source, refuse_unfinished
 from .parquet import ParquetSource, parquet_source
 from .remote_tar import RemoteTarSource, remote_tar_source
-from .retry import RetryPolicy
+from .retry import ONCE, RetryPolicy, with_retries
 from .tar import TarSource, tar_source
 from .urls import filesystem, is_url, redact, scheme
 
@@ -79,7 +79,8 @@ def _url_source(url: str, storage_options: dict[str, Any] | None) -> Source:
     shards = manifest_source(url, storage_options)  # shards gpufeed wrote: no shard fetched to count it
     if shards is not None:
         return shards
-    names = filesystem(url, storage_options).find(url)
+    fs = filesystem(url, storage_options)
+    names = with_retries(lambda: fs.find(url), url, ONCE, "list the folder")
     refuse_unfinished(url, storage_options, names)
     if any(n.endswith(".tar") for n in names):
         return remote_tar_source(url, storage_options=storage_options)

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from .retry import ONCE, with_retries
 from .urls import filesystem, is_url
 
 MANIFEST = "manifest.json"
@@ -73,14 +74,16 @@ def read_manifest(folder: str | os.PathLike, storage_options: dict[str, Any] | N
     where = manifest_path(str(folder))
     try:
         if is_url(where):
-            with filesystem(where, storage_options).open(where, "rb") as f:
-                text = f.read()
+            fs = filesystem(where, storage_options)
+            text = with_retries(lambda: _read_all(fs, where), where, ONCE, "read the shard manifest")
         else:
             with open(where, "rb") as f:
                 text = f.read()
     except FileNotFoundError:
         return None
     except OSError as e:
+        if is_url(where) and isinstance(e, PermissionError):  # no credentials: nothing else there is readable
+            raise
         _log.warning("gpufeed: ignoring the shard manifest %s: %s", where, e)
         return None
     try:
@@ -88,6 +91,11 @@ def read_manifest(folder: str | os.PathLike, storage_options: dict[str, Any] | N
     except (ValueError, TypeError, KeyError) as e:
         _log.warning("gpufeed: ignoring the shard manifest %s: %s", where, e)
         return None
+
+
+def _read_all(fs, where: str) -> bytes:
+    with fs.open(where, "rb") as f:
+        return f.read()
 
 
 def refuse_unfinished(folder: str, storage_options: dict[str, Any] | None = None,
@@ -144,7 +152,8 @@ def parse_manifest(doc: Any, where: str) -> ShardManifest:
 def _listing(folder: str, suffix: str, storage_options: dict[str, Any] | None) -> dict[str, int]:
     """{name: bytes} of the files ending with ``suffix`` directly in ``folder`` (one listing for a URL)."""
     if is_url(folder):
-        listed = filesystem(folder, storage_options).ls(folder, detail=True)
+        fs = filesystem(folder, storage_options)
+        listed = with_retries(lambda: fs.ls(folder, detail=True), folder, ONCE, "list the folder")
         return {d["name"].rstrip("/").rsplit("/", 1)[-1]: int(d["size"]) for d in listed
                 if d.get("type") != "directory" and d["name"].endswith(suffix)}
     return {e.name: e.stat().st_size for e in os.scandir(folder)

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 from .base import IMG_EXTENSIONS, Groups, digest, refuse_over
 from .fetch import FetchLimits
 from .private import private_dir, read_json, write_json
-from .retry import RetryPolicy
+from .retry import ONCE, RetryPolicy, with_retries
 from .spool import Readahead, Spool
 from .tar import CLS_BYTES, cls_label, split_labels
 from .urls import expand_braces, filesystem, join, redact, scheme, unsigned
@@ -316,7 +316,7 @@ def shard_urls(urls: str | Sequence[str], storage_options: dict[str, Any] | None
         if urls.endswith(suffix) or "{" in urls:
             return expand_braces(urls), {}
         fs = filesystem(urls, storage_options)
-        listed = fs.find(urls, detail=True)
+        listed = with_retries(lambda: fs.find(urls, detail=True), urls, ONCE, "list the folder")
         files = sorted(n for n, d in listed.items() if n.endswith(suffix) and d.get("type") != "directory")
         if not files:
             raise ValueError(f"no {suffix} files under {redact(urls)!r}")

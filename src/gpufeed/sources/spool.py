@@ -43,7 +43,7 @@ import numpy as np
 from .fetch import Fetcher, FetchLimits, version_of
 from .private import (Session, create_file, open_file, private_dir, read_json, sweep_spools, user_base,
                       with_missing_ok, write_file, write_json)
-from .retry import RetryPolicy, with_retries
+from .retry import RetryPolicy, single_attempt, single_attempt_fs, with_retries
 from .urls import filesystem, scrub, unsigned
 
 FETCH_THREADS = 4  # items (whole files, extracted row groups) made at once, per loader
@@ -115,10 +115,13 @@ class Spool:
         return os.path.join(self.root, _key(url) + (suffix if suffix[1:].isalnum() and len(suffix) <= 16 else ""))
 
     def filesystem(self, url: str):
+        """The filesystem for ``url``'s scheme, made once per process; its calls are retried by the spool's
+        ``RetryPolicy`` alone (``retry.single_attempt``)."""
         proto = url.split("://", 1)[0]
         fs = self._fs.get(proto)
         if fs is None:
-            fs = self._fs[proto] = filesystem(url, self.storage_options)
+            fs = self._fs[proto] = filesystem(url, single_attempt(url, self.storage_options))
+            single_attempt_fs(fs)
         return fs
 
     def fetch(self, url: str, path: str) -> str | None:
