@@ -118,3 +118,41 @@ def test_gpufeeds_attempts_are_the_only_ones_through_s3fs(tmp_path, src):
     finally:
         server.stop()
 
+
+_WITHOUT_FSSPEC = """
+import sys
+sys.modules["fsspec"] = sys.modules["aiohttp"] = None  # neither installed: importing them fails
+from gpufeed.sources import create_source, folder_source
+source = create_source(sys.argv[1])
+expected = folder_source(sys.argv[2])
+assert len(source) == 10, len(source)
+assert [source.read(i) for i in range(10)] == [expected.read(i) for i in range(10)]
+assert [source.label(i) for i in range(10)] == [expected.label(i) for i in range(10)]
+assert "fsspec" not in sys.modules or sys.modules["fsspec"] is None
+from gpufeed.sources.urls import scheme_status
+assert scheme_status("https").startswith("tar shards only, by a plain GET (pip install 'gpufeed[http]'"), scheme_status("https")
+print("read", len(source))
+"""
+
+
+def test_http_shards_are_read_without_fsspec_or_aiohttp(tmp_path, src, synth_root):
+    """An https:// pattern needs neither: each shard is one plain GET, and no fsspec filesystem is made."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = tmp_path / "www"
+    root.mkdir()
+    for s, data in enumerate(tar_shards(src, 5, 10)):
+        (root / f"shard-{s:03d}.tar").write_bytes(data)
+    server = HttpServer(root)
+    try:
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent / "src"))
+        run = subprocess.run([sys.executable, "-c", _WITHOUT_FSSPEC, f"{server.url}/shard-{{000..001}}.tar",
+                              str(synth_root)], capture_output=True, text=True, env=env, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == "read 10"
+        assert sorted(set(server.requests)) == ["/shard-000.tar", "/shard-001.tar"]
+    finally:
+        server.stop()

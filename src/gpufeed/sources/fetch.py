@@ -28,7 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .base import TooLarge
 from .private import open_file
@@ -83,11 +83,12 @@ class Fetcher:
         self.storage_options, self.limits = storage_options, limits
         self.direct: bool | None = None if direct else False
 
-    def get(self, fs, url: str, path: str) -> str | None:
+    def get(self, filesystem: Callable[[], Any], url: str, path: str) -> str | None:
         """Write ``url``'s bytes to ``path``; the object's version as the GET saw it (``version_of``; None
-        through fsspec). Raises the transfer's error (OSError, HTTPError, ...)."""
+        through fsspec). ``filesystem()`` gives the fsspec filesystem, asked for only when one is needed: a
+        plain ``http(s)://`` GET needs none, nor aiohttp. Raises the transfer's error (OSError, HTTPError, ...)."""
         if self.direct is not False:
-            plain = self._plain_url(fs, url)
+            plain = self._plain_url(filesystem, url)
             if plain is not None:
                 try:
                     version = http_get(plain, path, self.limits)
@@ -99,18 +100,23 @@ class Fetcher:
                     # proven here, a passing failure the retries are for, or the object itself over the cap
                     if self.direct or transient(e) or isinstance(e, TooLarge):
                         raise
+                    failure = e
                 # not proven here yet: fsspec decides; if it succeeds, the plain GET is not for this setup
+                try:
+                    fs = filesystem()
+                except ImportError:  # no fsspec client here to try instead: the GET's own failure stands
+                    raise failure from None
                 fs.get_file(url, path)
                 self.direct = False
                 return None
-        fs.get_file(url, path)
+        filesystem().get_file(url, path)
         return None
 
-    def _plain_url(self, fs, url: str) -> str | None:
+    def _plain_url(self, filesystem: Callable[[], Any], url: str) -> str | None:
         if scheme(url) in ("http", "https"):
             return None if self.storage_options else url
         try:
-            signed = fs.sign(url, expiration=SIGNED_FOR)
+            signed = filesystem().sign(url, expiration=SIGNED_FOR)
         except Exception:  # NotImplementedError, or credentials that cannot sign: fsspec it is
             self.direct = False
             return None

@@ -160,6 +160,8 @@ def with_retries(fn: Callable[[], T], url: str, policy: RetryPolicy, what: str =
     for attempt in range(policy.attempts):
         try:
             return fn()
+        except ImportError:  # a package to install (urls.filesystem names it and the URL), not a remote failure
+            raise
         except Exception as e:  # fsspec backends raise their own types (botocore, aiohttp): judged by transient
             why = f"{type(e).__name__}: {scrub(str(e))}"
             if refused(e):

@@ -127,8 +127,8 @@ class Spool:
     def fetch(self, url: str, path: str) -> str | None:
         """Write the whole of ``url`` to ``path`` (OSError naming the URL when that fails after the retries);
         the object's version as the GET saw it (``fetch.version_of``), if it gave one."""
-        fs = self.filesystem(url)
-        return with_retries(lambda: self._fetcher.get(fs, url, path), url, self.retry, "fetch the file")
+        filesystem = functools.partial(self.filesystem, url)  # made only if the fetch needs fsspec
+        return with_retries(lambda: self._fetcher.get(filesystem, url, path), url, self.retry, "fetch the file")
 
     def local(self, url: str, make: Make | None = None) -> str:
         """The path of the complete item ``url``, made now if no process has (or if the one found cannot be

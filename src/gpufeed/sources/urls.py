@@ -101,14 +101,18 @@ def scheme_status(proto: str) -> str:
     try:
         import fsspec
     except ImportError:
-        return f"no (pip install 'gpufeed[{extra}]' for fsspec)"
-    try:
-        fsspec.get_filesystem_class(proto)
-    except ImportError:
-        return f"no (pip install 'gpufeed[{extra}]' for {package})"
-    except ValueError:
-        return "no (fsspec does not know it)"
-    return "yes"
+        missing = f"pip install 'gpufeed[{extra}]' for fsspec"
+    else:
+        try:
+            fsspec.get_filesystem_class(proto)
+            return "yes"
+        except ImportError:
+            missing = f"pip install 'gpufeed[{extra}]' for {package}"
+        except ValueError:
+            return "no (fsspec does not know it)"
+    if proto in ("http", "https"):  # tar shards there are fetched with the standard library (fetch.Fetcher)
+        return f"tar shards only, by a plain GET ({missing}: Parquet files, storage_options)"
+    return f"no ({missing})"
 
 
 def join(base: str, name: str) -> str:
