@@ -139,11 +139,10 @@ def collect_info(say: Callable[[str], None] = lambda line: None) -> dict[str, st
         info[name] = value
     say("probing the CPU decoder")
     info["decode: cpu (simplejpeg + Pillow)"] = _probe_cpu_decode()
-    from .decode.cpu import cropped_decode_available
+    from .decode.cpu import CROPPED_DECODE_MISSING, cropped_decode_available
 
     info["decode: cpu cropped (libjpeg-turbo ext)"] = (
-        "built: JPEG decode cost follows the crop" if cropped_decode_available()
-        else "not built (no libjpeg headers at install): whole-image decode")
+        "built: JPEG decode cost follows the crop" if cropped_decode_available() else f"NO: {CROPPED_DECODE_MISSING}")
     from .decode.nvjpeg_hw import load_nvjpeg
 
     info["libnvjpeg"] = load_nvjpeg()[1]

@@ -20,6 +20,7 @@ cannot turn into RGB (CMYK, YCCK), goes through Pillow, asked for the formats of
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -37,9 +38,25 @@ except ImportError:
 
 __all__ = ["CpuDecoder", "cropped_decode_available"]
 
+_log = logging.getLogger("gpufeed")
+# what gpufeed info and the warning say when the extension is missing: why, and how to build it
+CROPPED_DECODE_MISSING = ("the cropped-decode extension is not built (libjpeg-turbo's headers were missing at "
+                          "install): each JPEG is decoded whole, then cropped. To build it, install the headers "
+                          "(Debian/Ubuntu: apt install libjpeg-dev; Fedora: dnf install libjpeg-turbo-devel) and "
+                          "reinstall gpufeed (pip install -e . again)")
+_warned = False  # the warning is said once per process
+
 
 def cropped_decode_available() -> bool:
     return _decode_crop is not None
+
+
+def _whole_image_decode() -> None:
+    """The cropped decoder is missing: say so once, at the first crop that takes the slower path."""
+    global _warned
+    if not _warned:
+        _warned = True
+        _log.warning("gpufeed: %s", CROPPED_DECODE_MISSING)
 
 
 def own_pixel_cap_only() -> None:
@@ -90,7 +107,10 @@ class CpuDecoder:
         fancy chroma upsampling at a crop edge needs its neighbour (measured: without it the first or
         last column differed by up to 25 levels).
         """
-        if _decode_crop is None or not gpu_safe_jpeg(data):
+        if _decode_crop is None:
+            _whole_image_decode()
+            return None
+        if not gpu_safe_jpeg(data):
             return None
         x0, _, x1, _ = bounds
         pixels, width, height, left, _ = self._crop(data, path, bounds, reduce)
@@ -105,6 +125,7 @@ class CpuDecoder:
         or the cropped decoder is not built here (nothing written then). For a file already known to be
         a plain sequential JPEG (``gpu_safe_jpeg`` passed): the structural check is not repeated."""
         if _decode_crop is None:
+            _whole_image_decode()
             return None
         done = self._crop(data, path, bounds, reduce, out)
         if done is None:

@@ -1,0 +1,90 @@
+"""What the dependencies are for: the cropped-decode C extension's absence said once when a crop first takes the
+whole-image path, and by `gpufeed info` with the way to build it; the bounds pyproject.toml states."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+
+_WITHOUT_EXTENSION = """
+import sys
+sys.modules["gpufeed.decode._turbo_crop"] = None  # the extension not built: importing it fails
+import numpy as np
+from gpufeed.augment.params import AugmentSpec
+from gpufeed.decode import CpuDecoder
+from gpufeed.decode.cpu import cropped_decode_available
+from gpufeed.sources import folder_source
+from gpufeed.workers import PipelineSpec
+from gpufeed.workers.chunks import load_sample_into
+
+assert not cropped_decode_available()
+spec = PipelineSpec(folder_source(sys.argv[1]), AugmentSpec(), 10**8)
+out = np.zeros((12, 64, 64, 3), np.uint8)
+for i in range(12):
+    load_sample_into(spec, CpuDecoder(), 1, 0, i, out[i])
+np.save(sys.argv[2], out)
+"""
+
+
+def _python(code: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
+                          stdin=subprocess.DEVNULL, timeout=300)
+
+
+def test_a_missing_cropped_decoder_is_said_once_in_one_line_and_crops_still_come(synth_root, tmp_path):
+    from gpufeed.augment.params import AugmentSpec
+    from gpufeed.decode import CpuDecoder
+    from gpufeed.sources import folder_source
+    from gpufeed.workers import PipelineSpec
+    from gpufeed.workers.chunks import load_sample_into
+
+    run = _python(_WITHOUT_EXTENSION, str(synth_root), str(tmp_path / "out.npy"))
+    assert run.returncode == 0, run.stderr
+    said = [line for line in run.stderr.splitlines() if "cropped-decode" in line]
+    assert len(said) == 1 and said[0].startswith("gpufeed: the cropped-decode extension is not built"), run.stderr
+    assert "libjpeg-dev" in said[0] and "reinstall gpufeed" in said[0]
+    # the whole-image path gives the crops the cropped decoder gives here
+    spec = PipelineSpec(folder_source(synth_root), AugmentSpec(), 10**8)
+    here = np.zeros((12, 64, 64, 3), np.uint8)
+    for i in range(12):
+        load_sample_into(spec, CpuDecoder(), 1, 0, i, here[i])
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), here)
+    assert here.std() > 10
+
+
+def test_info_says_whether_the_cropped_decoder_is_built_and_how_to_build_it():
+    code = ("import sys\n" + 'sys.modules["gpufeed.decode._turbo_crop"] = None\n'
+            "from gpufeed.info import collect_info\n"
+            'print(collect_info()["decode: cpu cropped (libjpeg-turbo ext)"])\n')
+    run = _python(code)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("NO: the cropped-decode extension is not built"), run.stdout
+    assert "apt install libjpeg-dev" in run.stdout and "pip install -e . again" in run.stdout
+    from gpufeed.info import collect_info
+
+    assert collect_info()["decode: cpu cropped (libjpeg-turbo ext)"].startswith("built")
+
+
+def test_the_core_dependencies_bound_opencv_below_its_next_major_and_bring_tqdm():
+    from packaging.requirements import Requirement
+
+    from .conftest import PYPROJECT
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: pytest depends on tomli there
+        import tomli as tomllib
+    core = {r.name: r for r in map(Requirement, tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"])}
+    import cv2
+    import tqdm
+
+    assert core["opencv-python-headless"].specifier.contains(cv2.__version__)  # the version the suite runs on
+    assert not core["opencv-python-headless"].specifier.contains("6.0.0")
+    assert core["tqdm"].specifier.contains(tqdm.__version__)
