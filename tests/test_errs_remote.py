@@ -156,3 +156,22 @@ def test_http_shards_are_read_without_fsspec_or_aiohttp(tmp_path, src, synth_roo
         assert sorted(set(server.requests)) == ["/shard-000.tar", "/shard-001.tar"]
     finally:
         server.stop()
+
+
+def test_a_local_file_refused_is_not_taken_for_missing_credentials(tmp_path):
+    """A PermissionError naming a local file (the spool's own) is said as it is, not as the store's
+    credentials; nor is it retried."""
+    from gpufeed.sources.retry import with_retries
+
+    calls = []
+
+    def write():
+        calls.append(1)
+        raise PermissionError(13, "Permission denied", str(tmp_path / "part"))  # as os.open raises it
+
+    with pytest.raises(OSError) as raised:
+        with_retries(write, "s3://data/train/shard-000.tar", RetryPolicy(attempts=3, backoff=0.05), "fetch the file")
+    message = str(raised.value)
+    assert message.startswith("s3://data/train/shard-000.tar: cannot fetch the file (PermissionError: [Errno 13]")
+    assert str(tmp_path / "part") in message and "credentials" not in message
+    assert calls == [1]

@@ -92,9 +92,12 @@ def transient(e: BaseException) -> bool:
 
 def refused(e: BaseException) -> bool:
     """Whether ``e`` (or an error it wraps) says the client has no credentials, or the store refused the
-    ones it sent: a PermissionError, a client's no-credentials type, HTTP 401 or 403, or S3's code for it."""
+    ones it sent: a PermissionError from the store (s3fs's for 403; one naming a local file is the spool's own
+    folder), a client's no-credentials type, HTTP 401 or 403, or S3's code for it."""
     for err in _wrapped(e):
-        if isinstance(err, PermissionError) or type(err).__name__ in _NO_CREDENTIALS or _status(err) in (401, 403):
+        if isinstance(err, PermissionError) and err.filename is None:
+            return True
+        if type(err).__name__ in _NO_CREDENTIALS or _status(err) in (401, 403):
             return True
         response = getattr(err, "response", None)
         if isinstance(response, dict) and (response.get("Error") or {}).get("Code") in _REFUSED_CODES:
