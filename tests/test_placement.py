@@ -88,7 +88,7 @@ class _ScriptedIdle:
     """Idle-core readings on demand: ``poll`` returns the next queued value, None when none is queued."""
 
     def __init__(self, cores=16):
-        self.capacity, self.readings = float(cores), []
+        self.capacity, self.readings, self.window_s = float(cores), [], 0.1
 
     def poll(self):
         return self.readings.pop(0) if self.readings else None

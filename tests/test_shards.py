@@ -516,9 +516,11 @@ def test_a_plain_script_converts_without_a_main_guard(tmp_path):
     script.write_text(
         "import sys\n"
         "from gpufeed.shards import ShardOptions, ShardSize, write_shards\n"
-        "manifest = write_shards(sys.argv[1], sys.argv[2], ShardOptions(max_side=64, shard_size=ShardSize(10), workers=2))\n"
+        "options = ShardOptions(max_side=64, shard_size=ShardSize(10), workers=2)\n"
+        "manifest = write_shards(sys.argv[1], sys.argv[2], options)\n"
         "print('converted', sum(s['samples'] for s in manifest['shards']))\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(gpufeed.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    here = str(Path(gpufeed.__file__).parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, str(script), str(root), str(tmp_path / "out")], capture_output=True,
                           text=True, timeout=120, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -550,3 +552,22 @@ def test_an_unfinished_conversion_is_resumed_with_its_options_and_refused_with_o
     resumed = write_shards(synth_root, tmp_path / "out", options)
     whole = write_shards(synth_root, tmp_path / "whole", options)
     assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in whole["shards"]]
+
+
+def test_the_main_script_s_spec_is_put_back_after_conversions_however_they_overlap(synth_root, tmp_path):
+    """The workers start with ``__main__`` reporting itself as not to be re-imported; once the conversions
+    are over, the script's own spec is back, also when two overlapping ones end in the order they began."""
+    from gpufeed.workers.process import main_not_reimported
+
+    main = sys.modules["__main__"]
+    before = main.__dict__.get("__spec__")
+    write_shards(synth_root, tmp_path / "out", ShardOptions(shard_size=ShardSize(20), workers=1))
+    assert main.__dict__.get("__spec__") is before
+    a, b = main_not_reimported(), main_not_reimported()
+    a.__enter__()
+    b.__enter__()
+    assert main.__spec__.name == "__main__"
+    a.__exit__(None, None, None)
+    assert main.__spec__.name == "__main__"  # b still starts processes
+    b.__exit__(None, None, None)
+    assert main.__dict__.get("__spec__") is before

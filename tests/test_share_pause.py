@@ -38,8 +38,7 @@ def _control(machine, tmp_path, monkeypatch) -> ShareControl:
     return ShareControl("auto", idle, training_cores_kept=True)
 
 
-@pytest.mark.parametrize("restarted", [True, False])
-def test_a_pause_of_busy_cores_does_not_lower_the_share_of_the_next_iteration(tmp_path, monkeypatch, restarted):
+def test_a_pause_of_busy_cores_does_not_lower_the_share_and_the_next_window_counts_again(tmp_path, monkeypatch):
     machine = Machine(tmp_path)
     share = _control(machine, tmp_path, monkeypatch)
     for _ in range(6):  # training: the loader ahead of the training, cores to spare: the share rises
@@ -49,12 +48,10 @@ def test_a_pause_of_busy_cores_does_not_lower_the_share_of_the_next_iteration(tm
     learned = share.value
     assert learned == pytest.approx(ShareControl.START + 6 * ShareControl.STEP)
     machine.run(30.0, idle_cores=0.0)  # a validation pass: another loader's workers take every core
-    if restarted:
-        share.restart()  # what the next iteration does as it starts
-    share.taken(waited=True)  # the first batch of an epoch waits for the workers to start it
-    machine.run(0.12, idle_cores=2.0)
+    share.taken(waited=True)  # the first batch after it waits for the workers to start it
     share.update(collect_wait=0.0)
-    if restarted:  # its own first window: two cores idle, over the reserve of one: up a step
-        assert share.value == pytest.approx(learned + ShareControl.STEP)
-    else:  # the window spanning the pause reads no idle core: down, as if its workers crowded the cores
-        assert share.value < learned
+    assert share.value == learned  # the window spans the pause: it says nothing of this loader's workers
+    share.taken(waited=True)
+    machine.run(0.12, idle_cores=0.0)  # now this loader's own workers crowd the cores: that counts
+    share.update(collect_wait=0.0)
+    assert share.value == pytest.approx(learned - ShareControl.STEP)

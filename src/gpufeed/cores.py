@@ -150,6 +150,7 @@ class IdleCores:
         self._usage_file = v2[0] / "cpu.stat" if limit is not None and limit < len(self.cpus) and v2 else None
         self.capacity = min(float(len(self.cpus)), limit) if limit is not None else float(len(self.cpus))
         self._last = self._read()
+        self.window_s = 0.0  # the length of the window ``poll`` last read
 
     def _read(self) -> tuple[float, float | None, float | None]:
         """(time, a, b): under the quota a = core-seconds used by our cgroup (b unused), else a = idle and
@@ -172,16 +173,13 @@ class IdleCores:
                 total += sum(values)
         return now, idle, total
 
-    def restart(self) -> None:
-        """Start a new window now: what the cores did before (a pause of this loader's work) is not counted."""
-        self._last = self._read()
-
     def poll(self) -> float | None:
         """Idle cores over the window that just ended; None if it has not ended. Where nothing can be
         read (not Linux), every core counts as idle."""
         if self.clock() - self._last[0] < self.WINDOW_S:
             return None
         last, self._last = self._last, self._read()
+        self.window_s = self._last[0] - last[0]
         if last[1] is None or self._last[1] is None:
             return self.capacity
         if self._usage_file is not None:  # the quota minus what our cgroup used

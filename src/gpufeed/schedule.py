@@ -166,7 +166,6 @@ class Scheduler:
             self.ahead = None
         if self._last_slots is not None:  # the GPU stage released the last batch's slot after that run ended
             self._last_slots.reclaim(everything=True)
-        self.share.restart()
         pool, per_batch = self.pool, self.batch_size
         ahead, self.ahead = self.ahead, None
         if ahead is not None and (ahead.seed, ahead.epoch, ahead.size) == (sampler.seed, sampler.epoch, size) and \

@@ -23,7 +23,8 @@ from .samples import (ENGINE_BYTES_PER_IMAGE, GPU_BYTES_CAPACITY, GPU_MAX_SIDE, 
 from .share import ShareControl
 
 __all__ = ["DECODE_CHOICES", "DECODER_THREADS", "GPU_BYTES_CAPACITY", "GPU_MAX_SIDE", "KEPT_CORES",
-           "WORKERS_NORMALISE_FROM", "BUFFER_PIXELS_PER_IMAGE", "ENGINE_ROOM_SIDE", "ENGINE_BYTES_PER_IMAGE", "Candidate", "GpuMemory",
+           "WORKERS_NORMALISE_FROM", "BUFFER_PIXELS_PER_IMAGE", "ENGINE_ROOM_SIDE", "ENGINE_BYTES_PER_IMAGE",
+           "Candidate", "GpuMemory",
            "ShareControl", "cheapest_on_cpu", "cpu_cost", "cpu_crops", "create_gpu_decoders", "decode_call_images",
            "default_num_workers", "engine_cost", "gpu_may_take", "gpu_memory", "reserved_bytes", "ring_slots",
            "worker_cpus"]

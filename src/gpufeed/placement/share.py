@@ -22,10 +22,12 @@ class ShareControl:
     interpreter lock's delays in the training process are not the workers'); otherwise up one step when a core
     more than the reserve stayed idle, so that the CPU takes a part beside the GPU decoders without crowding out
     the threads that feed them. Up stays one step, since while the workers start and at epoch boundaries cores
-    idle with no batch to decode (BENCHMARKS.md#cpu-share). A change reaches the batches submitted from then on.
+    idle with no batch to decode (BENCHMARKS.md#cpu-share). A window longer than ``PAUSE_S`` spans a pause of
+    the loader's work (a validation pass, a checkpoint), whose load was other work's: it changes nothing, and
+    the share stays what the loader learned. A change reaches the batches submitted from then on.
     """
 
-    STEP, LATE_S, MAX_DOWN_STEPS, START = 1 / 32, 0.002, 4, 0.5
+    STEP, LATE_S, MAX_DOWN_STEPS, START, PAUSE_S = 1 / 32, 0.002, 4, 0.5, 2.0
 
     def __init__(self, setting: float | str, idle: IdleCores | None = None, *,
                  training_cores_kept: bool = True) -> None:
@@ -42,17 +44,6 @@ class ShareControl:
     def check(setting: object) -> None:
         if not (setting == "auto" or (isinstance(setting, (int, float)) and 0 <= setting <= 1)):
             raise ValueError(f"cpu_share must be 'auto' or a fraction in [0, 1], got {setting!r}")
-
-    def restart(self) -> None:
-        """An iteration starts: the share stays what the last one learned, and the window starts now, so that
-        a pause since the last batch (a validation pass, a checkpoint, another loader's work on these cores)
-        does not count as this loader's workers crowding the cores or falling behind."""
-        if self._idle is None:
-            return
-        with self._lock:
-            self._takes = [0, 0]
-        self._batches = self._late = 0
-        self._idle.restart()
 
     def taken(self, waited: bool) -> None:
         """The training took a batch (its thread, ``Prefetcher``'s ``on_take``); ``waited``: none was ready."""
@@ -74,6 +65,9 @@ class ShareControl:
             return
         with self._lock:  # the window's takes, read and restarted at once
             (taken, waited), self._takes = self._takes, [0, 0]
+        if self._idle.window_s > self.PAUSE_S:  # a pause (validation, a checkpoint): says nothing of this work
+            self._batches = self._late = 0
+            return
         if self._training_cores_kept and taken and not waited:  # the loader is ahead: the CPU costs the GPU least
             self.value = min(1.0, self.value + self.STEP)
         elif idle < self.reserve:  # the workers crowd the cores the training process needs

@@ -16,7 +16,7 @@ import os
 import secrets
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from ..sources.manifest import PROGRESS
 from ..sources.urls import filesystem, is_url, scheme
@@ -32,6 +32,15 @@ def file_digest(f) -> tuple[int, str]:
         h.update(chunk)
         size += len(chunk)
     return size, h.hexdigest()
+
+
+class Locked:
+    """A local folder's hold: an ``flock``, which cannot be lost while this process lives."""
+
+    token = None
+
+    def check(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -58,16 +67,17 @@ class Destination:
         return f"{self.root}/{name}" if self.remote else os.path.join(self.root, name)
 
     @contextlib.contextmanager
-    def held(self, owner: dict[str, Any]) -> Iterator[Callable[[], None]]:
+    def held(self, owner: dict[str, Any]) -> Iterator["Lease | Locked"]:
         """Hold the destination for one conversion; a second writer is refused, naming the holder (the host,
         process and ``owner`` it recorded, ``HOLDER``). A local folder is held by an exclusive ``flock`` on it
         (made if missing), released however this process ends; a folder URL by a lease object
-        (``lease.Lease``). Yields a check to call before publishing more, which raises once a lease was lost."""
+        (``lease.Lease``). Yields the hold: its ``check()`` raises once a lease was lost, and its ``token``
+        (None for a lock) is what each shard's writer finds in the record before publishing."""
         if self.remote:
             lease = Lease(self, owner)
             lease.take()
             try:
-                yield lease.check
+                yield lease
             finally:
                 lease.release()
             return
@@ -82,7 +92,7 @@ class Destination:
                                  f"a time; wait for it to end, or stop it and run the same command again") from None
             os.makedirs(os.path.join(self.root, PROGRESS), exist_ok=True)
             self.write_json(HOLDER, holder_record(owner))
-            yield lambda: None  # a lock cannot be lost
+            yield Locked()
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.where(HOLDER))
@@ -162,8 +172,11 @@ class Destination:
             return None
 
     def read_json(self, name: str) -> Any:
-        """The JSON document ``name``, or None when it is missing or not JSON."""
+        """The JSON document ``name``, or None when it is missing or not JSON. A URL's is read in one request:
+        a file read in parts may change between them (the lease's record, renewed meanwhile)."""
         try:
+            if self.remote:
+                return json.loads(self._fs().cat_file(self.where(name)))
             with self._open(name) as f:
                 return json.loads(f.read())
         except (FileNotFoundError, ValueError):  # none yet, or not JSON: none to go by

@@ -114,10 +114,12 @@ class LocalEngine:
         yield from out
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._main.close()
-        self._alive.close()
-        if self._block is not None:
-            self._block.close()
-            self._block.unlink()
-            self._block = None
+        """Stop the workers and free what they shared, each step also when one before it fails."""
+        with contextlib.ExitStack() as steps:  # run in reverse: the pool first, the main script's spec last
+            steps.callback(self._main.close)
+            steps.callback(self._alive.close)
+            if self._block is not None:
+                block, self._block = self._block, None
+                steps.callback(block.unlink)
+                steps.callback(block.close)
+            self._pool.shutdown(wait=True, cancel_futures=True)

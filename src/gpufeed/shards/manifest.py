@@ -14,6 +14,7 @@ import collections
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..sources.urls import redact
 from ..sources.manifest import FORMAT_KEY, FORMAT_VERSION, MANIFEST, PLAN_RECORD, PROGRESS
 from .dest import TEMP_SUFFIX, Destination
 from .plan import Plan, differences, writer_versions
@@ -58,20 +59,20 @@ def destination_state(dest: Destination, plan: Plan) -> DestinationState:
     if manifest is not None:
         if not isinstance(manifest, dict) or manifest.get("fingerprint") != plan.fingerprint:
             what = differences(manifest.get("identity") if isinstance(manifest, dict) else None, plan.identity)
-            raise ValueError(f"{dest.root} holds the shards of another conversion (what differs: {what}): give an "
-                             "empty destination, or delete it first")
+            raise ValueError(f"{redact(dest.root)} holds the shards of another conversion (what differs: {what}): "
+                             "give an empty destination, or delete it first")
         if not changed_shards(dest, manifest, listing):  # every byte as the manifest's checksums say
             return DestinationState({}, manifest, stale)
         foreign = []  # a shard of it missing or changed: made again, the same bytes
     plan_doc = dest.read_json(PLAN_RECORD) if PLAN_RECORD in listing else None
     if plan_doc is not None and plan_doc.get("fingerprint") != plan.fingerprint:
         what = differences(plan_doc.get("identity"), plan.identity)
-        raise ValueError(f"{dest.root} holds an unfinished conversion of other inputs or options (what differs: "
-                         f"{what}): resume it with those, or give an empty destination, or delete it first")
+        raise ValueError(f"{redact(dest.root)} holds an unfinished conversion of other inputs or options (what "
+                         f"differs: {what}): resume it with those, or give an empty destination, or delete it first")
     if plan_doc is None:
         foreign = [n for n in foreign if n != MANIFEST]
         if foreign:
-            raise ValueError(f"{dest.root} is not empty (it holds {foreign[0]!r}): give an empty destination")
+            raise ValueError(f"{redact(dest.root)} is not empty (it holds {foreign[0]!r}): give an empty destination")
     return DestinationState(_done(dest, plan, listing), None, stale)
 
 

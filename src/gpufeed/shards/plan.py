@@ -24,7 +24,7 @@ from .prepare import RESAMPLE, Broken, Prepared
 from .writers import sample_bytes
 
 PROBE = 256
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: library versions left out of the identity
 
 
 def order_of(n: int, seed: int | None) -> np.ndarray:
@@ -114,8 +114,9 @@ _SAID = {"plan": "the plan's layout", "source": "the source", "inputs": "the num
 
 def differences(recorded: Any, ours: dict[str, Any]) -> str:
     """What differs between a recorded identity and ``ours``, in words: "max_side (320 there, 256 here)"."""
-    if not isinstance(recorded, dict):
-        return "its record predates this check"
+    if not isinstance(recorded, dict) or recorded.get("plan") != ours.get("plan"):
+        return ("it was written by an older gpufeed, which recorded its conversion otherwise: delete it and "
+                "convert again")
     said = []
     for k, v in ours.items():
         there = recorded.get(k)

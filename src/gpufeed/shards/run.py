@@ -49,35 +49,37 @@ def write_shards(source: "str | os.PathLike | list[str] | Source", dest: str | o
     shuffle = default_shuffle(src) if options.shuffle == "auto" else options.shuffle
     destination = Destination(str(dest), dict(storage_options or {}))
     preparer = Preparer(max_side=options.max_side, quality=options.quality, max_bytes=options.max_bytes)
-    with destination.held(owner={"source": described}) as still_held:  # one conversion per destination at a time
+    with destination.held(owner={"source": described}) as hold:  # one conversion per destination at a time
         engine = create_engine(options, src, preparer)
         try:
             plan = make_plan(src, options, shuffle, described, engine.probe)
-            return _convert(src, source, plan, destination, engine, options, described, progress, still_held)
+            return _convert(src, source, plan, destination, engine, options, described, progress, hold)
         finally:
             engine.close()
 
 
 def _convert(src, source, plan, destination: Destination, engine, options: ShardOptions, described: str,
-             progress: Callable[[int, int], None] | None, still_held: Callable[[], None]) -> dict[str, Any]:
-    """The plan's shards into a destination this process holds (``still_held`` raises once it does not):
+             progress: Callable[[int, int], None] | None, hold) -> dict[str, Any]:
+    """The plan's shards into a destination this process holds (``hold.check()`` raises once it does not):
     those not there yet, then the manifest."""
     state = destination_state(destination, plan)
     if state.manifest is not None:  # done already: nothing read or written again
         return state.manifest
+    hold.check()  # planning may have taken long
     destination.prepare()
     destination.remove(state.stale)
     destination.write_json(PLAN_RECORD, {"fingerprint": plan.fingerprint, "identity": plan.identity})
     classes = tuple(getattr(src, "classes", ()) or ())
-    job = ShardJob(plan, destination, classes, source if isinstance(source, str) else None, options.on_error)
+    job = ShardJob(plan, destination, classes, source if isinstance(source, str) else None, options.on_error,
+                   hold.token)
     records = dict(state.done)
     tell = _Progress(progress, len(plan.order), sum(r.inputs for r in records.values()))
     todo = [k for k in range(len(plan.names)) if k not in records]
     try:
         for record in engine.write(job, todo, tell):
             records[record.index] = record
-            still_held()
-        still_held()
+            hold.check()
+        hold.check()
         manifest = build_manifest(plan, [records[k] for k in sorted(records)], classes, described)
         destination.write_json(MANIFEST, manifest)
     except OSError as e:

@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 from ..sources.manifest import PROGRESS
 from .dest import Destination, file_digest
+from .lease import ensure_held
 from .plan import Plan
 from .prepare import Broken, Prepared
 from .writers import create_writer
@@ -77,6 +78,7 @@ class ShardJob:
     classes: tuple[str, ...]
     base: str | None  # the source's folder or URL: the Parquet ``path`` of a sample is relative to it
     on_error: str
+    holder: str | None = None  # a folder URL's lease token: found in the holder record before each publish
 
     def record_name(self, k: int) -> str:
         return f"{PROGRESS}/{self.plan.names[k]}.json"
@@ -113,6 +115,13 @@ def write_shard(job: ShardJob, k: int, samples: Iterator[Prepared | Broken]) -> 
     size, digest = _size_and_digest(temp) if count else (0, "")
     record = ShardRecord(k, name, size, digest, count, len(plan.positions(k)), resized,
                          dict(sorted(labels.items(), key=lambda kv: int(kv[0]))), list(writer.row_groups), broken)
+    if job.holder is not None:  # whichever process writes it: only while the conversion holds the destination
+        try:
+            ensure_held(job.dest, job.holder)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise
     # the record first: a shard that is there always has one, so a resumed conversion never writes it again
     job.dest.write_json(job.record_name(k), record.to_json(plan.fingerprint))
     if count:

@@ -26,6 +26,10 @@ from typing import Any
 
 from .records import ChunkDone, Progress
 
+_MAIN = threading.Lock()
+_MAIN_HELD: list = [0, None]  # (holders now, ``__main__.__spec__`` as the first of them found it)
+
+
 @contextlib.contextmanager
 def main_not_reimported(needed: bool = False):
     """Start processes without re-running the user's main script in them.
@@ -36,19 +40,26 @@ def main_not_reimported(needed: bool = False):
     __name__ == "__main__":`` guard, it means starting the conversion again in every child, which
     multiprocessing refuses. Workers need only gpufeed's modules and what they are sent, so while they
     start, ``__main__`` reports itself as a module named "__main__", which multiprocessing does not
-    re-import. ``needed``: something sent to the children is defined in the main script (a source class, a
-    recipe op run in the workers), so the import is kept.
+    re-import. Holders may overlap (two conversions in two threads): the last one out puts back what the
+    first one found. ``needed``: something sent to the children is defined in the main script (a source
+    class, a recipe op run in the workers), so the import is kept.
     """
     main = sys.modules.get("__main__")
     if main is None or needed:
         yield
         return
-    saved = main.__dict__.get("__spec__")
-    main.__spec__ = types.SimpleNamespace(name="__main__")
+    with _MAIN:
+        if _MAIN_HELD[0] == 0:
+            _MAIN_HELD[1] = main.__dict__.get("__spec__")
+            main.__spec__ = types.SimpleNamespace(name="__main__")
+        _MAIN_HELD[0] += 1
     try:
         yield
     finally:
-        main.__spec__ = saved
+        with _MAIN:
+            _MAIN_HELD[0] -= 1
+            if _MAIN_HELD[0] == 0:
+                main.__spec__ = _MAIN_HELD[1]
 
 
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
