@@ -60,3 +60,25 @@ def test_tar_errors_name_the_shard(tmp_path):
         tf.addfile(info, io.BytesIO(b"abc"))
     with pytest.raises(ValueError, match="nolabel.tar:x.jpg: no 'x.cls' member"):
         tar_source(tmp_path / "nolabel.tar")
+
+
+def test_links_devices_and_fifos_named_like_images_are_left_out_and_said(tmp_path):
+    """Only a tar's regular files are read: a symlink, hard link, device or FIFO member named like an image is
+    left out, and the warning says how many and names the first."""
+    from tests.corpus import jpeg
+
+    path = tmp_path / "shard.tar"
+    with tarfile.open(path, "w") as tf:
+        for name, data in (("a.jpg", jpeg(32, 24, seed=1)), ("a.cls", b"3")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        for name, kind in (("sym.jpg", tarfile.SYMTYPE), ("hard.jpg", tarfile.LNKTYPE), ("dev.jpg", tarfile.CHRTYPE),
+                           ("fifo.jpg", tarfile.FIFOTYPE)):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, "a.jpg"
+            tf.addfile(info)
+    with pytest.warns(UserWarning, match=r"4 members of .*shard\.tar' with image names are left out: .* only its "
+                                         r"regular files \(first: '.*shard\.tar:sym\.jpg'\)"):
+        src = tar_source(path)
+    assert len(src) == 1 and src.label(0) == 3

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tarfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -80,11 +81,14 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
         raise ValueError(f"no .tar shards in {str(path)!r}")
     images: list[tuple[int, int, int, str]] = []  # shard, offset, size, member name
     cls_of: dict[tuple[int, str], int | str] = {}  # a label, or why the .cls holds none
+    not_files: list[str] = []  # image names of links, devices, FIFOs: never read
     for s, shard in enumerate(shards):
         try:
             with tarfile.open(shard, "r:") as tf:
                 for m in tf:
                     if not m.isfile():
+                        if m.name.lower().endswith(extensions) and not m.isdir():
+                            not_files.append(f"{shard}:{m.name}")
                         continue
                     name = m.name
                     if name.lower().endswith(extensions):
@@ -94,6 +98,10 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
                                                                       f"{shard}:{name}")
         except tarfile.TarError as e:
             raise ValueError(f"cannot read tar shard {str(shard)!r}: {e}") from None
+    if not_files:
+        warnings.warn(f"{len(not_files)} members of {str(path)!r} with image names are left out: a tar's links, "
+                      f"devices and FIFOs are never read, only its regular files (first: {not_files[0]!r})",
+                      stacklevel=2)
     if not images:
         raise ValueError(f"no images with an extension in {extensions} in {str(path)!r}")
     folders = sorted({os.path.dirname(n) for _, _, _, n in images})
