@@ -37,13 +37,13 @@ def test_info_command_reports_backends(capsys):
 
 def test_bench_smoke_writes_table_json_and_chart(tmp_path, synth_root, capsys):
     """Every pipeline of the benchmark, tiny, so the benchmark cannot rot: each in a process of its own, its
-    epochs a warm-up, plain ones (the rate) and the memory epoch (PSS), the bench's overhead in the table."""
+    epochs a warm-up, plain ones (the rate) and the memory epoch (PSS), the bench's overhead in the JSON."""
     rc = main(["bench", "--data", str(synth_root), "--batch-size", "8", "--workers", "1", "--epochs", "3",
                "--device", "cpu", "--pipelines", "baseline,baseline+prefetch,gpufeed",
                "--json", str(tmp_path / "r.json"), "--chart", str(tmp_path / "r.png")])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "| baseline " in out and "| gpufeed " in out and "PSS added GB" in out and "bench overhead" in out
+    assert "| baseline " in out and "| baseline+prefetch " in out and "| gpufeed " in out and "PSS added GB" in out
     assert "5 batches an epoch" in out  # too few for a steady figure: said
     result = json.loads((tmp_path / "r.json").read_text())
     rows = {r["pipeline"]: r for r in result["rows"]}
@@ -207,18 +207,21 @@ def test_the_rate_comes_from_plain_epochs_and_the_overhead_and_unsteady_epochs_a
     before = {"rss": 5, "pss": 4, "gpu_used": None}
     steady = [epoch("warm-up", 50), epoch("plain", 100), epoch("monitored", 90), epoch("plain", 101),
               epoch("memory", 80)]
-    row = summarise("gpufeed", steady, None, 100, before)
+    row = summarise("gpufeed", steady, None, 100, before, workers=2, synthetic=True)
     assert row["images_per_s"] == 100.5 and row["monitored_images_per_s"] == 90
     assert row["bench_overhead"] == pytest.approx(100.5 / 90 - 1)
     assert row["added_rss_bytes"] == 15 and row["added_pss_bytes"] == 11 and row["cpu_cores_busy"] == 3.0
     assert row["warnings"] == ["the bench's monitors cost 11.7% (monitored epochs against plain ones, beyond the "
                                "plain epochs' own spread of 1.0%)"]
-    quiet = summarise("gpufeed", [*steady[:2], epoch("monitored", 100.2), *steady[3:]], None, 100, before)
+    quiet = summarise("gpufeed", [*steady[:2], epoch("monitored", 100.2), *steady[3:]], None, 100, before,
+                      workers=2, synthetic=True)
     assert quiet["warnings"] == []
     rising = summarise("gpufeed", [epoch("warm-up", 50), epoch("plain", 80), epoch("monitored", 90),
-                                   epoch("plain", 100), epoch("memory", 80)], None, 5, before)
-    assert rising["warnings"][0].startswith("5 batches an epoch")
-    assert rising["warnings"][1] == "plain epochs not steady (50, 80, 90, 100, 80 images/s, epoch by epoch)"
+                                   epoch("plain", 100), epoch("memory", 80)], None, 5, before, workers=2, synthetic=True)
+    assert rising["warnings"][0].startswith("5 batches an epoch") and "more images (--n)" in rising["warnings"][0]
+    assert rising["warnings"][1] == "plain epochs not steady: 80-100 images/s (min-max, 25% apart)"
+    theirs = summarise("gpufeed", steady, None, 5, before, workers=2, synthetic=False)  # the user's --data
+    assert "more images in --data" in theirs["warnings"][0] and "--n" not in theirs["warnings"][0]
 
 
 def test_bench_rejects_model_on_cpu(capsys):
@@ -277,7 +280,8 @@ def test_bench_under_torchrun_sums_the_ranks(tmp_path, synth_root):
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.count("gpufeed bench:") == 1  # one table, from rank 0
+    assert res.stdout.count("gpufeed bench,") == 1  # one table, from rank 0
+    assert res.stderr.count("gpufeed bench:") == 1 and res.stderr.count("[1/2] baseline: ") == 2  # said by rank 0
     result = json.loads((tmp_path / "r.json").read_text())
     from gpufeed.cores import usable_cores
 

@@ -37,27 +37,41 @@ def _start_ranks(cuda: bool) -> tuple[int, int, str | None]:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    import os
+
+    from .bench.data import check_data
+
+    storage_options = _storage_options(args.storage_options)
+    if args.data and "://" in args.data and os.environ.get("RANK", "0") == "0":  # torchrun's rank 0, or no torchrun
+        print(f"gpufeed bench: checking --data {_without_secrets(args.data, storage_options)} (listing it)",
+              file=sys.stderr, flush=True)
+    # before torch is imported: a wrong --data fails in a fraction of a second
+    data = check_data(args.data, storage_options) if args.data else None
     import torch
 
-    cuda = torch.cuda.is_available() and args.device != "cpu"
-    rank, local_ranks, rank_device = _start_ranks(cuda)
     try:
-        return _bench(args, cuda, rank, local_ranks, rank_device)
+        return _bench(args, storage_options, data)
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
 
-def _bench(args: argparse.Namespace, cuda: bool, rank: int, local_ranks: int, rank_device: str | None) -> int:
-    from .bench.report import format_table, write_chart, write_json
-    from .bench.run import BenchConfig, run_bench
+def _bench(args: argparse.Namespace, storage_options: dict | None, data) -> int:
+    """The bench after ``--data`` (``data``: its ``DataSummary``, None for the synthetic data) was checked."""
+    import torch
+
+    from .bench.chart import write_chart
+    from .bench.progress import Progress
+    from .bench.report import format_result, write_json
+    from .bench.run import BenchConfig, plan, run_bench, synthetic_root
     from .placement import default_num_workers
 
+    cuda = torch.cuda.is_available() and args.device != "cpu"
+    rank, local_ranks, rank_device = _start_ranks(cuda)
     device = rank_device or args.device or ("cuda" if cuda else "cpu")
     model = args.model if args.model != "none" else None
     if args.model is None:
         model = "resnet50" if device.startswith("cuda") else None
-    storage_options = _storage_options(args.storage_options)
     # the baseline (torchvision's ImageFolder) reads only local folders: by default URLs, shards and
     # Parquet files are measured with gpufeed alone
     pipelines = args.pipelines or ("baseline,gpufeed" if args.data is None or Path(args.data).is_dir() and not
@@ -68,18 +82,26 @@ def _bench(args: argparse.Namespace, cuda: bool, rank: int, local_ranks: int, ra
         pipelines=tuple(pipelines.split(",")), storage_options=storage_options, recipe=args.recipe,
         compile=args.compile,
     )
-    result = _without_secrets(run_bench(cfg), storage_options)
+    progress = Progress(quiet=rank != 0)  # rank 0 speaks for all
+    described = (f"{_without_secrets(args.data, storage_options)}: {data.describe()}" if data is not None else
+                 f"{cfg.n:,} synthetic ImageNet-like JPEGs (about 100 KB each) under {synthetic_root(cfg)}: made "
+                 "once, then reused from there")
+    for line in plan(cfg, described):
+        progress.say(line)
+    result = _without_secrets(run_bench(cfg, progress), storage_options)
     failed = [r for r in result["rows"] if r.get("error")]
     if rank != 0:  # rank 0 reports for all
         return 1 if failed else 0
-    table = format_table(result)
     if args.json:
         write_json(result, args.json)
     if args.chart:
-        write_chart(result, args.chart)
-    print(table)
+        if any(r.get("images_per_s") for r in result["rows"]):
+            write_chart(result, args.chart)
+        else:
+            progress.say(f"no chart written to {args.chart}: no row was measured")
+    print(format_result(result, args.format), flush=True)
     for r in failed:
-        print(f"\n{r['pipeline']}:\n{r['error']}", file=sys.stderr)
+        print(f"\n{r['name']} failed:\n{r['error']}", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -220,25 +242,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-_BENCH_EPILOG = """\
-columns:
-  images/s          median of the plain epochs: a training loop with nothing else in the process (epoch 1, the
-                    warm-up with the start-up, is not counted)
-  epoch 1 s         the warm-up epoch's seconds (workers starting, the first batches)
-  steady s          the plain epochs' median seconds
-  vs baseline       images/s over the usual DataLoader's
-  of ceiling        images/s over the model's own rate on tensors already on the GPU, measured in this run
-  GPU busy          NVML utilisation, read every 50 ms in the monitored epochs by a sampler process
-  CPU cores busy    CPU seconds of the process tree over the epoch's wall time (cores kept busy)
-  host RSS GB       the tree's peak RSS (shared pages counted once per process)
-  RSS / PSS added   what the pipeline added since before its loader was made; PSS splits shared pages among
-                    their processes and is read once, halfway through an extra epoch that counts for nothing else
-  GPU mem added GB  NVML's "used" peak over the epochs, less what was used before the loader was made
-  bench overhead    how much slower the monitored epochs ran than the plain ones (warned above 1%%)
+def _bench_epilog() -> str:
+    from .bench.report import columns_help
 
-Each pipeline runs in a fresh process. Under torchrun (torchrun --nproc_per_node=N -m gpufeed bench ...) every
-rank trains with DDP, pipelines run one after another in each rank's process, and images/s are summed over the
-ranks.
+    return columns_help() + """
+
+While it runs, the bench says what it does on standard error (the plan first, then each step); the table, CSV
+or JSON go to standard output. Each pipeline runs in a fresh process. Under torchrun (torchrun
+--nproc_per_node=N -m gpufeed bench ...) every rank trains with DDP, pipelines run one after another in each
+rank's process, and images/s are summed over the ranks.
 """
 
 
@@ -260,10 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same files")
     s.set_defaults(fn=_cmd_synth)
 
+    from .bench.report import FORMATS  # light: no torch
+
     b = sub.add_parser("bench", help="the usual DataLoader against gpufeed, in one run and one table",
                        description="Time the usual torchvision DataLoader and gpufeed on the same data, loader only "
                                    "or training a model, and print one table.",
-                       epilog=_BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=_bench_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--data", help="an ImageFolder-layout folder, tar shards, Parquet files, or a URL of shards or "
                                   "Parquet files (s3://, gs://, az://, https://...{000..099}.tar); default: a cached "
                                   "synthetic dataset under ~/.cache/gpufeed")
@@ -290,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
                    ".py file defining `transform` and optionally `batch_transform` (default: standard)")
     b.add_argument("--compile", action="store_true", help="train the model through torch.compile (its own rate "
                    "too), to see what share of a compiled model's rate the loader keeps")
+    b.add_argument("--format", choices=FORMATS, default="markdown",
+                   help="what goes to standard output: markdown (a table that fits 100 columns), csv (every "
+                        "figure, one row per pipeline) or json (everything, epoch by epoch) (default: markdown)")
     b.add_argument("--json", help="write all numbers, epoch by epoch, to this JSON file")
     b.add_argument("--chart", help="write a PNG bar chart to this file")
     b.set_defaults(fn=_cmd_bench)

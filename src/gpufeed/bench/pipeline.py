@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
 from typing import Any, Callable, Iterable
 
@@ -28,19 +27,26 @@ from ..loader import ImageLoader
 from ..transfer import prefetch
 from .baseline import create_baseline_loader
 from .monitor import Monitor, Reading
-from .ranks import over_ranks, together
+from .progress import EpochBar, EpochReport, Progress
+from .ranks import over_ranks, ranks, together
 from .recipes import BenchRecipe
 from .train import TrainStep, ceiling_rate, resident_batch
 
-# gpufeed: decode where ImageLoader's "auto" puts it; -cpu / -gpu force the CPU workers / a GPU decoder
-# (with the workers decoding the share of each batch that cpu_share="auto" settles on); -gpu-only: the GPU
-# decoders alone (cpu_share=0, apart from files they refuse).
 PIPELINES = ("baseline", "baseline+prefetch", "gpufeed", "gpufeed-cpu", "gpufeed-gpu", "gpufeed-gpu-only")
+# What each pipeline is, before it runs (after, gpufeed's rows say what ran: ``describe``).
+PLANNED = {
+    "gpufeed": "decode where ImageLoader's 'auto' puts it",
+    "gpufeed-cpu": "decode in the CPU workers",
+    "gpufeed-gpu": "a GPU decoder, the CPU workers taking the share of each batch cpu_share='auto' settles on",
+    "gpufeed-gpu-only": "the GPU decoders alone (cpu_share=0, apart from files they refuse)",
+}
 _DECODE = {"gpufeed": "auto", "gpufeed-cpu": "cpu", "gpufeed-gpu": "gpu", "gpufeed-gpu-only": "gpu"}
+
+CEILING = "the model training on one batch already on the GPU: its own rate"
 
 # Fewer batches an epoch than this, and the start of each epoch and its end weigh in its rate.
 FEW_BATCHES = 20
-# Plain epochs further apart than this are not a steady rate: the table says so and gives the curve.
+# Plain epochs further apart than this are not a steady rate: the table says so and gives their spread.
 UNSTEADY = 0.05
 # Monitored epochs slower than plain ones by more than this (and than the plain epochs' own spread): the table
 # says the monitors cost that much.
@@ -70,28 +76,6 @@ def make_loader(name: str, root: str, cfg: Any, device: torch.device, recipe: Be
     return loader
 
 
-class _Bar:
-    """A progress bar per pipeline, moved only between epochs (so that no timed epoch runs its code);
-    off when standard error is not a terminal, or without tqdm."""
-
-    def __init__(self, name: str, total: int) -> None:
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            self._bar = None
-            return
-        self._bar = tqdm(total=total, desc=name, unit="epoch", leave=False, file=sys.stderr, disable=None)
-
-    def step(self, text: str) -> None:
-        if self._bar is not None:
-            self._bar.set_postfix_str(text, refresh=False)
-            self._bar.update(1)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
 def _epoch(loader: Iterable, step: TrainStep | None, device: torch.device, mix: Callable | None,
            pss_at: int | None, monitor: Monitor) -> tuple[int, float]:
     """One epoch as a training loop runs it: (images, seconds), the device synchronised at its end. Loader
@@ -119,8 +103,9 @@ def _set_epoch(loader: Iterable, epoch: int) -> None:
 
 
 def run_pipeline(name: str, root: str, cfg: Any, device: torch.device, step: TrainStep | None, monitor: Monitor,
-                 recipe: BenchRecipe | None = None) -> dict[str, Any]:
-    """Every epoch of pipeline ``name``; returns its row (see ``summarise``)."""
+                 recipe: BenchRecipe | None = None, report: EpochReport | None = None) -> dict[str, Any]:
+    """Every epoch of pipeline ``name``, each reported to ``report`` as it ends (None: a bar or lines on
+    standard error, from rank 0); returns its row (see ``summarise``)."""
     if device.type == "cuda":
         torch.zeros(1, device=device)  # the CUDA context is this process's, not the loader's
         if step is not None:  # the training's own memory (weights, activations, optimiser state) too
@@ -132,7 +117,9 @@ def run_pipeline(name: str, root: str, cfg: Any, device: torch.device, step: Tra
     # the baseline's batch transform on the device, as its script would call it (gpufeed's runs in the loader)
     mix = recipe.batch_transform if recipe is not None and name.startswith("baseline") else None
     kinds = epoch_kinds(cfg.epochs)
-    bar, epochs, readings = _Bar(name, len(kinds)), [], []
+    bar = EpochBar(name, kinds, Progress(quiet=ranks()[0] != 0)) if report is None else None
+    report = report or bar
+    epochs, readings = [], []
     try:
         for index, kind in enumerate(kinds):
             _set_epoch(loader, index)
@@ -144,17 +131,18 @@ def run_pipeline(name: str, root: str, cfg: Any, device: torch.device, step: Tra
             readings.append(monitor.stop() if kind != "plain" else None)  # read once the epochs are over
             epochs.append({"kind": kind, "seconds": seconds, "images": int(over_ranks(n, device)),
                            "images_per_s": over_ranks(n / seconds, device), "cpu_share": _cpu_share(loader)})
-            bar.step(f"{epochs[-1]['images_per_s']:,.0f} images/s")
+            report.ended(seconds, epochs[-1]["images_per_s"])
         stats = getattr(loader, "stats", None)
         batches = len(loader)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         close = getattr(loader, "close", None)
         if close:
             close()
     for epoch, pending in zip(epochs, readings):
         epoch.update((pending.get() if pending is not None else Reading()).__dict__)
-    return summarise(name, epochs, stats, batches, before)
+    return summarise(name, epochs, stats, batches, before, workers=cfg.workers, synthetic=cfg.data is None)
 
 
 def _cpu_share(loader: Iterable) -> float | None:
@@ -163,17 +151,27 @@ def _cpu_share(loader: Iterable) -> float | None:
     return stats["cpu_share"] if stats is not None and stats["decode_backend"] != "cpu" else None
 
 
-def _label(name: str, stats: dict[str, Any] | None) -> str:
-    """The row's name: the pipeline, and for gpufeed what ran (decoder, CPU share, worker CPUs, ops)."""
+def describe(name: str, stats: dict[str, Any] | None, workers: int) -> str:
+    """What ran as pipeline ``name``: the baseline's loader, or for gpufeed its decoder, CPU share, worker
+    CPUs and ops (from its ``stats``)."""
+    if name.startswith("baseline"):
+        text = f"torchvision ImageFolder + DataLoader ({workers} worker{'s' if workers != 1 else ''})"
+        return text + ", batches through gpufeed.prefetch" if name == "baseline+prefetch" else text
     if stats is None:
-        return name
+        return PLANNED[name]
     share = "" if stats["decode_backend"] == "cpu" else f", CPU share {stats['cpu_share']:.2f}"
     if stats.get("worker_cpus"):
         share += f", workers on CPUs {cpu_ranges(set(stats['worker_cpus']))}"
     ops = stats.get("auto_augment_ops")
     if ops:
         share += ", auto-augment ops in " + ("Triton" if ops.startswith("two Triton") else "PyTorch passes")
-    return f"{name} ({stats['decode_backend']} decode{share})"
+    return f"{stats['decode_backend']} decode{share}"
+
+
+def _few_batches(batches: int, synthetic: bool) -> str:
+    more = "more images (--n)" if synthetic else "more images in --data"
+    return (f"{batches} batches an epoch: the start and end of each epoch weigh in, so its rate and the ratios "
+            f"are not steady figures (use {more}, or a smaller --batch-size)")
 
 
 def _median(values: list[float]) -> float | None:
@@ -187,10 +185,12 @@ def _added(peaks: list[int | None], before: int | None) -> int | None:
 
 
 def summarise(name: str, epochs: list[dict[str, Any]], stats: dict[str, Any] | None, batches: int,
-              before: dict[str, Any]) -> dict[str, Any]:
+              before: dict[str, Any], *, workers: int, synthetic: bool) -> dict[str, Any]:
     """A pipeline's row: images/s (median of the plain epochs), the monitored epochs' rate and readings, the
     bench's overhead (plain over monitored, less one), what memory the pipeline added since before its loader
-    was made (``before``: ``Monitor.now``; PSS from the memory epoch), and warnings."""
+    was made (``before``: ``Monitor.now``; PSS from the memory epoch), and warnings (their advice for the
+    bench's synthetic data or the user's, ``synthetic``). ``pipeline``: the name and, for gpufeed, what ran;
+    ``detail``: what ran (``describe``)."""
     plain = [e["images_per_s"] for e in epochs if e["kind"] == "plain"]
     watched = [e for e in epochs if e["kind"] == "monitored"] or [e for e in epochs if e["kind"] == "memory"]
     rate, watched_rate = _median(plain), _median([e["images_per_s"] for e in watched])
@@ -198,17 +198,19 @@ def summarise(name: str, epochs: list[dict[str, Any]], stats: dict[str, Any] | N
     spread = (max(plain) / min(plain) - 1) if len(plain) > 1 else None
     warnings = []
     if batches < FEW_BATCHES:
-        warnings.append(f"{batches} batches an epoch: the start and end of each epoch weigh in, so its rate and "
-                        f"the ratios are not steady figures (use more images, or --n)")
+        warnings.append(_few_batches(batches, synthetic))
     if spread is not None and spread > UNSTEADY:
-        warnings.append("plain epochs not steady (" + ", ".join(f"{e['images_per_s']:,.0f}" for e in epochs)
-                        + " images/s, epoch by epoch)")
+        warnings.append(f"plain epochs not steady: {min(plain):,.0f}-{max(plain):,.0f} images/s (min-max, "
+                        f"{100 * spread:.0f}% apart)")
     if overhead is not None and overhead > max(OVERHEAD_WARNING, spread or 0.0):
         warnings.append(f"the bench's monitors cost {100 * overhead:.1f}% (monitored epochs against plain ones, "
                         f"beyond the plain epochs' own spread of {100 * (spread or 0.0):.1f}%)")
     rss_peaks = [e["rss_peak"] for e in epochs if e["rss_peak"] is not None]
+    detail = describe(name, stats, workers)
     return {
-        "pipeline": _label(name, stats),
+        "name": name,
+        "pipeline": name if stats is None else f"{name} ({detail})",
+        "detail": detail,
         "loader_stats": stats,
         "epochs": epochs,
         "images_per_s": rate,
@@ -233,5 +235,6 @@ def ceiling_row(step: TrainStep, batch_size: int, device: torch.device, monitor:
     monitor.start()
     rate = ceiling_rate(step, batch_size, device)
     reading = monitor.stop().get()
-    return {"pipeline": "GPU-resident tensors (ceiling)", "images_per_s": rate, "gpu_busy": reading.gpu_busy,
-            "cpu_cores_busy": reading.cores_busy, "epochs": [], "warnings": []}
+    return {"name": "ceiling", "pipeline": "GPU-resident tensors (ceiling)", "detail": CEILING,
+            "images_per_s": rate, "gpu_busy": reading.gpu_busy, "cpu_cores_busy": reading.cores_busy, "epochs": [],
+            "warnings": []}

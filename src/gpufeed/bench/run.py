@@ -31,7 +31,9 @@ import torch
 from ..cores import usable_cores
 from ..synth import create_synthetic_dataset
 from .monitor import Monitor
-from .pipeline import PIPELINES, ceiling_row, run_pipeline
+from .pipeline import CEILING, PIPELINES, ceiling_row, describe, epoch_kinds, run_pipeline
+from .progress import EpochBar, EpochReport, Progress, follow
+from .report import epochs_text, row_outcome, settings, wrap
 from .ranks import ranks, together
 from .recipes import load_recipe
 from .train import make_train_step
@@ -73,12 +75,23 @@ class BenchConfig:
             raise ValueError("--compile needs --model (it compiles the model that trains)")
 
 
-def dataset_root(cfg: BenchConfig) -> str:
+def synthetic_root(cfg: BenchConfig) -> Path:
+    """Where the synthetic data set of ``cfg.n`` images is made and cached."""
+    return Path(cfg.cache_dir) / f"synth-{cfg.n}-seed0"
+
+
+def dataset_root(cfg: BenchConfig, progress: Progress) -> str:
+    """``cfg.data``, or the synthetic data set, made (by rank 0) unless an earlier run cached it."""
     if cfg.data:
         return cfg.data
-    root = Path(cfg.cache_dir) / f"synth-{cfg.n}-seed0"
+    root = synthetic_root(cfg)
     if ranks()[0] == 0:
-        create_synthetic_dataset(root, n=cfg.n, seed=0)
+        t0 = time.perf_counter()
+        with progress.making(root, cfg.n) as count:
+            create_synthetic_dataset(root, n=cfg.n, seed=0)
+        made = count.written()
+        progress.say(f"synthetic data: made {made:,} JPEGs in {time.perf_counter() - t0:.0f} s; cached for the next run"
+                     if made else "synthetic data: reused, as cached by an earlier run")
     together()
     return str(root)
 
@@ -90,9 +103,10 @@ def _device(cfg: BenchConfig) -> torch.device:
     return device
 
 
-def measure(what: str, cfg: BenchConfig, root: str) -> dict[str, Any]:
-    """In this process: the ceiling (``what`` "ceiling") or pipeline ``what``'s row; a failure becomes a row
-    that says so (under DDP it raises: the other ranks would wait in its collectives)."""
+def measure(what: str, cfg: BenchConfig, root: str, report: EpochReport | None = None) -> dict[str, Any]:
+    """In this process: the ceiling (``what`` "ceiling") or pipeline ``what``'s row, its epochs reported to
+    ``report`` (``run_pipeline``); a failure becomes a row that says so (under DDP it raises: the other ranks
+    would wait in its collectives)."""
     device = _device(cfg)
     with Monitor(device.index if device.type == "cuda" else None) as monitor:
         try:
@@ -101,7 +115,7 @@ def measure(what: str, cfg: BenchConfig, root: str) -> dict[str, Any]:
                 row = ceiling_row(step, cfg.batch_size, device, monitor)
             else:
                 recipe = load_recipe(cfg.recipe) if cfg.recipe else None
-                row = run_pipeline(what, root, cfg, device, step, monitor, recipe)
+                row = run_pipeline(what, root, cfg, device, step, monitor, recipe, report)
         except Exception as e:  # one pipeline failing must not lose the others' numbers
             if ranks()[1] > 1:
                 raise
@@ -111,20 +125,49 @@ def measure(what: str, cfg: BenchConfig, root: str) -> dict[str, Any]:
 
 
 def _failed(what: str, why: str, detail: str) -> dict[str, Any]:
-    return {"pipeline": f"{what} (FAILED: {why})", "images_per_s": None, "error": detail, "epochs": [], "warnings": []}
+    return {"name": what, "pipeline": f"{what} (FAILED: {why})", "failure": why, "images_per_s": None,
+            "error": detail, "epochs": [], "warnings": []}
 
 
-def _in_child(what: str, cfg: BenchConfig, root: str) -> dict[str, Any]:
-    """``measure(what, ...)`` in a fresh Python process (``bench.child``), which has exited on return."""
+def _step_bar(what: str, cfg: BenchConfig, progress: Progress) -> EpochBar:
+    return EpochBar("model alone" if what == "ceiling" else what, [] if what == "ceiling" else epoch_kinds(cfg.epochs),
+                    progress)
+
+
+def _here(what: str, cfg: BenchConfig, root: str, progress: Progress) -> dict[str, Any]:
+    """``measure(what, ...)`` in this process (each rank's, under torchrun), its epochs shown as they end."""
+    bar = _step_bar(what, cfg, progress)
+    try:
+        return measure(what, cfg, root, bar)
+    finally:
+        bar.close()
+
+
+def _in_child(what: str, cfg: BenchConfig, root: str, progress: Progress) -> dict[str, Any]:
+    """``measure(what, ...)`` in a fresh Python process (``bench.child``), which has exited on return; its
+    epochs shown here as it reports them (``progress.follow``)."""
     with tempfile.TemporaryDirectory(prefix="gpufeed-bench-") as tmp:
         out = Path(tmp) / "row.json"
-        request = json.dumps({"what": what, "config": asdict(cfg), "root": root, "out": str(out)})
+        read_end, write_end = os.pipe()
+        request = json.dumps({"what": what, "config": asdict(cfg), "root": root, "out": str(out),
+                              "progress_fd": write_end})
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        bar = _step_bar(what, cfg, progress)
         try:
-            proc = subprocess.run([sys.executable, "-m", "gpufeed.bench.child"], input=request, text=True, env=env,
-                                  timeout=CHILD_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            return _failed(what, f"no result within {CHILD_TIMEOUT_S:.0f} s", "the child process was stopped")
+            try:
+                proc = subprocess.Popen([sys.executable, "-m", "gpufeed.bench.child"], stdin=subprocess.PIPE,
+                                        text=True, env=env, pass_fds=(write_end,))
+            finally:
+                os.close(write_end)  # the child's copy alone: the pipe ends when the child is done with it
+            with proc:
+                proc.stdin.write(request)
+                proc.stdin.close()
+                if not follow(proc, read_end, bar, time.monotonic() + CHILD_TIMEOUT_S):
+                    proc.kill()
+                    return _failed(what, f"no result within {CHILD_TIMEOUT_S:.0f} s", "the child process was stopped")
+        finally:
+            bar.close()
+            os.close(read_end)
         if not out.exists():
             return _failed(what, f"its process exited with status {proc.returncode}", "see the output above")
         return json.loads(out.read_text())
@@ -140,14 +183,42 @@ def machine_description() -> dict[str, Any]:
     return desc
 
 
-def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+def steps(cfg: BenchConfig) -> list[str]:
+    """What runs, in order: the model alone (its own rate, with a model), then each pipeline."""
+    return (["ceiling"] if cfg.model else []) + list(cfg.pipelines)
+
+
+def plan(cfg: BenchConfig, data: str) -> list[str]:
+    """The lines said before anything runs: the machine, the steps, each pipeline's epochs and settings, and
+    ``data`` (what the data set is)."""
+    from .. import __version__
+
+    m = machine_description()
+    kinds = epoch_kinds(cfg.epochs)
+    gpu = f"GPU {m['gpu']}" + (" (not used: --device cpu)" if cfg.device == "cpu" else "") if m["gpu"] else "no GPU"
+    names = ["model alone" if w == "ceiling" else w for w in steps(cfg)]
+    where = ("each in a fresh process" if ranks()[1] == 1 else f"in each of {ranks()[1]} ranks' processes")
+    return [*wrap(f"gpufeed bench: {m['cpu_cores']} CPU cores, {gpu}; torch {m['torch']}, gpufeed {__version__}"),
+            *wrap(f"runs: {', '.join(names)}; one after another, {where}", "  "),
+            *wrap(f"each: {epochs_text(kinds)}, {settings(asdict(cfg))}", "  "),
+            *wrap(f"data: {data}", "  ")]
+
+
+def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, Any]:
     """The ceiling (with a model) and every pipeline in ``cfg``, each in a fresh process (in this one, one
-    after another, under torchrun); returns the results as plain data (what --json writes)."""
+    after another, under torchrun), saying each step to ``progress`` (None: nothing said); returns the
+    results as plain data (what --json writes)."""
+    progress = progress or Progress(quiet=True)
     if cfg.recipe:
         load_recipe(cfg.recipe)  # a recipe that cannot be read fails here, before any process starts
-    root = dataset_root(cfg)
-    run = measure if ranks()[1] > 1 else _in_child
-    rows = ([run("ceiling", cfg, root)] if cfg.model else []) + [run(name, cfg, root) for name in cfg.pipelines]
+    root = dataset_root(cfg, progress)
+    run = _here if ranks()[1] > 1 else _in_child
+    rows, whats = [], steps(cfg)
+    for i, what in enumerate(whats, 1):
+        progress.say(f"[{i}/{len(whats)}] {'model alone' if what == 'ceiling' else what}: "
+                     f"{CEILING if what == 'ceiling' else describe(what, None, cfg.workers)}")
+        rows.append(run(what, cfg, root, progress))
+        progress.say(f"[{i}/{len(whats)}] {row_outcome(rows[-1])}")
     ceiling = rows[0]["images_per_s"] if cfg.model else None
     base = next((r["images_per_s"] for r in rows if r["pipeline"] == "baseline"), None)
     for r in rows:
@@ -163,5 +234,6 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "dataset": root,
         "nvml": nvml if nvml is not None else "not read",
         "isolated": run is _in_child,
+        "epoch_kinds": epoch_kinds(cfg.epochs),
         "rows": rows,
     }

@@ -1,0 +1,206 @@
+"""What `gpufeed bench` says while it runs, on standard error: a tqdm bar where standard error is a terminal,
+one line per step otherwise (a log, a CI job). The table, CSV or JSON go to standard output alone.
+
+Nothing here runs in a measured process's timed epoch: a child process that measures a pipeline writes a
+line to a pipe between its epochs (``EpochPipe``), and the bench's own process shows it (``follow``); the
+file count of the synthetic data set is read while no pipeline runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Protocol, TextIO
+
+# The longest a non-terminal run goes without a line while the synthetic data set is made.
+QUIET_S = 10.0
+
+
+def _tqdm(**kwargs):
+    """A tqdm bar on standard error, or None where tqdm is missing or standard error is not a terminal."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    bar = tqdm(file=sys.stderr, disable=None, **kwargs)
+    if bar.disable:
+        bar.close()
+        return None
+    return bar
+
+
+class Progress:
+    """The bench's running commentary: ``say`` a line, flushed at once; ``quiet`` (the ranks other than 0
+    under torchrun) says nothing."""
+
+    def __init__(self, *, quiet: bool = False, stream: TextIO | None = None) -> None:
+        self.quiet = quiet
+        self._stream = stream
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            stream = self._stream or sys.stderr  # read when used: pytest's capsys swaps it after construction
+            print(text, file=stream, flush=True)
+
+    def making(self, root: Path, n: int) -> "FileCount":
+        """A context that shows how many of the ``n`` synthetic JPEGs have been written under ``root``."""
+        return FileCount(self, root, n)
+
+
+class FileCount:
+    """Counts the files written under ``root`` since it began (a thread of the bench's own process, while no
+    pipeline runs): a bar moved every second on a terminal, else a line every ``QUIET_S`` seconds."""
+
+    def __init__(self, progress: Progress, root: Path, n: int) -> None:
+        self._progress, self._root, self._n = progress, root, n
+        self._done = threading.Event()
+        self._since = time.time() - 1.0  # a file system that keeps whole seconds still counts the first files
+        self._bar = None if progress.quiet else _tqdm(total=n, desc="synthetic data", unit="img", leave=False)
+        self._thread = threading.Thread(target=self._watch, name="gpufeed-bench-synth-count", daemon=True)
+
+    def written(self) -> int:
+        """The JPEGs written under the folder since this count began."""
+        count = 0
+        try:
+            classes = list(os.scandir(self._root))
+        except OSError:  # not made yet
+            return 0
+        for folder in classes:
+            if not folder.is_dir():
+                continue
+            try:
+                count += sum(1 for f in os.scandir(folder.path) if f.stat().st_mtime >= self._since)
+            except OSError:  # a file replaced while listed: counted at the next look
+                continue
+        return count
+
+    def _watch(self) -> None:
+        interval = 1.0 if self._bar is not None else QUIET_S
+        while not self._done.wait(interval):
+            written = self.written()
+            if self._bar is not None:
+                self._bar.update(written - self._bar.n)
+            else:
+                self._progress.say(f"  synthetic data: {written:,} of {self._n:,} JPEGs written")
+
+    def __enter__(self) -> "FileCount":
+        if not self._progress.quiet:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=QUIET_S + 5.0)
+        if self._bar is not None:
+            self._bar.close()
+
+
+class EpochReport(Protocol):
+    """Where a pipeline's epochs are reported as each ends; called between epochs only, so that no timed
+    epoch runs its code."""
+
+    def ended(self, seconds: float, images_per_s: float) -> None: ...
+
+
+class EpochBar:
+    """A step's epochs shown as they end: a tqdm bar on a terminal, else one line per epoch; ``running``
+    says the step is still at work (the bar's clock moves, or a line) when an epoch is long."""
+
+    def __init__(self, name: str, kinds: list[str], progress: Progress) -> None:
+        self._name, self._kinds, self._progress, self._done = name, kinds, progress, 0
+        self._since = time.monotonic()  # when the epoch under way began
+        self._bar = None if progress.quiet else _tqdm(total=len(kinds) or None, desc=name, unit="epoch", leave=False)
+
+    @property
+    def live(self) -> bool:
+        """Whether a bar on a terminal shows the step (else lines do)."""
+        return self._bar is not None
+
+    def ended(self, seconds: float, images_per_s: float) -> None:
+        kind = self._kinds[self._done]
+        self._done += 1
+        self._since = time.monotonic()
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{images_per_s:,.0f} images/s", refresh=False)
+            self._bar.update(1)
+        else:
+            self._progress.say(f"  {self._name} epoch {self._done}/{len(self._kinds)} ({kind}): {seconds:.1f} s, "
+                               f"{images_per_s:,.0f} images/s")
+
+    def running(self) -> None:
+        if self._bar is not None:
+            self._bar.refresh()
+            return
+        seconds = time.monotonic() - self._since
+        if not self._kinds:
+            text = f"running, {seconds:.0f} s so far"
+        elif self._done < len(self._kinds):
+            epoch = f"epoch {self._done + 1}/{len(self._kinds)} ({self._kinds[self._done]})"
+            text = f"{epoch} running, {seconds:.0f} s so far"
+        else:
+            text = f"all epochs done; ending (readings, the loader closing), {seconds:.0f} s since the last"
+        self._progress.say(f"  {self._name}: {text}")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+class EpochPipe:
+    """A child process's epochs, one JSON line each, written to the pipe its parent reads (``follow``): the
+    parent shows them, so that the measured process runs no display code."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def ended(self, seconds: float, images_per_s: float) -> None:
+        os.write(self._fd, json.dumps([seconds, images_per_s]).encode() + b"\n")
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def follow(proc: subprocess.Popen, fd: int, bar: EpochBar, deadline: float) -> bool:
+    """Show on ``bar`` the epochs the child ``proc`` reports on ``fd`` (``EpochPipe``), and that it is still
+    at work when ``QUIET_S`` seconds pass without a line (every second, a terminal's bar), until ``proc``
+    exits (True) or ``deadline`` (``time.monotonic``) passes (False, ``proc`` still running)."""
+    buffer, said, reading = b"", time.monotonic(), True
+    while proc.poll() is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        wait = min(left, 1.0 if bar.live else QUIET_S)
+        if reading:
+            ready = bool(select.select([fd], [], [], wait)[0])
+        else:  # past the pipe's end (every writer closed it) the child is exiting: only its exit is awaited
+            time.sleep(wait)
+            ready = False
+        if ready:
+            chunk = os.read(fd, 1 << 12)
+            reading = bool(chunk)
+            buffer = _show(buffer + chunk, bar)
+            said = time.monotonic()
+        elif bar.live or time.monotonic() - said >= QUIET_S:
+            bar.running()
+            said = time.monotonic()
+    while reading and select.select([fd], [], [], 0)[0]:  # what it wrote before it exited
+        chunk = os.read(fd, 1 << 12)
+        reading = bool(chunk)
+        buffer = _show(buffer + chunk, bar)
+    return True
+
+
+def _show(buffer: bytes, bar: EpochBar) -> bytes:
+    """Each whole line of ``buffer`` shown on ``bar``; the rest, a line not yet ended."""
+    *lines, rest = buffer.split(b"\n")
+    for line in lines:
+        seconds, images_per_s = json.loads(line)
+        bar.ended(seconds, images_per_s)
+    return rest
