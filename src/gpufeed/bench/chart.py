@@ -5,13 +5,12 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from .report import plain_rates
+from .report import plain_rates, step_name
 
 
 def _label(row: dict[str, Any]) -> str:
     """The row's name and what ran (the baseline: torchvision ImageFolder + DataLoader and its workers)."""
-    name = "model alone" if row["name"] == "ceiling" else row["name"]
-    return "\n".join(textwrap.wrap(f"{name}: {row.get('detail') or row['pipeline']}", 40))
+    return "\n".join(textwrap.wrap(f"{step_name(row['name'])}: {row.get('detail') or row['pipeline']}", 40))
 
 
 def draw(result: dict[str, Any]):

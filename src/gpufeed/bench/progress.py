@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Protocol, TextIO
 
-# The longest a non-terminal run goes without a line while the synthetic data set is made.
+# The longest the bench goes without a line when standard error is not a terminal (a terminal's bar moves
+# every second): under the ~15 s after which a silent command reads as hung.
 QUIET_S = 10.0
 
 
@@ -48,40 +49,43 @@ class Progress:
             stream = self._stream or sys.stderr  # read when used: pytest's capsys swaps it after construction
             print(text, file=stream, flush=True)
 
-    def making(self, root: Path, n: int) -> "FileCount":
+    def making(self, root: Path, n: int, quiet_s: float = QUIET_S) -> "FileCount":
         """A context that shows how many of the ``n`` synthetic JPEGs have been written under ``root``."""
-        return FileCount(self, root, n)
+        return FileCount(self, root, n, quiet_s)
 
 
 class FileCount:
-    """Counts the files written under ``root`` since it began (a thread of the bench's own process, while no
-    pipeline runs): a bar moved every second on a terminal, else a line every ``QUIET_S`` seconds."""
+    """Counts the files written under ``root`` since it began, new or rewritten (a thread of the bench's own
+    process, while no pipeline runs): a bar moved every second on a terminal, else a line every ``quiet_s``
+    seconds."""
 
-    def __init__(self, progress: Progress, root: Path, n: int) -> None:
-        self._progress, self._root, self._n = progress, root, n
+    def __init__(self, progress: Progress, root: Path, n: int, quiet_s: float = QUIET_S) -> None:
+        self._progress, self._root, self._n, self._quiet_s = progress, root, n, quiet_s
         self._done = threading.Event()
-        self._since = time.time() - 1.0  # a file system that keeps whole seconds still counts the first files
+        self._before = self._stamps()  # a file whose stamp is not this one's was written since
         self._bar = None if progress.quiet else _tqdm(total=n, desc="synthetic data", unit="img", leave=False)
         self._thread = threading.Thread(target=self._watch, name="gpufeed-bench-synth-count", daemon=True)
 
-    def written(self) -> int:
-        """The JPEGs written under the folder since this count began."""
-        count = 0
+    def _stamps(self) -> dict[str, int]:
+        """Each file in the class folders under the root -> its modification time (ns)."""
+        stamps: dict[str, int] = {}
         try:
-            classes = list(os.scandir(self._root))
+            classes = [e for e in os.scandir(self._root) if e.is_dir()]
         except OSError:  # not made yet
-            return 0
+            return stamps
         for folder in classes:
-            if not folder.is_dir():
-                continue
             try:
-                count += sum(1 for f in os.scandir(folder.path) if f.stat().st_mtime >= self._since)
-            except OSError:  # a file replaced while listed: counted at the next look
+                stamps.update((f.path, f.stat().st_mtime_ns) for f in os.scandir(folder.path))
+            except OSError:  # a file replaced while listed: seen at the next look
                 continue
-        return count
+        return stamps
+
+    def written(self) -> int:
+        """The files written under the root since this count began."""
+        return sum(1 for path, stamp in self._stamps().items() if self._before.get(path) != stamp)
 
     def _watch(self) -> None:
-        interval = 1.0 if self._bar is not None else QUIET_S
+        interval = 1.0 if self._bar is not None else self._quiet_s
         while not self._done.wait(interval):
             written = self.written()
             if self._bar is not None:
@@ -97,7 +101,7 @@ class FileCount:
     def __exit__(self, *exc: object) -> None:
         self._done.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=QUIET_S + 5.0)
+            self._thread.join(timeout=self._quiet_s + 5.0)  # a count under way ends within its interval
         if self._bar is not None:
             self._bar.close()
 
@@ -167,16 +171,16 @@ class EpochPipe:
         os.close(self._fd)
 
 
-def follow(proc: subprocess.Popen, fd: int, bar: EpochBar, deadline: float) -> bool:
+def follow(proc: subprocess.Popen, fd: int, bar: EpochBar, deadline: float, quiet_s: float = QUIET_S) -> bool:
     """Show on ``bar`` the epochs the child ``proc`` reports on ``fd`` (``EpochPipe``), and that it is still
-    at work when ``QUIET_S`` seconds pass without a line (every second, a terminal's bar), until ``proc``
+    at work when ``quiet_s`` seconds pass without a line (every second, a terminal's bar), until ``proc``
     exits (True) or ``deadline`` (``time.monotonic``) passes (False, ``proc`` still running)."""
     buffer, said, reading = b"", time.monotonic(), True
     while proc.poll() is None:
         left = deadline - time.monotonic()
         if left <= 0:
             return False
-        wait = min(left, 1.0 if bar.live else QUIET_S)
+        wait = min(left, 1.0 if bar.live else quiet_s)
         if reading:
             ready = bool(select.select([fd], [], [], wait)[0])
         else:  # past the pipe's end (every writer closed it) the child is exiting: only its exit is awaited
@@ -187,7 +191,7 @@ def follow(proc: subprocess.Popen, fd: int, bar: EpochBar, deadline: float) -> b
             reading = bool(chunk)
             buffer = _show(buffer + chunk, bar)
             said = time.monotonic()
-        elif bar.live or time.monotonic() - said >= QUIET_S:
+        elif bar.live or time.monotonic() - said >= quiet_s:
             bar.running()
             said = time.monotonic()
     while reading and select.select([fd], [], [], 0)[0]:  # what it wrote before it exited

@@ -68,8 +68,13 @@ RATE = COLUMNS[0]  # shown in every table: a row that failed says so in it
 LEAVE_OUT = ("epoch 1 s", "GPU mem added GB", "PSS added GB", "cores busy", "GPU busy")
 
 
+def step_name(name: str) -> str:
+    """How a step is called where it is shown: the ceiling is the model alone."""
+    return "model alone" if name == "ceiling" else name
+
+
 def _name(row: dict[str, Any]) -> str:
-    return "model alone" if row["name"] == "ceiling" else row["name"]
+    return step_name(row["name"])
 
 
 def _table(columns: list[Column], rows: list[dict[str, Any]]) -> list[str]:
@@ -89,17 +94,27 @@ def _table(columns: list[Column], rows: list[dict[str, Any]]) -> list[str]:
 
 def _fitted(result: dict[str, Any]) -> tuple[list[Column], list[str]]:
     """The columns shown: images/s and those measured in some row (GPU ones only on a GPU), less, in
-    ``LEAVE_OUT``'s order, what does not fit in ``WIDTH``; and the headers left out for width."""
+    ``LEAVE_OUT``'s order, what does not fit in ``WIDTH`` (one left out early is taken back where the later
+    ones made room); and the headers left out for width."""
     gpu = bool(result["machine"].get("gpu")) and result["config"]["device"] != "cpu"
-    shown = [c for c in COLUMNS if (gpu or not c.gpu) and (c is RATE or any(c.value(r) is not None
-                                                                         for r in result["rows"]))]
-    dropped = []
+    measured = [c for c in COLUMNS if (gpu or not c.gpu) and (c is RATE or any(c.value(r) is not None
+                                                                            for r in result["rows"]))]
+
+    def fits(columns: list[Column]) -> bool:
+        return max(len(line) for line in _table(columns, result["rows"])) <= WIDTH
+
+    shown, dropped = list(measured), []
     for header in LEAVE_OUT:
-        if max(len(line) for line in _table(shown, result["rows"])) <= WIDTH:
+        if fits(shown):
             break
         if any(c.header == header for c in shown):
             shown = [c for c in shown if c.header != header]
             dropped.append(header)
+    for header in reversed(dropped[:-1]):
+        tried = [c for c in measured if c in shown or c.header == header]
+        if fits(tried):
+            shown = tried
+            dropped.remove(header)
     return shown, dropped
 
 

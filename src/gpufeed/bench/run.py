@@ -33,7 +33,7 @@ from ..synth import create_synthetic_dataset
 from .monitor import Monitor
 from .pipeline import CEILING, PIPELINES, ceiling_row, describe, epoch_kinds, run_pipeline
 from .progress import EpochBar, EpochReport, Progress, follow
-from .report import epochs_text, row_outcome, settings, wrap
+from .report import epochs_text, row_outcome, settings, step_name, wrap
 from .ranks import ranks, together
 from .recipes import load_recipe
 from .train import make_train_step
@@ -130,8 +130,7 @@ def _failed(what: str, why: str, detail: str) -> dict[str, Any]:
 
 
 def _step_bar(what: str, cfg: BenchConfig, progress: Progress) -> EpochBar:
-    return EpochBar("model alone" if what == "ceiling" else what, [] if what == "ceiling" else epoch_kinds(cfg.epochs),
-                    progress)
+    return EpochBar(step_name(what), [] if what == "ceiling" else epoch_kinds(cfg.epochs), progress)
 
 
 def _here(what: str, cfg: BenchConfig, root: str, progress: Progress) -> dict[str, Any]:
@@ -196,7 +195,7 @@ def plan(cfg: BenchConfig, data: str) -> list[str]:
     m = machine_description()
     kinds = epoch_kinds(cfg.epochs)
     gpu = f"GPU {m['gpu']}" + (" (not used: --device cpu)" if cfg.device == "cpu" else "") if m["gpu"] else "no GPU"
-    names = ["model alone" if w == "ceiling" else w for w in steps(cfg)]
+    names = [step_name(w) for w in steps(cfg)]
     where = ("each in a fresh process" if ranks()[1] == 1 else f"in each of {ranks()[1]} ranks' processes")
     return [*wrap(f"gpufeed bench: {m['cpu_cores']} CPU cores, {gpu}; torch {m['torch']}, gpufeed {__version__}"),
             *wrap(f"runs: {', '.join(names)}; one after another, {where}", "  "),
@@ -215,7 +214,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
     run = _here if ranks()[1] > 1 else _in_child
     rows, whats = [], steps(cfg)
     for i, what in enumerate(whats, 1):
-        progress.say(f"[{i}/{len(whats)}] {'model alone' if what == 'ceiling' else what}: "
+        progress.say(f"[{i}/{len(whats)}] {step_name(what)}: "
                      f"{CEILING if what == 'ceiling' else describe(what, None, cfg.workers)}")
         rows.append(run(what, cfg, root, progress))
         progress.say(f"[{i}/{len(whats)}] {row_outcome(rows[-1])}")
