@@ -160,3 +160,15 @@ def test_help_lists_the_columns_in_the_readmes_words(capsys):
     out = capsys.readouterr().out
     assert "%%" not in out and "of its own rate: " in out and "of ceiling" not in out
     assert "--format {markdown,csv,json}" in out
+
+
+def test_the_baseline_asked_for_data_it_cannot_read_is_refused_before_anything_runs(synth_root, tmp_path, capsys):
+    from gpufeed.sources import create_source
+    from gpufeed.synth import tar_shards
+
+    shard = tmp_path / "shard-0.tar"
+    shard.write_bytes(tar_shards(create_source(str(synth_root)), 40)[0])
+    assert main(["bench", "--data", str(shard), "--pipelines", "baseline,gpufeed", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"reads only a local ImageFolder folder, not '{shard}'" in err
+    assert "leave baseline out of --pipelines" in err

@@ -58,10 +58,17 @@ def epoch_kinds(epochs: int) -> list[str]:
     return ["warm-up"] + ["plain" if i % 2 == 0 else "monitored" for i in range(epochs - 1)] + ["memory"]
 
 
+def check_baseline_reads(root: str) -> None:
+    """ValueError unless ``root`` is a local folder, the only data torchvision's ImageFolder reads."""
+    if not os.path.isdir(root):
+        raise ValueError(f"the baseline (torchvision's ImageFolder) reads only a local ImageFolder folder, not "
+                         f"{root!r}; leave baseline out of --pipelines")
+
+
 def make_loader(name: str, root: str, cfg: Any, device: torch.device, recipe: BenchRecipe | None) -> Iterable:
     """The loader of pipeline ``name`` (``PIPELINES``) for ``cfg`` (a ``BenchConfig``)."""
-    if name.startswith("baseline") and not os.path.isdir(root):
-        raise ValueError(f"the baseline (torchvision's ImageFolder) reads only a local ImageFolder folder, not {root!r}")
+    if name.startswith("baseline"):
+        check_baseline_reads(root)
     transform = recipe.transform if recipe is not None else None
     if name.startswith("baseline"):
         loader = create_baseline_loader(root, batch_size=cfg.batch_size, num_workers=cfg.workers, transform=transform)

@@ -31,7 +31,7 @@ import torch
 from ..cores import usable_cores
 from ..synth import create_synthetic_dataset
 from .monitor import Monitor
-from .pipeline import CEILING, PIPELINES, ceiling_row, describe, epoch_kinds, run_pipeline
+from .pipeline import CEILING, PIPELINES, ceiling_row, check_baseline_reads, describe, epoch_kinds, run_pipeline
 from .progress import EpochBar, EpochReport, Progress, follow
 from .report import epochs_text, row_outcome, settings, step_name, wrap
 from .ranks import ranks, together
@@ -73,6 +73,8 @@ class BenchConfig:
             raise ValueError("--model needs a CUDA device (training on the CPU measures the CPU, not the loader)")
         if self.compile and self.model is None:
             raise ValueError("--compile needs --model (it compiles the model that trains)")
+        if self.data and any(p.startswith("baseline") for p in self.pipelines):
+            check_baseline_reads(self.data)  # said before any process starts, not as a failed row at the end
 
 
 def synthetic_root(cfg: BenchConfig) -> Path:
