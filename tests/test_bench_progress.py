@@ -6,8 +6,9 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from gpufeed.bench.progress import EpochBar, Progress, follow
-from gpufeed.synth import create_synthetic_dataset
 
 # A child that reports its epochs as the bench's child process does, one second apart.
 CHILD = """
@@ -61,13 +62,21 @@ def test_follow_gives_up_at_its_deadline_on_a_child_that_reports_nothing(capsys)
 
 
 def test_the_synthetic_data_being_made_is_counted_aloud(tmp_path, capsys):
-    progress = Progress()
-    with progress.making(tmp_path / "synth", 24, quiet_s=0.05) as count:
-        create_synthetic_dataset(tmp_path / "synth", n=24, num_classes=3, seed=2, workers=1)
-    assert count.written() == 24
+    """Made by a process of its own, its files counted here meanwhile; made again, nothing is written."""
+    from gpufeed.bench.run import make_synthetic
+
+    assert make_synthetic(tmp_path / "synth", 24, Progress(), quiet_s=0.05) == 24
     lines = capsys.readouterr().err.splitlines()
     assert lines and all(line.startswith("  synthetic data: ") and line.endswith(" of 24 JPEGs written")
                          for line in lines)
-    with progress.making(tmp_path / "synth", 24) as again:  # cached: nothing written
-        create_synthetic_dataset(tmp_path / "synth", n=24, num_classes=3, seed=2, workers=1)
-    assert again.written() == 0
+    assert len(list((tmp_path / "synth").rglob("*.jpg"))) == 24
+    assert make_synthetic(tmp_path / "synth", 24, Progress(), quiet_s=0.05) == 0  # cached: nothing written
+
+
+def test_synthetic_data_that_cannot_be_made_names_its_folder_after_the_makers_own_error(tmp_path, capfd):
+    from gpufeed.bench.run import SyntheticDataError, make_synthetic
+
+    (tmp_path / "taken").write_text("a file where the folder would go")
+    with pytest.raises(SyntheticDataError, match=f"making the synthetic data set under {tmp_path / 'taken'} failed"):
+        make_synthetic(tmp_path / "taken", 8, Progress())
+    assert "Error" in capfd.readouterr().err  # the making process's own error, on standard error

@@ -49,8 +49,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     data = check_data(args.data, storage_options) if args.data else None
     import torch
 
+    from .bench.run import SyntheticDataError
+
     try:
         return _bench(args, storage_options, data)
+    except SyntheticDataError as e:  # said in one line: the process that made it printed its own error
+        print(f"gpufeed bench: error: {e}", file=sys.stderr)
+        return 2
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

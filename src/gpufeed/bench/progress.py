@@ -13,14 +13,14 @@ import os
 import select
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import Protocol
 
 # The longest the bench goes without a line when standard error is not a terminal (a terminal's bar moves
 # every second): under the ~15 s after which a silent command reads as hung.
 QUIET_S = 10.0
+LOOK_S = 1.0  # how often a child's exit is looked for, and a terminal's bar redrawn
 
 
 def _tqdm(**kwargs):
@@ -40,31 +40,23 @@ class Progress:
     """The bench's running commentary: ``say`` a line, flushed at once; ``quiet`` (the ranks other than 0
     under torchrun) says nothing."""
 
-    def __init__(self, *, quiet: bool = False, stream: TextIO | None = None) -> None:
+    def __init__(self, *, quiet: bool = False) -> None:
         self.quiet = quiet
-        self._stream = stream
 
     def say(self, text: str) -> None:
         if not self.quiet:
-            stream = self._stream or sys.stderr  # read when used: pytest's capsys swaps it after construction
-            print(text, file=stream, flush=True)
-
-    def making(self, root: Path, n: int, quiet_s: float = QUIET_S) -> "FileCount":
-        """A context that shows how many of the ``n`` synthetic JPEGs have been written under ``root``."""
-        return FileCount(self, root, n, quiet_s)
+            print(text, file=sys.stderr, flush=True)
 
 
 class FileCount:
-    """Counts the files written under ``root`` since it began, new or rewritten (a thread of the bench's own
-    process, while no pipeline runs): a bar moved every second on a terminal, else a line every ``quiet_s``
-    seconds."""
+    """The files written under ``root`` by a process of their own, new or rewritten, counted while it runs
+    (``follow``): a bar moved every second on a terminal, else a line every ``quiet_s`` seconds. The process
+    that writes them is not this one: no thread of this process runs beside a fork (the synthetic data set's
+    writers are forked)."""
 
     def __init__(self, progress: Progress, root: Path, n: int, quiet_s: float = QUIET_S) -> None:
         self._progress, self._root, self._n, self._quiet_s = progress, root, n, quiet_s
-        self._done = threading.Event()
         self._before = self._stamps()  # a file whose stamp is not this one's was written since
-        self._bar = None if progress.quiet else _tqdm(total=n, desc="synthetic data", unit="img", leave=False)
-        self._thread = threading.Thread(target=self._watch, name="gpufeed-bench-synth-count", daemon=True)
 
     def _stamps(self) -> dict[str, int]:
         """Each file in the class folders under the root -> its modification time (ns)."""
@@ -84,26 +76,22 @@ class FileCount:
         """The files written under the root since this count began."""
         return sum(1 for path, stamp in self._stamps().items() if self._before.get(path) != stamp)
 
-    def _watch(self) -> None:
-        interval = 1.0 if self._bar is not None else self._quiet_s
-        while not self._done.wait(interval):
-            written = self.written()
-            if self._bar is not None:
-                self._bar.update(written - self._bar.n)
-            else:
-                self._progress.say(f"  synthetic data: {written:,} of {self._n:,} JPEGs written")
-
-    def __enter__(self) -> "FileCount":
-        if not self._progress.quiet:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self._quiet_s + 5.0)  # a count under way ends within its interval
-        if self._bar is not None:
-            self._bar.close()
+    def follow(self, proc: subprocess.Popen) -> int:
+        """Show the count until ``proc`` exits; returns its exit status."""
+        bar = None if self._progress.quiet else _tqdm(total=self._n, desc="synthetic data", unit="img", leave=False)
+        try:
+            while True:
+                try:
+                    return proc.wait(timeout=LOOK_S if bar is not None else self._quiet_s)
+                except subprocess.TimeoutExpired:
+                    written = self.written()
+                if bar is not None:
+                    bar.update(written - bar.n)
+                else:
+                    self._progress.say(f"  synthetic data: {written:,} of {self._n:,} JPEGs written")
+        finally:
+            if bar is not None:
+                bar.close()
 
 
 class EpochReport(Protocol):
@@ -180,11 +168,14 @@ def follow(proc: subprocess.Popen, fd: int, bar: EpochBar, deadline: float, quie
         left = deadline - time.monotonic()
         if left <= 0:
             return False
-        wait = min(left, 1.0 if bar.live else quiet_s)
+        wait = min(left, LOOK_S, quiet_s)  # the child's exit is seen within this, whoever holds the pipe
         if reading:
             ready = bool(select.select([fd], [], [], wait)[0])
         else:  # past the pipe's end (every writer closed it) the child is exiting: only its exit is awaited
-            time.sleep(wait)
+            try:
+                proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                pass
             ready = False
         if ready:
             chunk = os.read(fd, 1 << 12)

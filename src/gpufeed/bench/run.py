@@ -29,10 +29,9 @@ from typing import Any
 import torch
 
 from ..cores import usable_cores
-from ..synth import create_synthetic_dataset
 from .monitor import Monitor
 from .pipeline import CEILING, PIPELINES, ceiling_row, check_baseline_reads, describe, epoch_kinds, run_pipeline
-from .progress import EpochBar, EpochReport, Progress, follow
+from .progress import QUIET_S, EpochBar, EpochReport, FileCount, Progress, follow
 from .report import epochs_text, row_outcome, settings, step_name, wrap
 from .ranks import ranks, together
 from .recipes import load_recipe
@@ -89,13 +88,34 @@ def dataset_root(cfg: BenchConfig, progress: Progress) -> str:
     root = synthetic_root(cfg)
     if ranks()[0] == 0:
         t0 = time.perf_counter()
-        with progress.making(root, cfg.n) as count:
-            create_synthetic_dataset(root, n=cfg.n, seed=0)
-        made = count.written()
+        made = make_synthetic(root, cfg.n, progress)
         progress.say(f"synthetic data: made {made:,} JPEGs in {time.perf_counter() - t0:.0f} s; cached for the next run"
                      if made else "synthetic data: reused, as cached by an earlier run")
     together()
     return str(root)
+
+
+# The synthetic data set, made in a process of its own (``make_synthetic``).
+_MAKE = ("import sys; from gpufeed.synth import create_synthetic_dataset as make; "
+         "make(sys.argv[1], n=int(sys.argv[2]), seed=0)")
+
+
+class SyntheticDataError(RuntimeError):
+    """The synthetic data set could not be made (its process's error precedes this one)."""
+
+
+def make_synthetic(root: Path, n: int, progress: Progress, quiet_s: float = QUIET_S) -> int:
+    """``create_synthetic_dataset(root, n=n, seed=0)`` in a process of its own, its files counted aloud here
+    meanwhile (``FileCount``); returns how many it wrote (0: the set was cached). ``SyntheticDataError``
+    naming ``root`` when it fails."""
+    count = FileCount(progress, root, n, quiet_s)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    with subprocess.Popen([sys.executable, "-c", _MAKE, str(root), str(n)], env=env) as proc:
+        status = count.follow(proc)
+    if status != 0:
+        raise SyntheticDataError(f"making the synthetic data set under {root} failed (exit status {status}; its "
+                                 "error is above); give --data a folder of your own, or free the room it needs")
+    return count.written()
 
 
 def _device(cfg: BenchConfig) -> torch.device:
