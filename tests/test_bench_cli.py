@@ -150,6 +150,7 @@ def test_a_pipeline_that_fails_is_said_under_the_table_and_its_details_after(syn
     row = next(line for line in captured.out.splitlines() if line.startswith("| gpufeed-gpu-only "))
     assert "FAILED" in row and max(len(line) for line in captured.out.splitlines()) <= WIDTH
     assert "- gpufeed-gpu-only: FAILED: " in captured.out
+    assert "[1/1] gpufeed-gpu-only: FAILED (why: under the table" in captured.err
     assert "gpufeed-gpu-only failed:\nTraceback" in captured.err
 
 

@@ -209,8 +209,8 @@ def _plain(row: dict[str, Any], pick: Callable) -> float | None:
 
 def row_outcome(row: dict[str, Any]) -> str:
     """One line on a row just measured: its rate and the spread of its plain epochs, or why it failed."""
-    if row.get("error"):
-        return f"{_name(row)}: FAILED: {row['failure']} (the table follows; the details after it)"
+    if row.get("error"):  # why, under the table: said there with storage options' values redacted
+        return f"{_name(row)}: FAILED (why: under the table, the details after it)"
     rates = plain_rates(row)
     text = f"{_name(row)}: {row['images_per_s']:,.0f} images/s"
     if len(rates) > 1:
