@@ -125,13 +125,16 @@ def synth_root(tmp_path_factory):
 
 @pytest.fixture()
 def coloured(tmp_path):
-    """Three classes of flat colours, 4 JPEGs each of varied widths, and a PNG named .jpg in class 1."""
+    """Three classes, each a colour over texture (the mean colour names the class, and two crops of an image
+    differ), 4 JPEGs each of varied widths, and a PNG named .jpg in class 1."""
+    from tests.helpers import textured
+
     colours = [(220, 30, 30), (30, 220, 30), (30, 30, 220)]
     for c, colour in enumerate(colours):
         (tmp_path / f"c{c}").mkdir()
         for i in range(4):
-            Image.new("RGB", (60 + 10 * i, 50), colour).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=95)
-    Image.new("RGB", (40, 40), colours[1]).save(tmp_path / "c1" / "png.jpg", "PNG")
+            textured(60 + 10 * i, 50, 10 * c + i, colour).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=95)
+    textured(40, 40, 99, colours[1]).save(tmp_path / "c1" / "png.jpg", "PNG")
     return tmp_path
 
 

@@ -11,21 +11,23 @@ import torch
 from PIL import Image
 
 from gpufeed import ImageLoader, WorkerError
+from tests.helpers import textured
 
 COLOURS = [(220, 30, 30), (30, 220, 30), (30, 30, 220), (220, 220, 30)]
 
 
 @pytest.fixture(scope="module")
 def coloured_root(tmp_path_factory):
-    """Each class a distinct flat colour, sizes varied: the delivered pixels tell the label."""
+    """Each class a distinct colour over texture, sizes varied: the delivered pixels' mean colour tells the
+    label, and two crops of an image differ."""
     root = tmp_path_factory.mktemp("coloured")
     rng = np.random.default_rng(0)
     for c, colour in enumerate(COLOURS):
         (root / f"c{c}").mkdir()
         for i in range(9):
             size = (int(rng.integers(40, 120)), int(rng.integers(40, 120)))
-            Image.new("RGB", size, colour).save(root / f"c{c}" / f"{i}.jpg", quality=95)
-    Image.new("RGB", (50, 60), COLOURS[1]).save(root / "c1" / "extra.png")  # PNG takes the Pillow path
+            textured(*size, 10 * c + i, colour).save(root / f"c{c}" / f"{i}.jpg", quality=95)
+    textured(50, 60, 99, COLOURS[1]).save(root / "c1" / "extra.png")  # PNG takes the Pillow path
     return root
 
 
@@ -422,7 +424,7 @@ def test_skips_at_an_epoch_end_with_the_next_epoch_started(tmp_path):
     for c, colour in enumerate(COLOURS[:2]):
         (tmp_path / f"c{c}").mkdir()
         for i in range(10):
-            Image.new("RGB", (48, 40), colour).save(tmp_path / f"c{c}" / f"{i}.jpg")
+            textured(48, 40, 10 * c + i, colour).save(tmp_path / f"c{c}" / f"{i}.jpg")
     (tmp_path / "c1" / "zz_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
     with make(tmp_path, batch_size=4, drop_last=False, on_error="skip", train=False) as loader:
         for epoch in range(3):
