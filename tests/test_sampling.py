@@ -356,3 +356,19 @@ def test_a_grouped_state_saved_at_an_epochs_start_resumes_with_the_new_world_siz
         assert resumed.epoch_indices() == fresh.epoch_indices() and resumed.at_epoch_start
         compared += len(fresh.epoch_indices())
     assert compared == 40
+
+
+@pytest.mark.parametrize("groups", [None, (5, 3, 7, 2, 6, 4, 3)])
+def test_an_epochs_order_asked_ahead_is_that_epochs_own_order(groups):
+    """The next epoch's order, asked for while this one runs (the scheduler starts its first batches early),
+    mid-epoch and after a resume, is the one that epoch gives once it is set: its seed, its whole shard."""
+    for rank in range(2):
+        fresh = ShardedSampler(30, seed=4, rank=rank, world_size=2, groups=groups, window=2)
+        fresh.set_epoch(3)
+        running = ShardedSampler(30, seed=4, rank=rank, world_size=2, groups=groups, window=2, epoch=2)
+        running.advance(5)
+        resumed = ShardedSampler(30, seed=0, rank=rank, world_size=2, groups=groups, window=2)
+        resumed.load_state_dict(running.state_dict())
+        for s in (running, resumed):
+            assert s.epoch_indices(3) == fresh.epoch_indices() and len(fresh.epoch_indices()) == 15
+            assert s.full_order(3) == fresh.full_order() != s.full_order(2)
