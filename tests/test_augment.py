@@ -1,4 +1,5 @@
 import io
+import math
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from gpufeed.augment.params import AugmentSpec, CropBox, SampleRandom
 from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.synth import synthetic_jpeg
 from tests.helpers import psnr
-from tests.stats import assert_same_frequencies
+from tests.stats import assert_same_distribution, assert_same_frequencies
 
 
 def test_sample_random_is_deterministic_and_uniform():
@@ -82,6 +83,20 @@ def test_random_resized_crop_distribution_matches_torchvision():
     flips = np.mean([b.flip for b in ours])
     assert 0.46 < flips < 0.54
 
+
+
+@pytest.mark.parametrize("ratio, scale", [((1 / 4, 4.0), (0.3, 1.0)), ((0.5, 3.0), (0.05, 0.5))])
+def test_box_aspect_and_area_follow_torchvision_over_a_wide_ratio_range(ratio, scale):
+    """Over a wide ratio range the log-uniform aspect (torchvision's) and a uniform one part clearly, and so do
+    the areas kept once a try fits: each distribution is torchvision's (two-sample KS test)."""
+    spec = AugmentSpec(scale=scale, ratio=ratio)
+    ours = [spec.draw(640, 480, seed=2, epoch=1, index=i) for i in range(3000)]
+    torch.manual_seed(2)
+    ref = [T.RandomResizedCrop.get_params(torch.empty(3, 480, 640), list(scale), list(ratio)) for _ in range(3000)]
+    assert_same_distribution([math.log(b.width / b.height) for b in ours], [math.log(w / h) for _, _, h, w in ref],
+                             "log aspect")
+    assert_same_distribution([b.width * b.height for b in ours], [w * h for _, _, h, w in ref], "area")
+    assert_same_distribution([b.x + b.width / 2 for b in ours], [x + w / 2 for _, x, _, w in ref], "centre x")
 
 def test_fallback_is_central_crop_for_extreme_aspect():
     # a 1000x10 strip: no random try fits the ratio range, so torchvision's central fallback applies
@@ -369,3 +384,23 @@ def test_pixel_ops_are_read_in_order_from_either_torchvision_api():
                                RandAugment(3, 5, 11, "bilinear"))
     assert isinstance(new.pixel[-2], AutoAugment) and len(new.pixel[-2].policies) == 25
     assert new.pixel[-1] == AugMix(severity=2, chain_depth=1)
+
+
+@pytest.mark.parametrize("image_size", [96, 160, 176, 224])
+def test_validation_resizes_by_default_to_the_documented_256_224_ratio_rounded(image_size):
+    """docs/options.md: ``resize_size`` defaults to ``round(image_size * 256 / 224)`` (96 -> 110, 160 -> 183:
+    sizes where truncating would give one less), and the geometry is torchvision's for that size."""
+    from torchvision.transforms.v2 import CenterCrop, Resize
+
+    from gpufeed.pipeline import read_settings
+
+    resize = round(image_size * 256 / 224)
+    settings = read_settings(None, train=False, image_size=image_size, resize_size=None, mean=None, std=None,
+                             dtype=None, channels_last=False)  # what ImageLoader(train=False, image_size=...) takes
+    assert settings.augment.resize_size == resize
+    g = settings.augment.resize_crop(400, 300)
+    resized = Resize(resize)(torch.zeros(1, 300, 400))
+    assert (g.width, g.height) == (resized.shape[2], resized.shape[1])
+    marked = torch.zeros(1, g.height, g.width)
+    marked[0, g.top, g.left] = 1
+    assert CenterCrop(image_size)(marked)[0, 0, 0] == 1
