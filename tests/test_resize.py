@@ -102,6 +102,19 @@ def test_validation_takes_a_given_resize_size(synth_root):
     assert _compare(got, _fresh_epoch(synth_root, 0, train=False, image_size=32, resize_size=48), 32) == 5
 
 
+
+def test_a_given_resize_size_travels_in_the_state(synth_root):
+    """Validation set to 32 with Resize(40) (not the loader's 256/224 ratio, which gives 37): a loader resumed
+    from its state resizes to 40 too, and delivers what the first one delivers."""
+    with make(synth_root, train=False, drop_last=False) as loader:
+        loader.set_image_size(32, resize_size=40)
+        state = loader.state_dict()
+        want = _epoch(loader)
+    with make(synth_root, train=False, drop_last=False) as resumed:
+        resumed.load_state_dict(state)
+        assert (resumed.augment.image_size, resumed.augment.resize_size) == (32, 40)
+        assert _compare(_epoch(resumed), want, 32) == 5
+
 def test_sizes_over_the_allocation_or_not_sizes_are_refused_naming_them(synth_root):
     with make(synth_root) as loader:
         with pytest.raises(ValueError, match="image_size=64 is over the loader's max_image_size=48"):
