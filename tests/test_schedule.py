@@ -76,3 +76,55 @@ def test_the_next_epoch_starts_early_and_is_adopted_only_from_its_start(parts):
                 assert torch.equal(la, lb) and torch.equal(xa, xb)
     finally:
         fresh.close()
+
+
+@pytest.mark.parametrize("stand_ins", [True, False])
+def test_skipped_samples_anywhere_in_a_batch_leave_labels_pixels_and_indices_together(tmp_path, stand_ins):
+    """Bad files first, in the middle and last of their batches (and a whole batch of them): whether a good
+    sample of the batch stands in (training) or the bad ones leave it (validation), every delivered sample's
+    label, pixels and index are one sample's: its label, the pixels a worker makes of that index alone."""
+    import numpy as np
+
+    from gpufeed.decode.cpu import CpuDecoder
+    from gpufeed.workers.chunks import load_sample_into
+    from tests.helpers import textured
+
+    tints = [(220, 30, 30), (30, 220, 30), (30, 30, 220), (220, 220, 30)]
+    for c, tint in enumerate(tints):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(8):
+            textured(40 + 3 * i, 36, 10 * c + i, tint).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=90)
+    src = folder_source(tmp_path)
+    sampler = ShardedSampler(len(src), seed=7)
+    order = sampler.epoch_indices()
+    bad = {order[p] for p in (0, 3, 7, 9, 14)} | set(order[16:24])  # batch 2: all of it
+    for i in bad:
+        with open(src.path(i), "wb") as f:
+            f.write(b"\xff\xd8\xff\xe0 not a jpeg")
+    spec = PipelineSpec(src, AugmentSpec(train=False, image_size=16, resize_size=18), 10**8, on_error="skip")
+    skips = SkipLog()
+    scheduler = Scheduler(start_pool=functools.partial(WorkerPool, spec, num_workers=2, num_slots=4, batch_size=8),
+                          num_slots=4, batch_size=8, drop_last=False, share=ShareControl(1.0), skips=skips,
+                          path=src.path, cuda=False, stand_ins=stand_ins)
+    decoder, one = CpuDecoder(max_pixels=10**8), np.empty((16, 16, 3), np.uint8)
+    delivered, batches = [], []
+    try:
+        for batch in scheduler.batches(sampler):
+            assert len(batch.indices) == len(batch.labels) == len(batch.images)
+            for k, index in enumerate(batch.indices):
+                assert index not in bad
+                assert batch.labels[k].item() == src.label(index), (k, index)
+                load_sample_into(spec, decoder, sampler.seed, sampler.epoch, index, one)
+                assert np.array_equal(batch.images[k].numpy(), one), (k, index)
+            delivered += batch.indices
+            batches.append(batch.indices)
+            batch.release()
+    finally:
+        scheduler.close()
+    good = [i for i in order if i not in bad]
+    if stand_ins:  # every batch full, each entry of the order in it or a good sample of its batch in its place
+        assert len(delivered) == 32 and set(delivered) == set(good)
+        assert batches[2] == order[24:32]  # the batch none of which loaded: the next entries of the order
+    else:
+        assert delivered == good
+    assert len(skips.listed) == len(bad)
