@@ -273,3 +273,32 @@ def test_a_sample_in_hand_is_never_read_without_its_time():
         stop.set()
         writer.join(timeout=30)
     assert held >= 20_000 and torn == 0, (reads, held, torn)
+
+
+def test_each_gpu_path_position_carries_its_own_samples_draw(coloured):
+    """Seed 5, epoch 2, the samples in another order than the source's: every JPEG left encoded carries the
+    box and flip ``AugmentSpec.draw`` gives its own index."""
+    src = folder_source(coloured)
+    spec = pool_spec(src)
+    pool = WorkerPool(spec, num_workers=2, num_slots=2, batch_size=len(src))
+    indices = list(range(len(src)))[::-1]
+    try:  # the view reads the pool's shared memory: checked before the pool closes
+        pool.submit(0, 0, 5, 2, indices, cpu_rows=4)
+        view, failures = pool.collect(0)
+        assert failures == []
+        kinds = view.meta[:, Meta.KIND].tolist()
+        assert kinds.count(KIND_BYTES) >= 6
+        flips = set()
+        for k, index in enumerate(indices):
+            assert view.labels[k] == src.label(index)
+            if kinds[k] == KIND_PIXELS:
+                continue
+            w, h = Image.open(src.path(index)).size
+            box = spec.augment.draw(w, h, seed=5, epoch=2, index=index)
+            assert view.meta[k, Meta.FLIP] == box.flip, (k, index)
+            flips.add(box.flip)
+            if kinds[k] == KIND_BYTES:
+                assert tuple(view.meta[k, Meta.BOX_X : Meta.BOX_H + 1]) == (box.x, box.y, box.width, box.height)
+        assert flips == {False, True}
+    finally:
+        pool.close()
