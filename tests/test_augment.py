@@ -404,3 +404,24 @@ def test_validation_resizes_by_default_to_the_documented_256_224_ratio_rounded(i
     marked = torch.zeros(1, g.height, g.width)
     marked[0, g.top, g.left] = 1
     assert CenterCrop(image_size)(marked)[0, 0, 0] == 1
+
+
+@pytest.mark.parametrize("api", ["v1", "v2"])
+def test_a_crop_without_a_flip_op_is_never_flipped(api):
+    """RandomResizedCrop and RandomCrop with no RandomHorizontalFlip after them: no sample is flipped, as
+    torchvision flips none."""
+    import torchvision.transforms as v1
+    from torchvision.transforms import v2
+
+    from gpufeed.augment.recipe import read_transform
+
+    t = v1 if api == "v1" else v2
+    tensor = [t.ToTensor()] if api == "v1" else [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]
+    for crop in (t.RandomResizedCrop(32, scale=(0.5, 1.0)), t.RandomCrop(32, padding=2)):
+        spec = AugmentSpec(**read_transform(t.Compose([crop, *tensor])).augment_kwargs())
+        assert spec.hflip == 0.0
+        if spec.box_crop:
+            draws = [spec.draw(60, 50, seed=1, epoch=0, index=i).flip for i in range(300)]
+        else:
+            draws = [spec.random_crop(60, 50, seed=1, epoch=0, index=i).flip for i in range(300)]
+        assert not any(draws)
