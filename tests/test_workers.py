@@ -302,3 +302,36 @@ def test_each_gpu_path_position_carries_its_own_samples_draw(coloured):
         assert flips == {False, True}
     finally:
         pool.close()
+
+
+def test_cpu_path_samples_land_at_their_own_positions(coloured):
+    """CPU path: a batch spread over chunks and workers, then a few samples loaded again from position 5 on
+    (as a batch's retried or refilled samples are): every position holds its own sample's label and the
+    pixels ``load_sample_into`` makes of it alone; the positions before 5 keep theirs."""
+    from gpufeed.workers.chunks import load_sample_into
+
+    src = folder_source(coloured)
+    spec = PipelineSpec(src, AugmentSpec(image_size=16, resize_size=16), 10**8)
+    pool = WorkerPool(spec, num_workers=2, num_slots=2, batch_size=len(src))
+    one = np.empty((16, 16, 3), np.uint8)
+
+    def loaded(batch_id):  # copies: a failure's report never reads the pool's shared memory once it is closed
+        view, failures = pool.collect(batch_id)
+        assert failures == []
+        return view.labels.copy(), view.images.copy()
+
+    def check(labels, images, indices):
+        assert len(labels) == len(indices)
+        for k, index in enumerate(indices):
+            assert labels[k] == src.label(index), (k, index)
+            load_sample_into(spec, CpuDecoder(), 3, 1, index, one)
+            assert np.array_equal(images[k], one), (k, index)
+
+    first, again = list(range(len(src)))[::-1], [0, 6, 11]
+    try:
+        pool.submit(0, 1, 3, 1, first)
+        check(*loaded(0), first)
+        pool.submit(1, 1, 3, 1, again, start=5)
+        check(*loaded(1), first[:5] + again)
+    finally:
+        pool.close()
