@@ -1,0 +1,83 @@
+"""sources.fetch's plain GET against a real local HTTP server that misbehaves in one way at a time: each
+bound (the per-read timeout, the low-speed rule's windows, the byte cap) fails the transfer when it should
+and not before. Times are checked as generous elapsed-time bounds: each limit is set seconds apart from the
+others, so the bound that fired is the one the test names."""
+
+from __future__ import annotations
+
+import http.server as http_server
+import threading
+import time
+
+import pytest
+
+from gpufeed.sources import FetchLimits
+from gpufeed.sources.base import TooLarge
+from gpufeed.sources.fetch import http_get
+
+
+class _Misbehaving(http_server.BaseHTTPRequestHandler):
+    """/silent: headers and 10 bytes of a declared 1,000, then nothing for 40 s; /burst: 200,000 bytes at once of
+    a declared 400,000, then a byte every 0.1 s; /exact-N: a body of N bytes."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        exact = int(self.path.split("-")[1]) if self.path.startswith("/exact-") else None
+        self.send_response(200)
+        self.send_header("Content-Length", str(exact if exact is not None else 1000 if self.path == "/silent"
+                                                else 400_000))
+        self.end_headers()
+        try:
+            if exact is not None:
+                self.wfile.write(b"e" * exact)
+            elif self.path == "/silent":
+                self.wfile.write(b"s" * 10)
+                self.wfile.flush()
+                time.sleep(40)  # bounded: the client gives up long before
+            else:
+                self.wfile.write(b"b" * 200_000)
+                for _ in range(400):
+                    self.wfile.flush()
+                    time.sleep(0.1)
+                    self.wfile.write(b"d")
+        except OSError:
+            return
+
+
+@pytest.fixture(scope="module")
+def server():
+    httpd = http_server.ThreadingHTTPServer(("127.0.0.1", 0), _Misbehaving)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_a_server_silent_after_its_headers_fails_at_the_read_timeout(server, tmp_path):
+    """Nothing comes for longer than ``read_timeout`` (1 s): the transfer fails then, long before the deadline
+    (40 s) or the low-speed rule's window (30 s)."""
+    began = time.monotonic()
+    with pytest.raises(OSError, match="timed out"):
+        http_get(f"{server}/silent", str(tmp_path / "f"), FetchLimits(read_timeout=1.0, deadline=40.0))
+    assert time.monotonic() - began < 15
+
+
+def test_the_low_speed_rule_judges_each_window_by_its_own_bytes(server, tmp_path):
+    """200 KB at once, then 10 bytes/s: the first 1 s window passes a rule of 1,000 bytes/s, the next fails it,
+    though the bytes since the start would pass for minutes; well before the 40 s deadline."""
+    began = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"under 1000 bytes/s for 1 s \(2000\d\d bytes came\)"):
+        http_get(f"{server}/burst", str(tmp_path / "f"),
+                 FetchLimits(deadline=40.0, low_speed=1000, low_speed_time=1.0))
+    assert 1.0 < time.monotonic() - began < 15
+
+
+def test_a_body_of_exactly_the_cap_arrives_and_one_byte_more_is_refused(server, tmp_path):
+    path = tmp_path / "f"
+    http_get(f"{server}/exact-4096", str(path), FetchLimits(max_bytes=4096))
+    assert path.read_bytes() == b"e" * 4096
+    with pytest.raises(TooLarge, match="4097 bytes, over the cap of 4096 bytes"):
+        http_get(f"{server}/exact-4097", str(path), FetchLimits(max_bytes=4096))
