@@ -277,9 +277,10 @@ def test_a_sample_in_hand_is_never_read_without_its_time():
 
 def test_each_gpu_path_position_carries_its_own_samples_draw(coloured):
     """Seed 5, epoch 2, the samples in another order than the source's: every JPEG left encoded carries the
-    box and flip ``AugmentSpec.draw`` gives its own index."""
+    box and flip ``AugmentSpec.draw`` gives its own index, and every one decoded to rows (the CPU's share, at a
+    size whose pixel room holds their rows) its flip."""
     src = folder_source(coloured)
-    spec = pool_spec(src)
+    spec = pool_spec(src, size=48)
     pool = WorkerPool(spec, num_workers=2, num_slots=2, batch_size=len(src))
     indices = list(range(len(src)))[::-1]
     try:  # the view reads the pool's shared memory: checked before the pool closes
@@ -287,7 +288,7 @@ def test_each_gpu_path_position_carries_its_own_samples_draw(coloured):
         view, failures = pool.collect(0)
         assert failures == []
         kinds = view.meta[:, Meta.KIND].tolist()
-        assert kinds.count(KIND_BYTES) >= 6
+        assert kinds.count(KIND_BYTES) >= 6 and kinds.count(KIND_ROWS) >= 2
         flips = set()
         for k, index in enumerate(indices):
             assert view.labels[k] == src.label(index)
