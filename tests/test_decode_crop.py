@@ -11,9 +11,10 @@ import torchvision.transforms.v2.functional as F
 from PIL import Image
 
 import gpufeed.decode.cpu as cpu_mod
-from gpufeed.augment.params import AugmentSpec, CropBox, RandomCrop
+from gpufeed.augment.params import CropBox, RandomCrop, RandomCropAt
 from gpufeed.decode.cpu import CpuDecoder
-from gpufeed.decode.crop import decode_box_into, decode_box_rows_into, decode_random_crop_into
+from gpufeed.decode.crop import (crop_bounds, decode_box_into, decode_box_rows_into, decode_random_crop_into,
+                                 reduction_for)
 from tests.helpers import psnr, textured
 
 W, H = 320, 240
@@ -64,10 +65,9 @@ def test_rows_for_the_gpu_hold_the_crop_with_a_row_above_and_below(box):
     assert done is not None, "the cropped decoder is not built: python setup.py build_ext --inplace"
     width, height, x, y, bw, bh = done
     rows = room[: width * height * 3].reshape(height, width, 3)
-    from gpufeed.decode.crop import _region_request
-
-    (x0, y0, x1, y1), reduce = _region_request(box, (W, H), 32)
+    reduce = reduction_for(box, 32)
     whole = dec.decode(data, "x.jpg", fast=True, reduce=reduce)
+    x0, y0, x1, y1 = crop_bounds(box, (W, H), (whole.shape[1], whole.shape[0]))
     assert (bw, bh) == (x1 - x0, y1 - y0)
     assert y == (1 if y0 > 0 else 0) and height == bh + y + (1 if y1 < whole.shape[0] else 0)
     np.testing.assert_array_equal(rows[y : y + bh, x : x + bw], whole[y0:y1, x0:x1])
@@ -82,8 +82,6 @@ def test_a_random_crop_window_is_the_padded_images_own(padding, at):
     s = 24
     crop = RandomCrop(padding=padding, fill=(1, 2, 3))
     left, top, right, bottom = padding
-    from gpufeed.augment.params import RandomCropAt
-
     draw = RandomCropAt(W, H, padding, min(at[0], W + left + right - s), min(at[1], H + top + bottom - s), False)
     padded = np.empty((H + top + bottom, W + left + right, 3), np.uint8)
     padded[:] = (1, 2, 3)
