@@ -175,3 +175,15 @@ def test_a_local_file_refused_is_not_taken_for_missing_credentials(tmp_path):
     assert message.startswith("s3://data/train/shard-000.tar: cannot fetch the file (PermissionError: [Errno 13]")
     assert str(tmp_path / "part") in message and "credentials" not in message
     assert calls == [1]
+
+
+def test_gpufeed_shards_without_credentials_says_it_in_one_line(s3, no_credentials, tmp_path, capsys):
+    import json
+
+    from gpufeed.cli import main
+
+    options = json.dumps({"client_kwargs": {"endpoint_url": s3.endpoint, "region_name": "us-east-1"}})
+    assert main(["shards", "s3://data/train/", str(tmp_path / "out"), "--storage-options", options]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpufeed shards: error: ") and err.count("\n") == 1, err
+    assert "s3://data/train/" in err and "AWS_ACCESS_KEY_ID" in err and "Traceback" not in err

@@ -364,12 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .shards.shard import DestinationFull  # said in one line, as the errors below
-
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ValueError, FileNotFoundError, ImportError, DestinationFull) as e:
+    except (ValueError, OSError, ImportError) as e:  # each names its file or URL and the way out: one line
         options = None
         try:  # the message names storage options by their keys, never their values
             options = _storage_options(getattr(args, "storage_options", None))
