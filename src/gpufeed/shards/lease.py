@@ -24,14 +24,22 @@ import secrets
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..sources.manifest import PROGRESS
 from ..sources.private import process_identity, process_runs
 from ..sources.urls import redact
 
-if TYPE_CHECKING:
-    from .dest import Destination
+
+class Store(Protocol):
+    """What a lease needs of its destination (``dest.Destination``)."""
+
+    root: str
+
+    def where(self, name: str) -> str: ...
+    def read_json(self, name: str) -> Any: ...
+    def write_json(self, name: str, doc: Any) -> None: ...
+    def remove(self, names: list[str]) -> None: ...
 
 HOLDER = f"{PROGRESS}/holder.json"  # who holds the destination now
 # Long enough that a renewal delayed by a slow store or a busy host never lets the lease run out; short
@@ -93,7 +101,7 @@ def _token(doc: Any) -> Any:
     return doc.get("token") if isinstance(doc, dict) else None
 
 
-def ensure_held(dest: "Destination", token: str) -> None:
+def ensure_held(dest: Store, token: str) -> None:
     """Raise ValueError unless ``dest``'s holder record is the one with ``token`` (before a shard is published,
     in whichever process writes it)."""
     held = dest.read_json(HOLDER)
@@ -101,7 +109,7 @@ def ensure_held(dest: "Destination", token: str) -> None:
         raise ValueError(lost_message(dest, f"taken over by {describe_holder(held)}"))
 
 
-def lost_message(dest: "Destination", why: str) -> str:
+def lost_message(dest: Store, why: str) -> str:
     return (f"{redact(dest.root)}: this conversion no longer holds the destination ({why}); it stopped before "
             "writing more. Run the same command again once the other conversion ended")
 
@@ -109,7 +117,7 @@ def lost_message(dest: "Destination", why: str) -> str:
 class Lease:
     """A folder URL held by this process for one conversion (``take``, ``check``, ``release``)."""
 
-    def __init__(self, dest: "Destination", owner: dict[str, Any]) -> None:
+    def __init__(self, dest: Store, owner: dict[str, Any]) -> None:
         self.dest, self.token = dest, secrets.token_hex(8)
         self.record = {**holder_record(owner), "token": self.token}
         self._stop = threading.Event()
