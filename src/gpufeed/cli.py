@@ -221,12 +221,9 @@ class _ImageBar:
     """Inputs done of all, as tqdm's bar with images/s and the ETA on stderr (off when not a TTY)."""
 
     def __init__(self) -> None:
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            self._bar = None
-        else:
-            self._bar = tqdm(desc="shards", unit="img", file=sys.stderr, disable=None, smoothing=0.1)
+        from .progress import terminal_bar
+
+        self._bar = terminal_bar(desc="shards", unit="img", smoothing=0.1)
 
     def __call__(self, done: int, total: int) -> None:
         if self._bar is None:

@@ -20,7 +20,7 @@ class Progress:
         self.what, self.total, self.unit, self.shown = what, total, unit, shown
         self.stream = stream if stream is not None else sys.stderr
         self.done = 0
-        self._bar = _tqdm(what, total, unit, self.stream) if shown else None
+        self._bar = terminal_bar(self.stream, desc=what, total=total, unit=unit, smoothing=0.1) if shown else None
         self._start = self._shown_at = time.monotonic()
         self._shown = 0
 
@@ -56,12 +56,14 @@ class Progress:
         self.close()
 
 
-def _tqdm(what: str, total: int, unit: str, stream: TextIO):
-    """tqdm's bar on a terminal, else None (plain lines); also None without tqdm installed."""
+def terminal_bar(stream: TextIO | None = None, **kwargs):
+    """tqdm's bar (``kwargs`` are tqdm's) on ``stream``, standard error by default, where it is a terminal;
+    None elsewhere (a log, a pipe: the caller writes plain lines or nothing) and without tqdm."""
+    stream = stream if stream is not None else sys.stderr
     if not (hasattr(stream, "isatty") and stream.isatty()):
         return None
     try:
-        from tqdm import tqdm
+        from tqdm.auto import tqdm
     except ImportError:
         return None
-    return tqdm(desc=what, total=total, unit=unit, file=stream, smoothing=0.1)
+    return tqdm(file=stream, **kwargs)

@@ -17,23 +17,12 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from ..progress import terminal_bar
+
 # The longest the bench goes without a line when standard error is not a terminal (a terminal's bar moves
 # every second): under the ~15 s after which a silent command reads as hung.
 QUIET_S = 10.0
 LOOK_S = 1.0  # how often a child's exit is looked for, and a terminal's bar redrawn
-
-
-def _tqdm(**kwargs):
-    """A tqdm bar on standard error, or None where tqdm is missing or standard error is not a terminal."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    bar = tqdm(file=sys.stderr, disable=None, **kwargs)
-    if bar.disable:
-        bar.close()
-        return None
-    return bar
 
 
 class Progress:
@@ -78,7 +67,8 @@ class FileCount:
 
     def follow(self, proc: subprocess.Popen) -> int:
         """Show the count until ``proc`` exits; returns its exit status."""
-        bar = None if self._progress.quiet else _tqdm(total=self._n, desc="synthetic data", unit="img", leave=False)
+        bar = None if self._progress.quiet else terminal_bar(total=self._n, desc="synthetic data", unit="img",
+                                                             leave=False)
         try:
             while True:
                 try:
@@ -108,7 +98,8 @@ class EpochBar:
     def __init__(self, name: str, kinds: list[str], progress: Progress) -> None:
         self._name, self._kinds, self._progress, self._done = name, kinds, progress, 0
         self._since = time.monotonic()  # when the epoch under way began
-        self._bar = None if progress.quiet else _tqdm(total=len(kinds) or None, desc=name, unit="epoch", leave=False)
+        self._bar = None if progress.quiet else terminal_bar(total=len(kinds) or None, desc=name, unit="epoch",
+                                                             leave=False)
 
     @property
     def live(self) -> bool:
