@@ -18,8 +18,7 @@ from gpufeed.synth import create_synthetic_dataset
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 # the import name of each distribution of the test extra whose name is not its import name ("-" read as "_")
 IMPORT_NAMES = {"nvidia-ml-py": "pynvml"}
-# what the suite needs beyond the test extra's list: Triton (torch's own dependency on Linux) and the C extension
-BEYOND_THE_EXTRA = {"triton": "Triton (installed with torch on Linux)"}
+# what the suite needs beyond the test extra's list: the C extension
 C_EXTENSION = "the cropped-decode C extension (python setup.py build_ext --inplace, or pip install -e .)"
 
 
@@ -37,12 +36,13 @@ def extra_requirements(pyproject: Path = PYPROJECT) -> list[str]:
 
 
 def required_modules(pyproject: Path = PYPROJECT) -> dict[str, str]:
-    """Import name -> the part it stands for: each distribution of the test extra, and Triton."""
+    """Import name -> the part it stands for: each distribution of the test extra."""
     from packaging.requirements import Requirement  # a dependency of pytest's
 
-    names = {Requirement(r).name.lower() for r in extra_requirements(pyproject)}
+    reqs = [Requirement(r) for r in extra_requirements(pyproject)]
+    names = {r.name.lower() for r in reqs if r.marker is None or r.marker.evaluate()}  # this platform's
     modules = {IMPORT_NAMES.get(n, n.replace("-", "_").replace(".", "_")): f"{n} (the test extra)" for n in names}
-    return {**modules, **BEYOND_THE_EXTRA}
+    return modules
 
 
 def missing_parts(pyproject: Path = PYPROJECT) -> list[str]:

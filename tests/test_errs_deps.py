@@ -16,19 +16,15 @@ _WITHOUT_EXTENSION = """
 import sys
 sys.modules["gpufeed.decode._turbo_crop"] = None  # the extension not built: importing it fails
 import numpy as np
-from gpufeed.augment.params import AugmentSpec
-from gpufeed.decode import CpuDecoder
+from gpufeed import ImageLoader
 from gpufeed.decode.cpu import cropped_decode_available
-from gpufeed.sources import folder_source
-from gpufeed.workers import PipelineSpec
-from gpufeed.workers.chunks import load_sample_into
 
 assert not cropped_decode_available()
-spec = PipelineSpec(folder_source(sys.argv[1]), AugmentSpec(), 10**8)
-out = np.zeros((12, 64, 64, 3), np.uint8)
-for i in range(12):
-    load_sample_into(spec, CpuDecoder(), 1, 0, i, out[i])
-np.save(sys.argv[2], out)
+for _ in range(2):  # a second loader in the same process says nothing more
+    with ImageLoader(sys.argv[1], batch_size=12, image_size=64, device="cpu", num_workers=3, seed=1) as loader:
+        images, labels = next(iter(loader))
+np.save(sys.argv[2], images.numpy())
+np.save(sys.argv[3], labels.numpy())
 """
 
 
@@ -39,24 +35,20 @@ def _python(code: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_missing_cropped_decoder_is_said_once_in_one_line_and_crops_still_come(synth_root, tmp_path):
-    from gpufeed.augment.params import AugmentSpec
-    from gpufeed.decode import CpuDecoder
-    from gpufeed.sources import folder_source
-    from gpufeed.workers import PipelineSpec
-    from gpufeed.workers.chunks import load_sample_into
+    """Said once by the process that makes the loaders, not once more by each of its workers."""
+    from gpufeed import ImageLoader
 
-    run = _python(_WITHOUT_EXTENSION, str(synth_root), str(tmp_path / "out.npy"))
+    run = _python(_WITHOUT_EXTENSION, str(synth_root), str(tmp_path / "out.npy"), str(tmp_path / "labels.npy"))
     assert run.returncode == 0, run.stderr
     said = [line for line in run.stderr.splitlines() if "cropped-decode" in line]
     assert len(said) == 1 and said[0].startswith("gpufeed: the cropped-decode extension is not built"), run.stderr
     assert "libjpeg-dev" in said[0] and "reinstall gpufeed" in said[0]
-    # the whole-image path gives the crops the cropped decoder gives here
-    spec = PipelineSpec(folder_source(synth_root), AugmentSpec(), 10**8)
-    here = np.zeros((12, 64, 64, 3), np.uint8)
-    for i in range(12):
-        load_sample_into(spec, CpuDecoder(), 1, 0, i, here[i])
-    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), here)
-    assert here.std() > 10
+    # the whole-image path gives the batch the cropped decoder gives here
+    with ImageLoader(str(synth_root), batch_size=12, image_size=64, device="cpu", num_workers=3, seed=1) as loader:
+        images, labels = next(iter(loader))
+    np.testing.assert_array_equal(np.load(tmp_path / "labels.npy"), labels.numpy())
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), images.numpy(), atol=1e-6)
+    assert images.std() > 0.1
 
 
 def test_info_says_whether_the_cropped_decoder_is_built_and_how_to_build_it():

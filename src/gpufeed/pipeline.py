@@ -24,6 +24,7 @@ from .augment.params import AugmentSpec, default_resize_size
 from .augment.recipe import read_transform
 from .augment.worker_ops import WorkerOps
 from .decode.base import SkipLog
+from .decode.cpu import say_if_whole_image_decode
 from .options import DecodeOptions, ErrorPolicy, OrderOptions
 from .sampling import ShardedSampler, local_world_size, resolve_rank
 from .schedule import Scheduler
@@ -127,6 +128,7 @@ def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions,
     gpu_decoders, reason = placement.create_gpu_decoders(decoding.decode, device, recipe=cpu_reason, batch_size=batch)
     gpu_path = gpu_decoders is not None
     _warn_unused(device, gpu_path, reason, decoding)
+    say_if_whole_image_decode()
     if worker_ops is not None:
         warnings.warn(worker_ops.warning(), stacklevel=3)
     # in ``dtype`` also where the GPU stage writes uint8 for pixel ops: their output batches are in flight instead

@@ -51,10 +51,11 @@ def cropped_decode_available() -> bool:
     return _decode_crop is not None
 
 
-def _whole_image_decode() -> None:
-    """The cropped decoder is missing: say so once, at the first crop that takes the slower path."""
+def say_if_whole_image_decode() -> None:
+    """Where a loader is made, not in its workers (each would say it again): the cropped decoder's absence, once
+    a process."""
     global _warned
-    if not _warned:
+    if _decode_crop is None and not _warned:
         _warned = True
         _log.warning("gpufeed: %s", CROPPED_DECODE_MISSING)
 
@@ -108,7 +109,6 @@ class CpuDecoder:
         last column differed by up to 25 levels).
         """
         if _decode_crop is None:
-            _whole_image_decode()
             return None
         if not gpu_safe_jpeg(data):
             return None
@@ -125,7 +125,6 @@ class CpuDecoder:
         or the cropped decoder is not built here (nothing written then). For a file already known to be
         a plain sequential JPEG (``gpu_safe_jpeg`` passed): the structural check is not repeated."""
         if _decode_crop is None:
-            _whole_image_decode()
             return None
         done = self._crop(data, path, bounds, reduce, out)
         if done is None:
