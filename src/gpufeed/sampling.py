@@ -136,18 +136,26 @@ def local_world_size(world_size: int) -> int:
     return launched[3] if launched is not None else max(1, world_size)
 
 
-def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Fill ``rank``/``world_size`` from ``torch.distributed`` when initialised, else from torchrun's
-    environment (``launcher_env``: a loader made before ``init_process_group`` still gets its shard), else
-    (0, 1)."""
+def process_group() -> tuple[int, int] | None:
+    """(rank, world size) of the initialised ``torch.distributed`` process group; None without one."""
     dist = torch.distributed
-    initialised = dist.is_available() and dist.is_initialized()
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Fill ``rank``/``world_size`` from ``torch.distributed`` when initialised (``process_group``), else
+    from torchrun's environment (``launcher_env``: a loader made before ``init_process_group`` still gets its
+    shard), else (0, 1)."""
+    group = process_group()
     # torchrun's environment only when neither is given: one given alone means a sharding of the caller's own
     launched = launcher_env() if rank is None and world_size is None else None
+    found = group or (launched[:2] if launched else (0, 1))
     if world_size is None:
-        world_size = dist.get_world_size() if initialised else launched[1] if launched else 1
+        world_size = found[1]
     if rank is None:
-        rank = dist.get_rank() if initialised else launched[0] if launched else 0
+        rank = found[0]
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:

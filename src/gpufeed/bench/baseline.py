@@ -11,6 +11,7 @@ from torchvision.datasets import ImageFolder
 
 from ..augment.normalize import IMAGENET_MEAN, IMAGENET_STD
 from ..decode.pillow import FORMATS
+from ..sampling import process_group
 
 
 def load_rgb(path: str):
@@ -33,8 +34,7 @@ def create_baseline_loader(root: str, *, batch_size: int, num_workers: int, imag
         T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
     ])
     dataset = ImageFolder(root, transform, loader=load_rgb)
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    sampler = DistributedSampler(dataset, drop_last=True) if distributed else None
+    sampler = DistributedSampler(dataset, drop_last=True) if process_group() is not None else None
     return DataLoader(
         dataset,
         batch_size=batch_size,

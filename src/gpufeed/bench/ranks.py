@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from ..sampling import process_group
+
 
 def ranks() -> tuple[int, int]:
     """(rank, world size) of an initialised process group, else (0, 1)."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    return process_group() or (0, 1)
 
 
 def over_ranks(value: float, device: torch.device, op: str = "SUM") -> float:
