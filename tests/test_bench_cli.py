@@ -65,7 +65,7 @@ def test_the_table_fits_100_columns_and_leaves_out_what_was_not_measured(markdow
     assert max(len(line) for line in out.splitlines()) <= WIDTH
     header = next(line for line in out.splitlines() if line.startswith("| pipeline "))
     columns = [c.strip() for c in header.strip("|").split("|")]
-    assert columns[:3] == ["pipeline", "images/s", "vs baseline"] and "PSS added GB" in columns
+    assert columns[:4] == ["pipeline", "images/s", "spread", "vs baseline"] and "PSS added GB" in columns
     # --device cpu: nothing read from a GPU, whatever the machine has; no model: no share of its own rate
     assert not any("GPU" in c for c in columns) and "of its own rate" not in columns
     assert "of ceiling" not in out and "bench overhead" not in columns
@@ -73,6 +73,9 @@ def test_the_table_fits_100_columns_and_leaves_out_what_was_not_measured(markdow
     assert set(rows) == {"pipeline", "baseline", "gpufeed"}
     rate = next(r for r in result["rows"] if r["name"] == "gpufeed")["images_per_s"]
     assert f" {rate:,.0f} |" in rows["gpufeed"]
+    spread = next(r for r in result["rows"] if r["name"] == "gpufeed")["plain_spread"]
+    assert f" {100 * spread:.1f}% |" in rows["gpufeed"]
+    assert isinstance(result["within_spread"], list)  # the pairs this run cannot tell apart, maybe none
     assert "baseline: torchvision ImageFolder + DataLoader (1 worker)" in out
     assert "gpufeed: cpu decode" in out
     # the user's --data: advice about it, not about the synthetic data's --n
@@ -173,3 +176,34 @@ def test_the_baseline_asked_for_data_it_cannot_read_is_refused_before_anything_r
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"reads only a local ImageFolder folder, not '{shard}'" in err
     assert "leave baseline out of --pipelines" in err
+
+
+def _row(name, plain):
+    return {"name": name, "pipeline": name, "images_per_s": sorted(plain)[len(plain) // 2],
+            "plain_spread": max(plain) / min(plain) - 1, "warnings": [],
+            "epochs": [{"kind": "warm-up", "images_per_s": 1.0}, *({"kind": "plain", "images_per_s": p} for p in plain)]}
+
+
+def test_rows_whose_plain_epochs_overlap_are_said_within_their_spread_in_the_table_and_json():
+    """Two pipelines whose plain epochs' ranges overlap are named under the table with both ranges, and listed
+    in ``within_spread``; a pair apart, the model alone and a row that failed are not."""
+    from gpufeed.bench.report import format_table, within_spread
+
+    rows = [{"name": "ceiling", "pipeline": "GPU-resident tensors", "images_per_s": 1500.0, "epochs": [],
+             "warnings": []},
+            _row("baseline", [400.0, 460.0, 430.0]), _row("gpufeed", [455.0, 520.0, 500.0]),
+            _row("gpufeed-cpu", [600.0, 610.0, 620.0]), {**_row("gpufeed-gpu", [450.0, 470.0]), "error": True,
+                                                          "failure": "no GPU"}]
+    assert within_spread(rows) == [["baseline", "gpufeed"]]
+    assert within_spread([_row("a", [100.0, 110.0]), _row("b", [110.0, 120.0])]) == [["a", "b"]]  # touching
+    assert within_spread([_row("a", [100.0]), _row("b", [100.0])]) == []  # one plain epoch: no range to compare
+    result = {"date": "2026-12-04 10:00", "machine": {"cpu_cores": 2, "torch": "2"}, "dataset": "/d",
+              "config": {"device": "cpu", "batch_size": 8, "workers": 1, "model": None},
+              "epoch_kinds": ["warm-up", "plain", "monitored", "plain", "memory"], "rows": rows,
+              "within_spread": within_spread(rows)}
+    out = format_table(result)
+    note = next(line for line in out.splitlines() if "plain epochs overlap" in line)
+    assert note.startswith("- baseline, gpufeed: plain epochs overlap (400-460 against 455-520 images/s)")
+    assert sum(line.startswith("- ") and "overlap" in line for line in out.splitlines()) == 1
+    gpufeed = next(line for line in out.splitlines() if line.startswith("| gpufeed "))
+    assert gpufeed.split("|")[3].strip() == "14.3%"  # 520 / 455 - 1

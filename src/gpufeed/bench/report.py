@@ -47,6 +47,9 @@ COLUMNS = (
     Column("images/s", lambda r: r.get("images_per_s"), ",.0f",
            "median of the plain epochs, which run the training loop and nothing else (epoch 1, the warm-up with "
            "the start-up, is not counted)"),
+    Column("spread", _percent("plain_spread"), ".1f",
+           "how far apart the plain epochs ran: the fastest over the slowest, less one (two rows whose plain "
+           "epochs overlap are said under the table to be within their spread)", "%"),
     Column("vs baseline", lambda r: r.get("vs_baseline"), ".2f",
            "images/s over the baseline's (torchvision ImageFolder + DataLoader)", "x"),
     Column("of its own rate", _percent("of_ceiling"), ".1f",
@@ -160,6 +163,8 @@ def format_table(result: dict[str, Any]) -> str:
     for r in rows:
         for w in [*r.get("warnings", []), *([f"FAILED: {r['failure']}"] if r.get("error") else [])]:
             notes.setdefault(w, []).append(_name(r))
+    for a, b in result.get("within_spread", []):
+        notes.setdefault(_overlap_note(rows, a, b), []).extend([step_name(a), step_name(b)])
     if notes:
         lines.append("warnings:")
         for w, names in notes.items():
@@ -181,6 +186,7 @@ CSV_FIELDS = {
     "images_per_s": lambda r: r.get("images_per_s"),
     "plain_min_images_per_s": lambda r: _plain(r, min),
     "plain_max_images_per_s": lambda r: _plain(r, max),
+    "plain_spread": lambda r: r.get("plain_spread"),
     "vs_baseline": lambda r: r.get("vs_baseline"),
     "of_its_own_rate": lambda r: r.get("of_ceiling"),
     "gpu_busy_percent": lambda r: r.get("gpu_busy"),
@@ -205,6 +211,22 @@ def plain_rates(row: dict[str, Any]) -> list[float]:
 def _plain(row: dict[str, Any], pick: Callable) -> float | None:
     rates = plain_rates(row)
     return pick(rates) if rates else None
+
+
+def within_spread(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """The pairs of pipelines (names, in the rows' order) whose plain epochs' ranges overlap: a difference
+    between their rates is within their own spread, so this run does not tell them apart."""
+    ranged = [(r["name"], min(p), max(p)) for r in rows
+              if r["name"] != "ceiling" and not r.get("error") and len(p := plain_rates(r)) > 1]
+    return [[a, b] for i, (a, low_a, high_a) in enumerate(ranged) for b, low_b, high_b in ranged[i + 1:]
+            if low_a <= high_b and low_b <= high_a]
+
+
+def _overlap_note(rows: list[dict[str, Any]], a: str, b: str) -> str:
+    ranges = [(min(p), max(p)) for name in (a, b) for p in [plain_rates(next(r for r in rows if r["name"] == name))]]
+    return (f"plain epochs overlap ({ranges[0][0]:,.0f}-{ranges[0][1]:,.0f} against {ranges[1][0]:,.0f}-"
+            f"{ranges[1][1]:,.0f} images/s): the difference between these two is within their spread; more "
+            f"epochs (--epochs) or a second run tell them apart")
 
 
 def row_outcome(row: dict[str, Any]) -> str:

@@ -32,7 +32,7 @@ from ..cores import usable_cores
 from .monitor import Monitor
 from .pipeline import CEILING, PIPELINES, ceiling_row, check_baseline_reads, describe, epoch_kinds, run_pipeline
 from .progress import QUIET_S, EpochBar, EpochReport, FileCount, Progress, follow
-from .report import epochs_text, row_outcome, settings, step_name, wrap
+from .report import epochs_text, row_outcome, settings, step_name, within_spread, wrap
 from .ranks import ranks, together
 from .recipes import load_recipe
 from .train import make_train_step
@@ -257,4 +257,5 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
         "isolated": run is _in_child,
         "epoch_kinds": epoch_kinds(cfg.epochs),
         "rows": rows,
+        "within_spread": within_spread(rows),
     }
