@@ -1,7 +1,7 @@
 """A recipe mixing device ops (RandomPerspective, containers) with ops that run in the CPU workers
 (ElasticTransform, a user's own callable) through ImageLoader on the CPU: each sample is the workers'
 torchvision ops then the device ops with the sample's draws, a training step runs on it, a resumed epoch
-repeats, and augment.placement sends each op where its place lets it run."""
+repeats, and placement.ops sends each op where its place lets it run."""
 
 from __future__ import annotations
 

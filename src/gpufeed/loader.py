@@ -117,7 +117,7 @@ class ImageLoader:
     ``image_size``, ``resize_size``, ``mean`` and ``std`` (``augment.recipe``: RandomResizedCrop with its
     scale and ratio or [Resize +] RandomCrop with its padding, RandomHorizontalFlip(p), Resize + CenterCrop,
     to-tensor ops, Normalize, and the per-sample ops with a device version where their place lets them run
-    there (``augment.placement``; ``loader.stats["ops_on_device"]``), on the device; any other op, a user's own
+    there (``placement.ops``; ``loader.stats["ops_on_device"]``), on the device; any other op, a user's own
     callable included, runs per sample in the CPU workers as torchvision's own, said once in a warning and in
     ``loader.stats["ops_in_workers"]``).
     The settings are kept, grouped and validated, in ``loader.augment`` (at the size in effect),
@@ -307,7 +307,7 @@ class ImageLoader:
         0 for a CPU device); what runs the auto-augment family's colour and point operations on CUDA (None
         without them or on a CPU device); the recipe's per-sample ops that run on the loader's device
         (``ops_on_device``) and those the CPU workers run (``ops_in_workers``: those that do not run on the
-        device, and those among them; ``augment.placement``); under ``on_error="skip"``
+        device, and those among them; ``placement.ops``); under ``on_error="skip"``
         the number of skipped samples, (path, reason) for the first 10,000, and how many samples stood in for
         them (``repeated``)."""
         by = dict(self._stage.decoded_by)

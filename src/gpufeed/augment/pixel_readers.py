@@ -12,7 +12,7 @@ from torchvision import tv_tensors
 
 from .ops import (Apply, AugMix, AutoAugment, Blur, Choice, Grayscale, Jitter, Order, Perspective, PixelOp, RandAugment,
                   Sharpen, TrivialAugment, VerticalFlip, container_salt)
-from .placement import CONTAINERS, UINT8_OPS, inner_ops, interpolation_name
+from ..placement.ops import CONTAINERS, UINT8_OPS, inner_ops, interpolation_name
 
 
 def read_pixel_ops(ops: Sequence[Any], names: Sequence[str], size: int) -> list[PixelOp]:

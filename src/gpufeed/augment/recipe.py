@@ -5,7 +5,7 @@ transforms.v2`` or the older ``torchvision.transforms``) and runs it the gpufeed
 sample by the workers, decode and resize where the loader decodes, flip and normalise in the same pass.
 Each op is read for its parameters; one whose parameters gpufeed cannot honour raises, naming it, rather
 than being changed or skipped: a recipe that silently lost an op would train a different model. An op that
-does not run on the device (``placement``: ElasticTransform, a user's own callable, a pixel op before the crop)
+does not run on the device (``placement.ops``: ElasticTransform, a user's own callable, a pixel op before the crop)
 runs per sample in the CPU workers as torchvision's own, with the ops around it that its place needs
 (``worker_ops``).
 
@@ -17,11 +17,12 @@ runs per sample in the CPU workers as torchvision's own, with the ops around it 
 RandomCrop takes its crop from the (resized) image without resampling; the CPU workers make those crops on
 every device (``placement.gpu_may_take``), as they make validation's.
 
-The pixel ops (``PIXEL_OPS``: RandomVerticalFlip, ColorJitter, RandomGrayscale, GaussianBlur,
+The pixel ops (``placement.ops.PIXEL_OPS``: RandomVerticalFlip, ColorJitter, RandomGrayscale, GaussianBlur,
 RandomAdjustSharpness, TrivialAugmentWide, RandAugment, AutoAugment, AugMix, RandomPerspective, and RandomApply,
 RandomChoice, RandomOrder of them) and RandomErasing run per sample on the device (``augment.ops``); the pixel
-ops in the order given, on uint8 pixels before the cast to float, as torchvision runs them on PIL images. Those that give the same pixels either side of a horizontal flip
-(``FLIP_COMMUTING``) may also stand between the crop and RandomHorizontalFlip.
+ops in the order given, on uint8 pixels before the cast to float, as torchvision runs them on PIL images.
+Those that give the same pixels either side of a horizontal flip (``FLIP_COMMUTING``) may also stand between
+the crop and RandomHorizontalFlip.
 
 "to tensor" is any of ``ToImage``, ``PILToTensor``, ``ToTensor``, ``ToDtype(float, scale=True)``,
 ``ConvertImageDtype(float)``: the loader always delivers floats scaled to [0, 1] before ``Normalize``.
@@ -40,11 +41,11 @@ from torchvision.transforms import v2
 from .ops import Erasing, PixelOp
 from .params import RandomCrop
 from .pixel_readers import fill_for_input, read_pixel_ops
-from .placement import (CONTAINERS, FLIP_COMMUTING, PIXEL_OPS, SIZING as _SIZING, SUPPORTED, UINT8_OPS as _UINT8_OPS,
-                        device_version, flip_commuting, on_device)
+from ..placement.ops import (CONTAINERS, PIXEL_OPS, SIZING as _SIZING, UINT8_OPS as _UINT8_OPS, device_version,
+                        flip_commuting, on_device)
 from .worker_ops import WorkerOps, op_name
 
-__all__ = ["FLIP_COMMUTING", "PIXEL_OPS", "SUPPORTED", "Recipe", "read_transform"]
+__all__ = ["Recipe", "read_transform"]
 
 _FLOAT_OPS = {"ToTensor", "ToDtype", "ConvertImageDtype"}
 _TENSOR_OPS = {"ToImage", "PILToTensor", "ToPureTensor", "ToTensor", "ToDtype", "ConvertImageDtype"}
@@ -79,7 +80,7 @@ class Recipe:
 
 def read_transform(transform: Any) -> Recipe:
     """``transform`` (a ``Compose``, or one op) as a ``Recipe``; ValueError naming an op whose parameters or
-    place gpufeed cannot honour. The ops that do not run on the device (``placement.on_device``), and those
+    place gpufeed cannot honour. The ops that do not run on the device (``placement.ops.on_device``), and those
     among them, become the stretch the workers run (``workers``, ``_worker_span``). A ``Compose`` within it is
     read as its ops."""
     ops = _flat(list(getattr(transform, "transforms", [transform])))
@@ -215,17 +216,11 @@ def _check_order(names: list[str], commuting: set[str]) -> None:
 
 
 def _why(a: str, b: str) -> str:
-    """Why ``b`` cannot follow ``a``."""
-    if a in PIXEL_OPS and b == "RandomHorizontalFlip":
-        return (f"gpufeed flips on decode, before the pixel ops, and {a} does not give the same pixels either side "
-                f"of a flip (only {', '.join(FLIP_COMMUTING)} may stand before RandomHorizontalFlip)")
-    if a in PIXEL_OPS:
-        return f"gpufeed crops and resizes on decode, before per-sample pixel ops such as {a}"
+    """Why ``b`` cannot follow ``a`` (a pixel op before the crop or a flip runs in the workers: ``placement``)."""
     if b in PIXEL_OPS:
         return (f"gpufeed runs {b} on uint8 pixels before the cast to float, as torchvision runs it on PIL images, "
                 "not on the float or normalised batch")
     return "the order is crop and flip, the pixel ops, to tensor, Normalize, RandomErasing"
-
 
 
 def _erasing(op: Any) -> Erasing:

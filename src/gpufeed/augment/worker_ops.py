@@ -1,6 +1,6 @@
 """The stretch of a recipe that runs per sample in the CPU worker processes, with torchvision's own ops.
 
-An op that does not run on the device (``placement``: ``v2.ElasticTransform``, a user's own callable, a
+An op that does not run on the device (``placement.ops``: ``v2.ElasticTransform``, a user's own callable, a
 device op placed where the device does not run it) is run by the workers, on each sample as torchvision's pipeline would hand it over: a PIL image
 where no ``ToImage``/``PILToTensor`` stands before it (an ``ImageFolder`` gives PIL images), else a
 ``tv_tensors.Image`` (3, H, W) uint8. The ops the device would run but that stand between two such ops (or

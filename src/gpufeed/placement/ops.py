@@ -5,7 +5,7 @@ The rule, stated once: an op runs on the device where gpufeed has a device versi
 the names below; a container whose ops all have one) and its place lets it run there (``on_device``). The
 device runs its per-sample ops after the crop and the flip, each from a stream of its own, so a pixel op
 standing before the crop, or before a flip it does not commute with, or a second one of a kind, runs in the
-workers, as does every op without a device version. ``recipe._worker_span`` widens the workers' stretch
+workers, as does every op without a device version. ``augment.recipe._worker_span`` widens the workers' stretch
 around those to keep the recipe's order.
 """
 
