@@ -67,6 +67,13 @@ def test_the_coefficients_are_torchvisions_least_squares():
     assert np.array_equal(ours, theirs)
 
 
+def test_corners_that_collapse_the_image_are_named():
+    """Only distortion_scale=1 can draw them (torchvision's solve fails there too)."""
+    fine = ((0, 0), (56, 0), (56, 56), (0, 56))
+    with pytest.raises(ValueError, match=r"corners \(\(28, 28\), \(28, 28\).* below 1"):
+        coefficients([fine, ((28, 28),) * 4], 57, 57)
+
+
 def _corners_from(coeffs: list[float], size: int) -> tuple[int, ...]:
     """The corners torchvision drew, from the coefficients ``make_params`` returns: the homography they hold
     maps the corners to the image's, so its inverse maps the image's corners back to them."""

@@ -74,7 +74,14 @@ def coefficients(corners: Sequence[Corners], width: int, height: int) -> np.ndar
     a[:, 0::2, 6], a[:, 0::2, 7] = -start[:, 0] * x, -start[:, 0] * y
     a[:, 1::2, 6], a[:, 1::2, 7] = -start[:, 1] * x, -start[:, 1] * y
     b = torch.from_numpy(np.broadcast_to(start.reshape(1, 8, 1), (len(end), 8, 1)).copy())
-    solved = torch.linalg.lstsq(torch.from_numpy(a), b, driver="gels").solution
+    try:
+        solved = torch.linalg.lstsq(torch.from_numpy(a), b, driver="gels").solution
+    except torch.linalg.LinAlgError:  # corners that collapse the image: name them
+        flat = [i for i in range(len(a)) if torch.linalg.matrix_rank(torch.from_numpy(a[i])) < 8]
+        raise ValueError(f"RandomPerspective drew the corners {corners[flat[0] if flat else 0]} for a {width} x "
+                         f"{height} image, which collapse it: no perspective maps the image's corners there "
+                         f"(torchvision's solve fails on them too); a distortion_scale below 1 never draws "
+                         f"such corners") from None
     return solved.squeeze(-1).to(torch.float32).numpy()
 
 
