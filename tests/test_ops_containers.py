@@ -33,7 +33,8 @@ def _draws(op, n=N):
 
 
 # three ops whose six orders give six different images (and each alone another image)
-DARKEN, GREY, SHARPEN = v2.ColorJitter(brightness=(0.5, 0.5)), v2.RandomGrayscale(p=1.0), v2.RandomAdjustSharpness(3.0, p=1.0)
+DARKEN, GREY = v2.ColorJitter(brightness=(0.5, 0.5)), v2.RandomGrayscale(p=1.0)
+SHARPEN = v2.RandomAdjustSharpness(3.0, p=1.0)
 FUNCTIONS = (lambda x: F.adjust_brightness(x, 0.5), lambda x: F.rgb_to_grayscale(x, num_output_channels=3),
              lambda x: F.adjust_sharpness(x, 3.0))
 

@@ -1,6 +1,7 @@
 """Recipe ops that do not run on the device (ElasticTransform, a user's own callable, and the device ops among
-them, such as RandomPerspective) run per sample in the CPU workers as torchvision's own: checked against torchvision run on the same crops
-(or the same decoded image) with the per-sample seeds, so the ops are applied, in the recipe's order."""
+them, such as RandomPerspective) run per sample in the CPU workers as torchvision's own: checked against
+torchvision run on the same crops (or the same decoded image) with the per-sample seeds, so the ops are
+applied, in the recipe's order."""
 
 from __future__ import annotations
 

@@ -52,7 +52,8 @@ def _container(op: Any, size: int, before: list[str], salt: int | None = None) -
 
 def _perspective(op: Any, before: list[str]) -> Perspective:
     fill = fill_for_input(op.fill, before)
-    fill = None if fill is None else (float(fill),) if isinstance(fill, numbers.Number) else tuple(float(v) for v in fill)
+    if fill is not None:
+        fill = (float(fill),) if isinstance(fill, numbers.Number) else tuple(float(v) for v in fill)
     return Perspective(distortion_scale=float(op.distortion_scale), p=float(op.p),
                        interpolation=interpolation_name(op, "bilinear"), fill=fill)
 

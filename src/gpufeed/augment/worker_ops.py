@@ -1,10 +1,11 @@
 """The stretch of a recipe that runs per sample in the CPU worker processes, with torchvision's own ops.
 
 An op that does not run on the device (``placement.ops``: ``v2.ElasticTransform``, a user's own callable, a
-device op placed where the device does not run it) is run by the workers, on each sample as torchvision's pipeline would hand it over: a PIL image
-where no ``ToImage``/``PILToTensor`` stands before it (an ``ImageFolder`` gives PIL images), else a
-``tv_tensors.Image`` (3, H, W) uint8. The ops the device would run but that stand between two such ops (or
-after one, among the crop and flip) run there too, as torchvision's own, so the recipe keeps its order.
+device op placed where the device does not run it) is run by the workers, on each sample as torchvision's
+pipeline would hand it over: a PIL image where no ``ToImage``/``PILToTensor`` stands before it (an
+``ImageFolder`` gives PIL images), else a ``tv_tensors.Image`` (3, H, W) uint8. The ops the device would run
+but that stand between two such ops (or after one, among the crop and flip) run there too, as torchvision's
+own, so the recipe keeps its order.
 
     after the crop:   decode + crop + resize (+ flip) as always ─► the stretch ─► the slot's (S, S, 3) uint8
     before the crop:  decode the whole image ─► the stretch, the crop included ─► the slot's (S, S, 3) uint8
@@ -47,7 +48,8 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 class WorkerOps:
     """``ops`` (a stretch of the recipe, in its order) run per sample in the workers. ``names``: each op's
     name; ``own``: the names of those that do not run on the device, ``placed`` among them those that have a
-    device version but stand where the device does not run them; ``from_decode``: the stretch holds the crop, so the workers decode the whole image and run it from there; ``tensors``: the stretch's input is a
+    device version but stand where the device does not run them; ``from_decode``: the stretch holds the crop,
+    so the workers decode the whole image and run it from there; ``tensors``: the stretch's input is a
     ``tv_tensors.Image`` (a ``ToImage``/``PILToTensor`` stood before it), else a PIL image. Picklable."""
 
     ops: tuple[Any, ...]
