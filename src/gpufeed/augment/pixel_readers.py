@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 from torchvision import tv_tensors
 
+from ..placement.ops import CONTAINERS, UINT8_OPS, inner_ops, interpolation_name
 from .ops import (Apply, AugMix, AutoAugment, Blur, Choice, Grayscale, Jitter, Order, Perspective, PixelOp, RandAugment,
                   Sharpen, TrivialAugment, VerticalFlip, container_salt)
-from ..placement.ops import CONTAINERS, UINT8_OPS, inner_ops, interpolation_name
 
 
 def read_pixel_ops(ops: Sequence[Any], names: Sequence[str], size: int) -> list[PixelOp]:

@@ -5,8 +5,8 @@ transforms.v2`` or the older ``torchvision.transforms``) and runs it the gpufeed
 sample by the workers, decode and resize where the loader decodes, flip and normalise in the same pass.
 Each op is read for its parameters; one whose parameters gpufeed cannot honour raises, naming it, rather
 than being changed or skipped: a recipe that silently lost an op would train a different model. An op that
-does not run on the device (``placement.ops``: ElasticTransform, a user's own callable, a pixel op before the crop)
-runs per sample in the CPU workers as torchvision's own, with the ops around it that its place needs
+does not run on the device (``placement.ops``: ElasticTransform, a user's own callable, a pixel op before the
+crop) runs per sample in the CPU workers as torchvision's own, with the ops around it that its place needs
 (``worker_ops``).
 
     training:    RandomResizedCrop(size, scale, ratio) [RandomHorizontalFlip(p)] [pixel ops]
@@ -38,11 +38,11 @@ from typing import Any, Sequence
 import torch
 from torchvision.transforms import v2
 
+from ..placement.ops import (CONTAINERS, PIXEL_OPS, SIZING as _SIZING, UINT8_OPS as _UINT8_OPS, device_version,
+                             flip_commuting, on_device)
 from .ops import Erasing, PixelOp
 from .params import RandomCrop
 from .pixel_readers import fill_for_input, read_pixel_ops
-from ..placement.ops import (CONTAINERS, PIXEL_OPS, SIZING as _SIZING, UINT8_OPS as _UINT8_OPS, device_version,
-                        flip_commuting, on_device)
 from .worker_ops import WorkerOps, op_name
 
 __all__ = ["Recipe", "read_transform"]
