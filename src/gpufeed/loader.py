@@ -116,9 +116,10 @@ class ImageLoader:
     torchvision ``Compose`` the script would give a Dataset, read for its settings in place of ``train``,
     ``image_size``, ``resize_size``, ``mean`` and ``std`` (``augment.recipe``: RandomResizedCrop with its
     scale and ratio or [Resize +] RandomCrop with its padding, RandomHorizontalFlip(p), Resize + CenterCrop,
-    to-tensor ops, Normalize, and the per-sample ops in ``recipe.SUPPORTED``, on the device; any other op, a
-    user's own callable included, runs per sample in the CPU workers as torchvision's own, said once in a
-    warning and in ``loader.stats["ops_in_workers"]``).
+    to-tensor ops, Normalize, and the per-sample ops with a device version where their place lets them run
+    there (``placement.ops``; ``loader.stats["ops_on_device"]``), on the device; any other op, a user's own
+    callable included, runs per sample in the CPU workers as torchvision's own, said once in a warning and in
+    ``loader.stats["ops_in_workers"]``).
     The settings are kept, grouped and validated, in ``loader.augment`` (at the size in effect),
     ``loader.normalize``, ``loader.decoding`` and ``loader.errors``.
 
@@ -304,8 +305,9 @@ class ImageLoader:
         CPUs the workers run on (None: all of this process's), whether the batch ring is page-locked for
         CUDA copies (None before the workers start), the GPU memory budget in bytes (``placement.gpu_memory``;
         0 for a CPU device); what runs the auto-augment family's colour and point operations on CUDA (None
-        without them or on a CPU device); the recipe's ops the CPU workers run per sample (``ops_in_workers``:
-        those with no device version, and those among them; ``augment.worker_ops``); under ``on_error="skip"``
+        without them or on a CPU device); the recipe's per-sample ops that run on the loader's device
+        (``ops_on_device``) and those the CPU workers run (``ops_in_workers``: those that do not run on the
+        device, and those among them; ``placement.ops``); under ``on_error="skip"``
         the number of skipped samples, (path, reason) for the first 10,000, and how many samples stood in for
         them (``repeated``)."""
         by = dict(self._stage.decoded_by)
@@ -316,6 +318,7 @@ class ImageLoader:
                 "ring_page_locked": pool.page_locked if pool is not None else None,
                 "gpu_memory_budget": self.gpu_memory.total if self.device.type == "cuda" else 0,
                 "auto_augment_ops": self.sample_ops.auto_augment_runner(self.device),
+                "ops_on_device": list(self.sample_ops.names),
                 "ops_in_workers": list(self.spec.worker_ops.names) if self.spec.worker_ops is not None else [],
                 "skipped_count": self._skips.total, "skipped": list(self._skips.listed),
                 "repeated": self._skips.repeated, "shards": getattr(self.source, "shard_options", None)}

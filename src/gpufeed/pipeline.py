@@ -81,7 +81,8 @@ def read_settings(transform: Any, *, train: bool | None, image_size: int | None,
     normalize = Normalize(mean=tuple(mean), std=tuple(std), dtype=torch.float32 if dtype is None else dtype,
                           channels_last=channels_last)
     # the recipe's per-sample ops on each delivered batch (pixel ops such as ColorJitter, RandomErasing)
-    ops = SampleOps(pixel=recipe.pixel if recipe else (), erasing=recipe and recipe.erasing, mean=mean, std=std)
+    ops = SampleOps(pixel=recipe.pixel if recipe else (), erasing=recipe and recipe.erasing, mean=mean, std=std,
+                    names=recipe.device if recipe else ())
     return Settings(augment, normalize, ops, recipe.workers if recipe else None)
 
 

@@ -15,9 +15,13 @@ TAIL = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.485
 PIXEL = [v2.RandomVerticalFlip(0.5), v2.ColorJitter(0.4, 0.4, 0.4, 0.2), v2.RandomGrayscale(0.3),
          v2.GaussianBlur(9, (0.1, 2.0)), v2.RandomAdjustSharpness(2.0, 0.5), v2.TrivialAugmentWide(),
          v2.TrivialAugmentWide(interpolation=v2.InterpolationMode.BILINEAR), v2.RandAugment(), v2.AutoAugment(),
-         v2.AugMix()]
+         v2.AugMix(), v2.RandomPerspective(0.6, p=0.7),
+         v2.RandomPerspective(0.6, p=0.7, interpolation=v2.InterpolationMode.NEAREST, fill=(10, 200, 30)),
+         v2.RandomApply([v2.ColorJitter(0.4), v2.RandomPerspective(p=1.0)], p=0.6),
+         v2.RandomChoice([v2.RandomPerspective(p=1.0, fill=None), v2.TrivialAugmentWide(), v2.GaussianBlur(5)]),
+         v2.RandomOrder([v2.RandomPerspective(p=1.0), v2.RandomGrayscale(0.5), v2.RandomAdjustSharpness(2.0)])]
 IDS = ["vflip", "jitter", "grayscale", "blur", "sharpness", "trivial", "trivial-bilinear", "randaugment", "autoaugment",
-       "augmix"]
+       "augmix", "perspective", "perspective-nearest-fill", "random-apply", "random-choice", "random-order"]
 
 
 @pytest.mark.parametrize("t", PIXEL, ids=IDS)
@@ -52,6 +56,52 @@ def test_a_loader_with_every_op_gives_on_cuda_what_the_cpu_gives(tmp_path):
         assert xa.shape == (16, 3, 64, 64) and xa.is_cuda and torch.equal(xa, xb)
         on_cpu = ops(xp.cpu(), plain.batch_indices, 5, 0)
         assert float((xa.cpu() - on_cpu).abs().mean()) < 0.02
+        compared += 1
+    assert compared == 4
+    for loader in (a, b, plain):
+        loader.close()
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "nearest"])
+def test_perspective_gives_torchvisions_cuda_pixels_for_each_samples_corners(interpolation):
+    """64 samples warped on CUDA in one batch against torchvision's ``perspective`` on CUDA for each: the
+    same grid and fill arithmetic, so nearly every pixel the same (a batched product may round a coordinate's
+    last bit otherwise, moving a nearest sample or a bilinear sum by a level)."""
+    from torchvision.transforms.v2 import functional as F
+
+    from gpufeed.augment.ops import Perspective
+
+    op = Perspective(0.7, p=1.0, interpolation=interpolation, fill=(10.0, 200.0, 30.0))
+    images = torch.randint(0, 256, (64, 3, 48, 48), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    images = images.cuda()
+    choices = SampleOps.draws(op, range(64), seed=1, epoch=0, size=48)
+    ours = op.apply(images, choices)
+    start = [[0, 0], [47, 0], [47, 47], [0, 47]]
+    theirs = torch.stack([F.perspective(image, start, [list(c) for c in corners], interpolation=v2.InterpolationMode(
+        interpolation), fill=[10.0, 200.0, 30.0]) for image, corners in zip(images, choices, strict=True)])
+    assert ours.is_cuda and ours.shape == theirs.shape
+    diff = (ours.int() - theirs.int()).abs()
+    assert float((diff > 0).float().mean()) < 1e-3 and float(diff.float().mean()) < 0.05, int(diff.max())
+
+
+def test_a_cuda_loader_runs_perspective_and_the_containers_on_the_device(tmp_path):
+    """RandomPerspective and the three containers in a CUDA loader: listed in ``ops_on_device``, none in the
+    workers (the GPU decode path stays), the same bits twice with one seed, and close to the same ops run on
+    the CPU from the plain batch."""
+    from gpufeed.synth import create_synthetic_dataset
+
+    root = create_synthetic_dataset(tmp_path, n=64, num_classes=4, seed=3, workers=2)
+    pipeline = v2.Compose(HEAD + [PIXEL[10], *PIXEL[12:]] + TAIL)
+    kw = dict(batch_size=16, device="cuda", num_workers=2, seed=5)
+    a, b = ImageLoader(root, transform=pipeline, **kw), ImageLoader(root, transform=pipeline, **kw)
+    plain = ImageLoader(root, transform=v2.Compose(HEAD + TAIL), **kw)
+    assert a.stats["ops_on_device"] == ["RandomPerspective", "RandomApply", "RandomChoice", "RandomOrder"]
+    assert a.stats["ops_in_workers"] == [] and a.decode_backend == plain.decode_backend
+    compared = 0
+    for (xa, _), (xb, _), (xp, _) in zip(a, b, plain, strict=True):
+        assert xa.shape == (16, 3, 64, 64) and xa.is_cuda and torch.equal(xa, xb)
+        on_cpu = a.sample_ops(xp.cpu(), plain.batch_indices, 5, 0)
+        assert float((xa.cpu() - on_cpu).abs().mean()) < 0.05
         compared += 1
     assert compared == 4
     for loader in (a, b, plain):

@@ -4,9 +4,10 @@
 transforms.v2`` or the older ``torchvision.transforms``) and runs it the gpufeed way: the crop decided per
 sample by the workers, decode and resize where the loader decodes, flip and normalise in the same pass.
 Each op is read for its parameters; one whose parameters gpufeed cannot honour raises, naming it, rather
-than being changed or skipped: a recipe that silently lost an op would train a different model. An op with no
-device version (not in ``SUPPORTED``: RandomPerspective, a user's own callable) runs per sample in the CPU
-workers as torchvision's own, with the ops around it that its place needs (``worker_ops``).
+than being changed or skipped: a recipe that silently lost an op would train a different model. An op that
+does not run on the device (``placement.ops``: ElasticTransform, a user's own callable, a pixel op before the
+crop) runs per sample in the CPU workers as torchvision's own, with the ops around it that its place needs
+(``worker_ops``).
 
     training:    RandomResizedCrop(size, scale, ratio) [RandomHorizontalFlip(p)] [pixel ops]
                  [to tensor] [Normalize] [RandomErasing(p, scale, ratio, value)]
@@ -16,11 +17,12 @@ workers as torchvision's own, with the ops around it that its place needs (``wor
 RandomCrop takes its crop from the (resized) image without resampling; the CPU workers make those crops on
 every device (``placement.gpu_may_take``), as they make validation's.
 
-The pixel ops (``PIXEL_OPS``: RandomVerticalFlip, ColorJitter, RandomGrayscale, GaussianBlur,
-RandomAdjustSharpness, TrivialAugmentWide, RandAugment, AutoAugment, AugMix) and RandomErasing run per sample on the
-device (``augment.ops``); the pixel ops in the order given, on uint8 pixels before the cast to float, as
-torchvision runs them on PIL images. Those that give the same pixels either side of a horizontal flip
-(``FLIP_COMMUTING``) may also stand between the crop and RandomHorizontalFlip.
+The pixel ops (``placement.ops.PIXEL_OPS``: RandomVerticalFlip, ColorJitter, RandomGrayscale, GaussianBlur,
+RandomAdjustSharpness, TrivialAugmentWide, RandAugment, AutoAugment, AugMix, RandomPerspective, and RandomApply,
+RandomChoice, RandomOrder of them) and RandomErasing run per sample on the device (``augment.ops``); the pixel
+ops in the order given, on uint8 pixels before the cast to float, as torchvision runs them on PIL images.
+Those that give the same pixels either side of a horizontal flip (``FLIP_COMMUTING``) may also stand between
+the crop and RandomHorizontalFlip.
 
 "to tensor" is any of ``ToImage``, ``PILToTensor``, ``ToTensor``, ``ToDtype(float, scale=True)``,
 ``ConvertImageDtype(float)``: the loader always delivers floats scaled to [0, 1] before ``Normalize``.
@@ -31,35 +33,30 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
-from PIL import Image
-from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from .ops import (AugMix, AutoAugment, Blur, Erasing, Grayscale, Jitter, PixelOp, RandAugment, Sharpen,
-                  TrivialAugment, VerticalFlip)
+from ..placement.ops import (CONTAINERS, PIXEL_OPS, SIZING as _SIZING, UINT8_OPS as _UINT8_OPS, device_version,
+                             flip_commuting, on_device)
+from .ops import Erasing, PixelOp
 from .params import RandomCrop
+from .pixel_readers import fill_for_input, read_pixel_ops
 from .worker_ops import WorkerOps, op_name
 
-_SIZING = ("RandomResizedCrop", "RandomCrop", "Resize", "CenterCrop")
+__all__ = ["Recipe", "read_transform"]
+
 _FLOAT_OPS = {"ToTensor", "ToDtype", "ConvertImageDtype"}
 _TENSOR_OPS = {"ToImage", "PILToTensor", "ToPureTensor", "ToTensor", "ToDtype", "ConvertImageDtype"}
-# uint8 tensors as a PIL image is: anywhere before the cast to float, as torchvision's own recipes place them
-_UINT8_OPS = {"ToImage", "PILToTensor", "ToPureTensor"}
-# pixel ops that give the same pixels either side of a horizontal flip (pointwise, or a symmetric kernel)
-FLIP_COMMUTING = ("RandomVerticalFlip", "ColorJitter", "RandomGrayscale", "GaussianBlur", "RandomAdjustSharpness")
-PIXEL_OPS = FLIP_COMMUTING + ("TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix")
-SUPPORTED = ("RandomResizedCrop", "RandomCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", *PIXEL_OPS, "ToImage",
-             "PILToTensor", "ToPureTensor", "ToTensor", "ToDtype", "ConvertImageDtype", "Normalize", "RandomErasing")
 
 
 @dataclass(frozen=True)
 class Recipe:
     """The settings a torchvision pipeline amounts to: the ``AugmentSpec`` fields, ``mean``/``std``, when
     the pipeline casts to one, the output ``dtype`` (None: the loader's ``dtype``), and the per-sample ops:
-    ``pixel`` in the pipeline's order, ``erasing``; ``workers``: the stretch the CPU workers run."""
+    ``pixel`` in the pipeline's order, ``erasing``, and the names of the ops they are (``device``);
+    ``workers``: the stretch the CPU workers run."""
 
     train: bool
     image_size: int
@@ -72,6 +69,7 @@ class Recipe:
     dtype: torch.dtype | None = None
     pixel: tuple[PixelOp, ...] = ()
     erasing: Erasing | None = None
+    device: tuple[str, ...] = ()
     crop: RandomCrop | None = None
     workers: WorkerOps | None = None
 
@@ -82,17 +80,20 @@ class Recipe:
 
 def read_transform(transform: Any) -> Recipe:
     """``transform`` (a ``Compose``, or one op) as a ``Recipe``; ValueError naming an op whose parameters or
-    place gpufeed cannot honour. The ops it has no device version of, and those among them, become the
-    stretch the workers run (``workers``, ``_worker_span``). A ``Compose`` within it is read as its ops."""
+    place gpufeed cannot honour. The ops that do not run on the device (``placement.ops.on_device``), and those
+    among them, become the stretch the workers run (``workers``, ``_worker_span``). A ``Compose`` within it is
+    read as its ops."""
     ops = _flat(list(getattr(transform, "transforms", [transform])))
     names = [type(op).__name__ for op in ops]
-    span = _worker_span(names, [op_name(op) for op in ops])
+    device = on_device(ops)
+    span = _worker_span(names, [op_name(op) for op in ops], device)
     if span is None:
         return _read(ops, names)
     start, end = span
-    workers = WorkerOps.create(ops[start:end], own=[op_name(op) for op, n in zip(ops[start:end], names[start:end],
-                                                                                 strict=True) if n not in SUPPORTED],
-                               from_decode=start == 0, tensors=any(n in _UINT8_OPS for n in names[:start]))
+    away = [op for op, here in zip(ops[start:end], device[start:end], strict=True) if not here]
+    workers = WorkerOps.create(ops[start:end], own=[op_name(op) for op in away], from_decode=start == 0,
+                               tensors=any(n in _UINT8_OPS for n in names[:start]),
+                               placed=[op_name(op) for op in away if device_version(op)])
     kept, kept_names = ops[:start] + ops[end:], names[:start] + names[end:]
     crop = _crop_made_in_workers(ops[start:end], names[start:end]) if start == 0 else None
     return _replace(_read(kept, kept_names, crop), workers=workers)
@@ -106,13 +107,13 @@ def _flat(ops: list[Any]) -> list[Any]:
     return out
 
 
-def _worker_span(names: list[str], labels: list[str]) -> tuple[int, int] | None:
-    """[start, end) of the ops the workers run, None where gpufeed runs every op itself: from the first op it
-    has no device version of to the last, widened to keep the order: back to the end of the crop (and flip)
+def _worker_span(names: list[str], labels: list[str], device: list[bool]) -> tuple[int, int] | None:
+    """[start, end) of the ops the workers run, None where every op runs on the device (``device``): from the
+    first op that does not to the last, widened to keep the order: back to the end of the crop (and flip)
     gpufeed makes on decode, or to the start of the recipe where a crop or resize stands after that; on over
     any crop, resize or flip after the last. ValueError where one stands after the cast to float (``labels``: the
     ops as messages name them)."""
-    away = [i for i, n in enumerate(names) if n not in SUPPORTED]
+    away = [i for i, here in enumerate(device) if not here]
     if not away:
         return None
     first, last = away[0], away[-1]
@@ -145,7 +146,7 @@ def _crop_made_in_workers(ops: list[Any], names: list[str]) -> Recipe:
 def _read(ops: list[Any], names: list[str], crop: Recipe | None = None) -> Recipe:
     """The recipe of ``ops``, all of which gpufeed runs itself; ``crop``: the sizes, where the workers make
     the crop (then ``ops`` have none)."""
-    _check_order(names)
+    _check_order(names, {n for op, n in zip(ops, names, strict=True) if flip_commuting(op)})
     recipe = crop if crop is not None else _geometry(ops, names)
     tensor = [op for op, n in zip(ops, names, strict=True) if n in _TENSOR_OPS]
     dtype = _dtype(tensor)
@@ -161,15 +162,13 @@ def _read(ops: list[Any], names: list[str], crop: Recipe | None = None) -> Recip
     per_sample = [n for n in names if n in PIXEL_OPS or n == "RandomErasing"]
     if per_sample and not recipe.train:
         raise ValueError(f"transform: {per_sample[0]} is a training op; validation takes Resize + CenterCrop")
-    pixel = []
-    for op, name in zip(ops, names, strict=True):
-        if name in PIXEL_OPS:
-            try:
-                pixel.append(_PIXEL_READERS[name](op, recipe.image_size))
-            except ValueError as e:  # the op's parameters are not ones gpufeed runs: say where they came from
-                raise ValueError(f"transform: {e}") from None
+    try:
+        pixel = read_pixel_ops(ops, names, recipe.image_size)
+    except ValueError as e:  # the op's parameters are not ones gpufeed runs: say where they came from
+        raise ValueError(f"transform: {e}") from None
     erasing = _erasing(ops[names.index("RandomErasing")]) if "RandomErasing" in names else None
-    return _replace(recipe, dtype=dtype, pixel=tuple(pixel), erasing=erasing)
+    device = tuple(op_name(op) for op, n in zip(ops, names, strict=True) if n in PIXEL_OPS or n == "RandomErasing")
+    return _replace(recipe, dtype=dtype, pixel=tuple(pixel), erasing=erasing, device=device)
 
 
 def _geometry(ops: list[Any], names: list[str]) -> Recipe:
@@ -199,86 +198,29 @@ def _stage(name: str) -> int:
     return {"Normalize": 3, "RandomErasing": 4}.get(name, 0)
 
 
-def _check_order(names: list[str]) -> None:
+def _check_order(names: list[str], commuting: set[str]) -> None:
+    """ValueError for an op where gpufeed cannot run it; ``commuting``: the names of the pixel ops here that
+    give the same pixels either side of a horizontal flip (``placement.flip_commuting``)."""
     ordered = [n for n in names if n not in _UINT8_OPS]  # these stand anywhere before the float cast
     for j, b in enumerate(ordered):
         for a in ordered[:j]:
-            if _stage(b) < _stage(a) and not (b == "RandomHorizontalFlip" and a in FLIP_COMMUTING):
+            if _stage(b) < _stage(a) and not (b == "RandomHorizontalFlip" and a in commuting):
                 raise ValueError(f"transform: {b} must come before {a}: {_why(a, b)}")
     floats = [i for i, n in enumerate(names) if n in ("ToTensor", "ToDtype", "ConvertImageDtype")]
     late = [n for i, n in enumerate(names) if n in _UINT8_OPS and floats and i > floats[0] and n != "ToPureTensor"]
     if late:
         raise ValueError(f"transform: {late[0]} after the cast to float would make uint8 images again")
     for name in set(names):
-        if names.count(name) > 1 and name not in _TENSOR_OPS:
+        if names.count(name) > 1 and name not in _TENSOR_OPS and name not in CONTAINERS:
             raise ValueError(f"transform: {name} appears {names.count(name)} times; gpufeed runs each op once")
 
 
 def _why(a: str, b: str) -> str:
-    """Why ``b`` cannot follow ``a``."""
-    if a in PIXEL_OPS and b == "RandomHorizontalFlip":
-        return (f"gpufeed flips on decode, before the pixel ops, and {a} does not give the same pixels either side "
-                f"of a flip (only {', '.join(FLIP_COMMUTING)} may stand before RandomHorizontalFlip)")
-    if a in PIXEL_OPS:
-        return f"gpufeed crops and resizes on decode, before per-sample pixel ops such as {a}"
+    """Why ``b`` cannot follow ``a`` (a pixel op before the crop or a flip runs in the workers: ``placement``)."""
     if b in PIXEL_OPS:
         return (f"gpufeed runs {b} on uint8 pixels before the cast to float, as torchvision runs it on PIL images, "
                 "not on the float or normalised batch")
     return "the order is crop and flip, the pixel ops, to tensor, Normalize, RandomErasing"
-
-
-def _interpolation(op: Any, name: str) -> str:
-    """The auto-augment op's interpolation, as a string for the op to check; ValueError for a fill other
-    than 0."""
-    fill = getattr(op, "fill", None)
-    values = list(fill.values()) if isinstance(fill, dict) else [fill]
-    if any(v not in (None, 0, 0.0) and v != [0] and v != [0.0] for v in values):
-        raise ValueError(f"{name} fills with 0 here, got fill={fill}")
-    mode = getattr(op, "interpolation", "nearest")
-    return str(getattr(mode, "value", mode)).lower()
-
-
-def _auto_augment(op: Any, size: int) -> AutoAugment:
-    policies = getattr(op, "_policies", getattr(op, "policies", None))  # torchvision's table: v2's name, v1's
-    if policies is None:
-        raise ValueError(f"AutoAugment({op.policy}): this torchvision keeps its policy table where gpufeed does "
-                         "not look (AutoAugment._policies or .policies)")
-    table = tuple(tuple((str(n), float(p), None if i is None else int(i)) for n, p, i in sub) for sub in policies)
-    return AutoAugment(policies=table, interpolation=_interpolation(op, "AutoAugment"))
-
-
-def _pair(value: Any) -> tuple[float, float] | None:
-    return None if value is None else (float(value[0]), float(value[1]))
-
-
-def _blur(op: Any, size: int) -> Blur:
-    kx, ky = (int(k) for k in op.kernel_size)
-    blur = Blur(kernel_size=(kx, ky), sigma=_pair(op.sigma))
-    blur.check_size(size)
-    return blur
-
-
-def _jitter(op: Any, size: int) -> Jitter:
-    return Jitter(*(_pair(getattr(op, k)) for k in ("brightness", "contrast", "saturation", "hue")))
-
-
-# each pixel op read from torchvision's transform (and the image size, for what depends on it)
-_PIXEL_READERS: dict[str, Callable[[Any, int], PixelOp]] = {
-    "RandomVerticalFlip": lambda op, size: VerticalFlip(p=float(op.p)),
-    "ColorJitter": _jitter,
-    "RandomGrayscale": lambda op, size: Grayscale(p=float(op.p)),
-    "GaussianBlur": _blur,
-    "RandomAdjustSharpness": lambda op, size: Sharpen(factor=float(op.sharpness_factor), p=float(op.p)),
-    "TrivialAugmentWide": lambda op, size: TrivialAugment(num_bins=op.num_magnitude_bins,
-                                                          interpolation=_interpolation(op, "TrivialAugmentWide")),
-    "RandAugment": lambda op, size: RandAugment(num_ops=op.num_ops, magnitude=op.magnitude,
-                                                num_bins=op.num_magnitude_bins,
-                                                interpolation=_interpolation(op, "RandAugment")),
-    "AutoAugment": _auto_augment,
-    "AugMix": lambda op, size: AugMix(severity=op.severity, mixture_width=op.mixture_width,
-                                      chain_depth=op.chain_depth, alpha=op.alpha, all_ops=bool(op.all_ops),
-                                      interpolation=_interpolation(op, "AugMix")),
-}
 
 
 def _erasing(op: Any) -> Erasing:
@@ -366,13 +308,9 @@ def _random_crop(resize: Any | None, crop: Any, flip: Any | None, before: list[s
 
 
 def _fill(fill: Any, before: list[str]) -> tuple:
-    """RandomCrop's fill as one value per channel. v2 may keep one per input type: the one for what the crop
-    gets after the ops ``before`` it (a PIL image, or the tensor ToImage or PILToTensor made), else the
-    "others" one, else 0, as torchvision looks it up."""
-    if isinstance(fill, dict):
-        made = [n for n in before if n in _UINT8_OPS]
-        kind = Image.Image if not made else tv_tensors.Image if made[-1] == "ToImage" else torch.Tensor
-        fill = fill.get(kind, fill.get("others"))
+    """RandomCrop's fill as one value per channel: the one for the input it gets after the ops ``before`` it
+    (``fill_for_input``), else 0."""
+    fill = fill_for_input(fill, before)
     fill = [0] if fill is None else [fill] if isinstance(fill, numbers.Number) else list(fill)
     fill = fill * 3 if len(fill) == 1 else fill
     return tuple(int(v) if float(v).is_integer() else v for v in fill)

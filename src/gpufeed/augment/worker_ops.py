@@ -1,10 +1,11 @@
 """The stretch of a recipe that runs per sample in the CPU worker processes, with torchvision's own ops.
 
-An op gpufeed has no device version of (``v2.RandomPerspective``, ``v2.ElasticTransform``, a user's own
-callable) is run by the workers, on each sample as torchvision's pipeline would hand it over: a PIL image
-where no ``ToImage``/``PILToTensor`` stands before it (an ``ImageFolder`` gives PIL images), else a
-``tv_tensors.Image`` (3, H, W) uint8. The ops the device would run but that stand between two such ops (or
-after one, among the crop and flip) run there too, as torchvision's own, so the recipe keeps its order.
+An op that does not run on the device (``placement.ops``: ``v2.ElasticTransform``, a user's own callable, a
+device op placed where the device does not run it) is run by the workers, on each sample as torchvision's
+pipeline would hand it over: a PIL image where no ``ToImage``/``PILToTensor`` stands before it (an
+``ImageFolder`` gives PIL images), else a ``tv_tensors.Image`` (3, H, W) uint8. The ops the device would run
+but that stand between two such ops (or after one, among the crop and flip) run there too, as torchvision's
+own, so the recipe keeps its order.
 
     after the crop:   decode + crop + resize (+ flip) as always ─► the stretch ─► the slot's (S, S, 3) uint8
     before the crop:  decode the whole image ─► the stretch, the crop included ─► the slot's (S, S, 3) uint8
@@ -46,8 +47,9 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 @dataclass(frozen=True)
 class WorkerOps:
     """``ops`` (a stretch of the recipe, in its order) run per sample in the workers. ``names``: each op's
-    name; ``own``: the names of those gpufeed has no device version of; ``from_decode``: the stretch holds the
-    crop, so the workers decode the whole image and run it from there; ``tensors``: the stretch's input is a
+    name; ``own``: the names of those that do not run on the device, ``placed`` among them those that have a
+    device version but stand where the device does not run them; ``from_decode``: the stretch holds the crop,
+    so the workers decode the whole image and run it from there; ``tensors``: the stretch's input is a
     ``tv_tensors.Image`` (a ``ToImage``/``PILToTensor`` stood before it), else a PIL image. Picklable."""
 
     ops: tuple[Any, ...]
@@ -55,28 +57,38 @@ class WorkerOps:
     own: tuple[str, ...]
     from_decode: bool
     tensors: bool
+    placed: tuple[str, ...] = ()
     main_module: bool = field(default=False, compare=False)  # an op is defined in the training script itself
 
     @classmethod
-    def create(cls, ops: Sequence[Any], *, own: Sequence[str], from_decode: bool, tensors: bool) -> "WorkerOps":
+    def create(cls, ops: Sequence[Any], *, own: Sequence[str], from_decode: bool, tensors: bool,
+               placed: Sequence[str] = ()) -> "WorkerOps":
         """The stretch, each op checked to reach the workers (``_check_picklable``)."""
         main = [_check_picklable(op) for op in ops]
-        return cls(tuple(ops), tuple(op_name(op) for op in ops), tuple(own), from_decode, tensors, any(main))
+        return cls(tuple(ops), tuple(op_name(op) for op in ops), tuple(own), from_decode, tensors, tuple(placed),
+                   any(main))
 
     @property
     def why_cpu(self) -> str:
         """Why every sample is decoded by the CPU workers (on a CUDA device too)."""
-        return (f"{', '.join(self.own)}: no device version; the CPU workers decode every sample and run "
+        return (f"{', '.join(self.own)}: not run on the device; the CPU workers decode every sample and run "
                 f"{', '.join(self.names)} on it (torchvision's own ops)")
 
     def warning(self) -> str:
         among = [n for n in self.names if n not in self.own]
         also = f" ({', '.join(among)} too, to keep the recipe's order)" if among else ""
         where = "on the whole decoded image, before the crop" if self.from_decode else "after the crop"
-        have, they = ("has", "it runs") if len(self.own) == 1 else ("have", "they run")
-        return (f"gpufeed: {', '.join(self.own)} {have} no device version: {they} per sample in the CPU worker "
-                f"processes{also}, {where}, as torchvision's own ops; correct, and slower than the device ops "
-                f"(loader.stats['ops_in_workers'] lists them)")
+        lacking = [n for n in self.own if n not in self.placed]
+        why = [f"{', '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} no device version"] if lacking else []
+        if self.placed:
+            one = len(self.placed) == 1
+            why.append(f"{', '.join(self.placed)} {'stands' if one else 'stand'} where the device does not run "
+                       f"{'it' if one else 'them'} (before the crop, before a flip it does not commute with, or "
+                       f"a second of its kind)")
+        they = "it runs" if len(self.own) == 1 else "they run"
+        return (f"gpufeed: {'; '.join(why)}: {they} per sample in the CPU worker processes{also}, {where}, as "
+                f"torchvision's own ops; correct, and slower than the device ops (loader.stats['ops_in_workers'] "
+                f"lists them)")
 
     def check_size(self, image_size: int, made_for: int) -> None:
         """ValueError where the stretch holds the crop (its size fixed in it) and ``image_size`` is another."""

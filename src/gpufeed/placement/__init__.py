@@ -6,10 +6,12 @@ lives here, once, with its reason; the loader, the workers, the GPU stage and ``
 - which samples go to the GPU at all (``gpu_may_take``), and the GPU memory the loader holds
   (``gpu_memory``);
 - what share of each GPU-path batch the CPU workers decode (``ShareControl``) and which samples of a
-  chunk that share takes (``cheapest_on_cpu``, from the cost model ``cpu_cost`` / ``engine_cost``).
+  chunk that share takes (``cheapest_on_cpu``, from the cost model ``cpu_cost`` / ``engine_cost``);
+- which ops of a torchvision recipe run on the device and which in the CPU workers (``ops.on_device``).
 
 One module each: ``decoders`` (which GPU decoder), ``cpus`` (workers and their CPUs), ``samples`` (what the
-GPU may take, the cost model), ``share`` (the CPU share), ``memory`` (the GPU budget). None imports torch at
+GPU may take, the cost model), ``share`` (the CPU share), ``memory`` (the GPU budget), ``ops`` (the recipe's
+ops). None imports torch at
 load time: worker processes use the cost model.
 """
 

@@ -6,7 +6,7 @@ GPU path: every sample is read and its header parsed; a plain JPEG that fits goe
 with its crop box, for a GPU decoder (``KIND_BYTES``); the chunk's share for the CPU (``cheapest_on_cpu``)
 is decoded here down to its crop's rows, which the GPU kernel resizes (``KIND_ROWS``); files no GPU
 decoder should see are finished here (``KIND_PIXELS``).
-A recipe with ops that have no device version (``augment.worker_ops``) takes the CPU path on every device:
+A recipe with ops that do not run on the device (``augment.worker_ops``) takes the CPU path on every device:
 each sample is also run through them here, after its crop (or from the whole image, where they hold it).
 """
 
@@ -50,7 +50,7 @@ class PipelineSpec:
     normalize: WorkerNormalize | None = None  # a CPU device: also write each image's final float32 values
     max_bytes: int | None = None  # larger samples are refused, unread where the source can tell (gpufeed's can)
     num_classes: int | None = None  # labels must lie in [0, num_classes)
-    worker_ops: WorkerOps | None = None  # the recipe's ops with no device version, run per sample here
+    worker_ops: WorkerOps | None = None  # the recipe's ops that do not run on the device, run per sample here
 
     def __post_init__(self) -> None:
         if self.worker_ops is not None and self.gpu_bytes_capacity:

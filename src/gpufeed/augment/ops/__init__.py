@@ -7,7 +7,8 @@ and on every run. The samples that drew the same thing go through it together, o
 with its own magnitude (``pixels``).
 
 The pixel ops (``basic``: ColorJitter, RandomGrayscale, GaussianBlur, RandomAdjustSharpness,
-RandomVerticalFlip; ``auto``: TrivialAugmentWide, RandAugment, AutoAugment, AugMix) work on uint8 images in
+RandomVerticalFlip; ``auto``: TrivialAugmentWide, RandAugment, AutoAugment, AugMix; ``perspective``:
+RandomPerspective; ``containers``: RandomApply, RandomChoice, RandomOrder of them) work on uint8 images in
 torchvision's recipes (on PIL images, before ``ToTensor``): the loader hands them the uint8 crops (from the
 GPU stage or the workers, ``from_pixels``); a normalised batch given to ``__call__`` is first taken back to
 uint8 pixels once for all of them (rounded, as the PIL pipeline holds its crop). The result is normalised
@@ -17,7 +18,7 @@ RandomErasing (``erasing``) follows ``Normalize`` in those recipes and erases th
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
@@ -26,20 +27,22 @@ from ..params import SampleRandom
 from .auto import (AugMix, AugMixChoice, AutoAugment, RandAugment, TrivialAugment, apply_operation,
                    apply_operations, apply_passes)
 from .basic import Blur, Grayscale, Jitter, JitterChoice, Sharpen, VerticalFlip
+from .containers import Apply, Choice, Order, container_salt, each_op
 from .erasing import Erasing
 from . import kernels
+from .perspective import Perspective
 from .pixels import on
 
-__all__ = ["AugMix", "AugMixChoice", "AutoAugment", "Blur", "Erasing", "Grayscale", "Jitter", "JitterChoice", "PixelOp",
-           "RandAugment", "SampleOps", "Sharpen", "TrivialAugment", "VerticalFlip", "apply_operation",
-           "apply_operations", "apply_passes"]
+__all__ = ["Apply", "AugMix", "AugMixChoice", "AutoAugment", "Blur", "Choice", "Erasing", "Grayscale", "Jitter",
+           "JitterChoice", "Order", "Perspective", "PixelOp", "RandAugment", "SampleOps", "Sharpen", "TrivialAugment",
+           "VerticalFlip", "apply_operation", "apply_operations", "apply_passes", "container_salt", "each_op"]
 
 
 class PixelOp(Protocol):
     """One per-sample op: ``draw`` gives one sample's choice from its stream (for S x S images), ``apply``
     gives a batch with each sample's choice applied (a new tensor; the one given is left as it is)."""
 
-    salt: ClassVar[int]  # apart from every other op's stream (and the crop's)
+    salt: int  # apart from every other op's stream (and the crop's); a class constant but for the containers
     # (optional) how many uniforms one sample's draw usually takes, computed ahead for a batch at once
     # (``SampleRandom.streams``' default where it is missing); draws that take more go on one at a time
 
@@ -50,12 +53,13 @@ class PixelOp(Protocol):
 
 class SampleOps:
     """The per-sample ops of a recipe, applied to a delivered batch: ``pixel`` (uint8 ops, in order, before
-    normalising) and ``erasing`` (after). ``mean``/``std``: the batch's normalisation. Returns a new tensor;
+    normalising) and ``erasing`` (after). ``mean``/``std``: the batch's normalisation; ``names``: the
+    recipe's ops these are, as torchvision names them (``loader.stats["ops_on_device"]``). Returns a new tensor;
     the batch given is left as it is."""
 
     def __init__(self, *, pixel: Sequence[PixelOp] = (), erasing: Erasing | None = None, mean: Sequence[float],
-                 std: Sequence[float]) -> None:
-        self.pixel, self.erasing = tuple(pixel), erasing
+                 std: Sequence[float], names: Sequence[str] = ()) -> None:
+        self.pixel, self.erasing, self.names = tuple(pixel), erasing, tuple(names)
         self._mean, self._std = tuple(mean), tuple(std)
         self._constants: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
@@ -66,7 +70,7 @@ class SampleOps:
         """What runs the auto-augment family's colour and point operations on ``device`` (``kernels.describe``),
         or None on a CPU device or without those ops."""
         if device.type != "cuda" or not any(isinstance(op, (AugMix, AutoAugment, RandAugment, TrivialAugment))
-                                            for op in self.pixel):
+                                            for op in each_op(self.pixel)):
             return None
         return kernels.describe()
 
