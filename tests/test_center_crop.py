@@ -1,0 +1,192 @@
+"""Validation's Resize + CenterCrop on the GPU path (augment.center_crop), run here on the CPU: the Triton
+kernels through Triton's interpreter against the numpy reference (the same integers), both against
+torchvision's Resize(256) + CenterCrop(224) on PIL images of varied sizes and aspect ratios; and the GPU stage
+fed by a real worker pool (a stand-in decoder in the GPU's place), its CPU share, its refusals and its
+dropped samples."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+
+from gpufeed.augment import center_crop
+from gpufeed.augment.params import AugmentSpec
+from gpufeed.decode.base import SkipLog
+from gpufeed.records import KernelRow
+from gpufeed.ring import KIND_BYTES, KIND_PIXELS, Meta
+from gpufeed.stage.refused import settle_dropped
+from tests.helpers import psnr, textured
+from gpufeed.sources import folder_source
+from gpufeed.stage.gpu import GpuDecodeAugment
+from gpufeed.workers import PipelineSpec, WorkerPool
+from tests.test_gpu_stage import CpuStandIn, host_batch
+
+triton = pytest.importorskip("triton")
+
+S, RESIZE = 224, 256
+VAL = AugmentSpec(train=False, image_size=S, resize_size=RESIZE)
+# landscape, portrait and square, larger and smaller than the crop, long strips, odd sizes
+SHAPES = [(500, 375), (375, 500), (333, 500), (640, 427), (256, 256), (1024, 683), (150, 100), (257, 300),
+          (999, 998), (300, 1000), (2000, 90), (50, 60)]
+
+
+def interpreted(call: str):
+    """``call`` (an expression over this module, giving JSON) run in a child process under Triton's interpreter:
+    Triton reads TRITON_INTERPRET when its kernels are defined."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    code = f"import json; import tests.test_center_crop as t; print(json.dumps(t.{call}))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _torchvision(img):
+    return np.asarray(T.CenterCrop(S)(T.Resize(RESIZE)(img)))
+
+
+def _table(images):
+    """The images packed as the GPU stage packs them, and their kernel rows."""
+    flat = torch.cat([torch.from_numpy(im.copy()).reshape(-1) for im in images])
+    offsets = np.cumsum([0] + [im.size for im in images[:-1]])
+    rows = []
+    for off, im in zip(offsets, images):
+        g = VAL.resize_crop(im.shape[1], im.shape[0])
+        rows.append([off, im.shape[0], im.shape[1], g.left, g.top, g.width, g.height, 0])
+    return flat, torch.tensor(rows, dtype=torch.int64)
+
+
+def test_the_reference_gives_torchvisions_pixels():
+    """Pillow's arithmetic on the crop's pixels alone: torchvision's result, bit for bit where the installed
+    Pillow resamples horizontally first (Resample.c's order); a level here and there where it takes the
+    vertical pass first."""
+    scores = []
+    for i, (w, h) in enumerate(SHAPES):
+        img = textured(w, h, i)
+        g = VAL.resize_crop(w, h)
+        got = center_crop.center_crop_pixels(np.asarray(img), g.width, g.height, g.left, g.top, S)
+        want = _torchvision(img)
+        assert np.abs(got.astype(int) - want).max() <= 1, (w, h)
+        scores.append(psnr(got, want))
+    print(f"reference vs torchvision: min {min(scores):.1f} median {np.median(scores):.1f} dB")
+    assert min(scores) >= 50 and np.median(scores) > 100  # most shapes exact
+    assert scores[:8] == [max(scores)] * 8  # ImageNet's usual shapes, among others: exact
+
+
+def kernel_checks() -> dict:
+    """Under the interpreter: the kernels against the reference on textured images of varied shapes, in uint8
+    and normalised float32 through channels_last strides; and an S x S image with the geometry (0, 0, S, S)."""
+    images = [np.asarray(textured(w, h, 40 + i)) for i, (w, h) in enumerate(SHAPES[:3] + SHAPES[6:7] + SHAPES[-3:])]
+    flat, table = _table(images)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    checks = {}
+    for dtype, channels_last in ((torch.uint8, False), (torch.float32, True)):
+        scale, shift = ([1.0] * 3, [0.0] * 3) if dtype == torch.uint8 else (
+            [1 / (255 * s) for s in std], [-m / s for m, s in zip(mean, std)])
+        out = torch.full((len(images), S, S, 3), 7, dtype=dtype).permute(0, 3, 1, 2)
+        out = out if channels_last else out.contiguous()
+        center_crop.center_crop_triton(flat, table, S, scale, shift, out, taps_at_most=center_crop.max_taps(table.numpy()))
+        ref = center_crop.center_crop_reference(flat, table, S, scale, shift, torch.empty((len(images), 3, S, S), dtype=dtype))
+        checks[str(dtype)] = [int((out[b] != ref[b]).sum()) for b in range(len(images))]
+        if dtype == torch.uint8:  # and those are the pixels the reference gives on its own
+            checks["pixels"] = [int((out[b].permute(1, 2, 0).numpy() != center_crop.center_crop_pixels(
+                im, *(lambda g: (g.width, g.height, g.left, g.top))(VAL.resize_crop(im.shape[1], im.shape[0])), S)).sum())
+                for b, im in enumerate(images)]
+    im = np.asarray(textured(S, S, 5))
+    out = torch.empty((1, 3, S, S), dtype=torch.uint8)
+    center_crop.center_crop_triton(torch.from_numpy(im.copy()).reshape(-1), torch.tensor([[0, S, S, 0, 0, S, S, 0]]), S,
+                                   [1.0] * 3, [0.0] * 3, out, taps_at_most=3)
+    checks["copy"] = int((out[0].permute(1, 2, 0).numpy() != im).sum())
+    return checks
+
+
+def test_the_triton_kernels_compute_the_references_integers():
+    """Pre-cropped pixels (the workers' share, a refused file) enter the kernel as (0, 0, S, S): copied."""
+    checks = interpreted("kernel_checks()")
+    assert checks == {"torch.uint8": [0] * 7, "torch.float32": [0] * 7, "pixels": [0] * 7, "copy": 0}
+
+
+def test_max_taps_covers_every_sample():
+    table = np.array([[0, 375, 500, 58, 16, 341, 256, 0], [0, 1000, 300, 16, 314, 256, 853, 0],
+                      [0, 683, 4096, 0, 0, 1536, 256, 0]])
+    assert center_crop.max_taps(table) == 2 * 3 + 1 == center_crop.taps(4096, 1536)
+    assert center_crop.max_taps(table[:2]) == 5
+
+
+@pytest.fixture()
+def shapes(tmp_path):
+    """Two classes, each a colour over texture, JPEGs of varied sizes and aspect ratios."""
+    colours = [(220, 40, 40), (40, 40, 220)]
+    sizes = [(300, 200), (200, 300), (260, 260), (520, 390), (150, 120), (700, 240)]
+    for c, colour in enumerate(colours):
+        (tmp_path / f"c{c}").mkdir()
+        for i, (w, h) in enumerate(sizes):
+            textured(w, h, 10 * c + i, colour).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=95)
+    return tmp_path
+
+
+def _reference_crops(root):
+    from PIL import Image
+
+    paths = sorted(root.glob("c*/*.jpg"))
+    return [_torchvision(Image.open(p).convert("RGB")) for p in paths]
+
+
+def _stage_output(root, decoder, cpu_rows):
+    """A validation batch of every sample under ``root`` from GPU-path workers, through the stage (uint8)."""
+    src = folder_source(root)
+    spec = PipelineSpec(src, VAL, 10**8, gpu_bytes_capacity=1 << 20, gpu_buffer_bytes=1 << 22)
+    pool = WorkerPool(spec, num_workers=2, num_slots=2, batch_size=len(src))
+    try:
+        pool.submit(0, 0, 0, 0, list(range(len(src))), cpu_rows=cpu_rows)
+        view, failures = pool.collect(0)
+        assert failures == []
+        stage = GpuDecodeAugment([decoder], device=torch.device("cpu"), image_size=S, mean=(0.0,) * 3,
+                                 std=(1.0,) * 3, dtype=torch.uint8, channels_last=False, max_pixels=10**8,
+                                 buffer_bytes=1 << 22, crop="center")
+        images, labels = stage(host_batch(view, src.path))
+        return images, labels, stage, view.meta[:, Meta.KIND].copy()
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("cpu_rows", [0, 5])
+def test_the_stage_gives_torchvisions_validation_crops_with_their_labels(shapes, cpu_rows):
+    """GPU-path workers leave validation's JPEGs encoded with their geometry (or, for the CPU's share,
+    resize and crop them themselves); the stage decodes, resizes and crops the rest: torchvision's pixels,
+    each with its label, one refused JPEG finished on the CPU."""
+    refuse = {(shapes / "c1" / "3.jpg").read_bytes()}
+    images, labels, stage, kinds = _stage_output(shapes, CpuStandIn(refuse), cpu_rows)
+    assert set(kinds.tolist()) == ({KIND_BYTES, KIND_PIXELS} if cpu_rows else {KIND_BYTES})
+    assert stage.decoded_by["cpu"] == cpu_rows + 1 and stage.decoded_by["gpu:standin"] == 11 - cpu_rows
+    assert labels.tolist() == [0] * 6 + [1] * 6
+    want = _reference_crops(shapes)
+    scores = [psnr(images[i].permute(1, 2, 0).numpy(), want[i]) for i in range(12)]
+    print(f"stage vs torchvision: min {min(scores):.1f} median {np.median(scores):.1f} dB")
+    assert min(scores) >= 40 and np.median(scores) >= 50, sorted(scores)[:4]
+
+
+def test_a_sample_dropped_from_a_validation_batch_leaves_it_in_order():
+    out = torch.arange(5, dtype=torch.float32).view(5, 1, 1, 1).expand(5, 3, 2, 2).contiguous()
+    labels = torch.tensor([10, 11, 12, 13, 14])
+
+    class Batch:
+        def __init__(self):
+            self.indices = [100, 101, 102, 103, 104]
+
+        @staticmethod
+        def path(i):
+            return f"{i}.jpg"
+
+    batch, skips = Batch(), SkipLog()
+    kept, kept_labels = settle_dropped(out, labels, batch, [1, 3], "center", skips)
+    assert kept_labels.tolist() == [10, 12, 14] and batch.indices == [100, 102, 104]
+    assert kept[:, 0, 0, 0].tolist() == [0.0, 2.0, 4.0] and skips.repeated == 0
+    out2, labels2 = settle_dropped(out.clone(), torch.tensor([10, 11, 12, 13, 14]), Batch(), [1], "box", skips)
+    assert out2.shape[0] == 5 and labels2.tolist() == [10, 10, 12, 13, 14] and skips.repeated == 1
+    assert KernelRow.BOX_W == 5 and Meta.BOX_W == 6  # the geometry's columns, as the workers write them
