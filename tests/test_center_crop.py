@@ -190,3 +190,41 @@ def test_a_sample_dropped_from_a_validation_batch_leaves_it_in_order():
     out2, labels2 = settle_dropped(out.clone(), torch.tensor([10, 11, 12, 13, 14]), Batch(), [1], "box", skips)
     assert out2.shape[0] == 5 and labels2.tolist() == [10, 10, 12, 13, 14] and skips.repeated == 1
     assert KernelRow.BOX_W == 5 and Meta.BOX_W == 6  # the geometry's columns, as the workers write them
+
+
+def test_samples_leaving_a_gpu_path_batch_take_their_bytes_along(tmp_path):
+    """Validation on the GPU path under on_error="skip": the good samples move up over the bad ones with
+    their encoded bytes, meta rows and labels, so each position's JPEG is its index's file."""
+    import functools
+
+    from gpufeed.placement import ShareControl
+    from gpufeed.sampling import ShardedSampler
+    from gpufeed.schedule import Scheduler
+
+    for c in range(2):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(6):
+            textured(60 + 9 * i, 50 + 5 * c, 10 * c + i).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=90)
+    src = folder_source(tmp_path)
+    bad = {1, 2, 7}
+    for i in bad:
+        with open(src.path(i), "wb") as f:
+            f.write(b"\xff\xd8\xff\xe0 not a jpeg")
+    spec = PipelineSpec(src, VAL, 10**8, gpu_bytes_capacity=1 << 20, gpu_buffer_bytes=1 << 22, on_error="skip")
+    scheduler = Scheduler(start_pool=functools.partial(WorkerPool, spec, num_workers=2, num_slots=3, batch_size=6),
+                          num_slots=3, batch_size=6, drop_last=False, share=ShareControl(0.0), skips=SkipLog(),
+                          path=src.path, cuda=False, stand_ins=False)
+    delivered = []
+    try:
+        for batch in scheduler.batches(ShardedSampler(len(src), shuffle=False)):
+            meta = batch.slot.meta
+            for k, index in enumerate(batch.indices):
+                data = open(src.path(index), "rb").read()
+                assert meta[k, Meta.KIND] == KIND_BYTES and meta[k, Meta.LENGTH] == len(data)
+                assert batch.slot.arena[k, : len(data)].tobytes() == data, (k, index)
+                assert batch.labels[k].item() == src.label(index)
+            delivered += batch.indices
+            batch.release()
+    finally:
+        scheduler.close()
+    assert delivered == [i for i in range(12) if i not in bad]
