@@ -25,13 +25,15 @@ class CudaDecoding:
     current (side) stream, page-locked host sources, the Triton kernel (the reference without Triton)."""
 
     def __init__(self, decoders: list[GpuDecoder], device: torch.device, scale, shift, crop: str = "box") -> None:
-        self.decoders, self.device, self.scale, self.shift, self.crop = decoders, device, scale, shift, crop
+        self.decoders, self.device, self.scale, self.shift = decoders, device, scale, shift
         # one thread per decoder (a decoder's calls never overlap), each on its own stream
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"gpufeed-decode-{k}") for k in range(len(decoders))]
         self._streams = [torch.cuda.Stream(device) for _ in decoders]
         self._scale_t, self._shift_t = torch.tensor(scale, device=device), torch.tensor(shift, device=device)
         self._buffer_stream: torch.cuda.Stream | None = None
         self._batched = BatchedCopy()  # the CPU-decoded rows' copies, one driver call per batch
+        self._launch = self._center if crop == "center" else self._box  # the recipe's kernel, chosen once
+        self._reference = _reference(crop)
 
     def order_buffers(self) -> None:
         """Called before a decode buffer is taken: if this stage is driven from another stream than last
@@ -85,13 +87,16 @@ class CudaDecoding:
 
     def kernel(self, flat: torch.Tensor, table: torch.Tensor, size: int, dst: torch.Tensor) -> None:
         if triton is None:
-            _reference(self.crop)(flat, table.to(self.device), size, self._scale_t, self._shift_t, dst)
-            return
-        rows = self.host(table.numpy()).to(self.device, non_blocking=True)
-        if self.crop == "center":
-            center_crop_triton(flat, rows, size, self.scale, self.shift, dst, taps_at_most=max_taps(table.numpy()))
+            self._reference(flat, table.to(self.device), size, self._scale_t, self._shift_t, dst)
         else:
-            resized_crop_triton(flat, rows, size, self.scale, self.shift, dst)
+            self._launch(flat, self.host(table.numpy()).to(self.device, non_blocking=True), table, size, dst)
+
+    def _box(self, flat: torch.Tensor, rows: torch.Tensor, table: torch.Tensor, size: int, dst: torch.Tensor) -> None:
+        resized_crop_triton(flat, rows, size, self.scale, self.shift, dst)
+
+    def _center(self, flat: torch.Tensor, rows: torch.Tensor, table: torch.Tensor, size: int,
+                dst: torch.Tensor) -> None:
+        center_crop_triton(flat, rows, size, self.scale, self.shift, dst, taps_at_most=max_taps(table.numpy()))
 
 
 class HostDecoding:
