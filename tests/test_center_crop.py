@@ -90,13 +90,17 @@ def kernel_checks() -> dict:
             [1 / (255 * s) for s in std], [-m / s for m, s in zip(mean, std)])
         out = torch.full((len(images), S, S, 3), 7, dtype=dtype).permute(0, 3, 1, 2)
         out = out if channels_last else out.contiguous()
-        center_crop.center_crop_triton(flat, table, S, scale, shift, out, taps_at_most=center_crop.max_taps(table.numpy()))
-        ref = center_crop.center_crop_reference(flat, table, S, scale, shift, torch.empty((len(images), 3, S, S), dtype=dtype))
+        taps = center_crop.max_taps(table.numpy())
+        center_crop.center_crop_triton(flat, table, S, scale, shift, out, taps_at_most=taps)
+        ref = torch.empty((len(images), 3, S, S), dtype=dtype)
+        center_crop.center_crop_reference(flat, table, S, scale, shift, ref)
         checks[str(dtype)] = [int((out[b] != ref[b]).sum()) for b in range(len(images))]
         if dtype == torch.uint8:  # and those are the pixels the reference gives on its own
-            checks["pixels"] = [int((out[b].permute(1, 2, 0).numpy() != center_crop.center_crop_pixels(
-                im, *(lambda g: (g.width, g.height, g.left, g.top))(VAL.resize_crop(im.shape[1], im.shape[0])), S)).sum())
-                for b, im in enumerate(images)]
+            checks["pixels"] = []
+            for b, im in enumerate(images):
+                g = VAL.resize_crop(im.shape[1], im.shape[0])
+                want = center_crop.center_crop_pixels(im, g.width, g.height, g.left, g.top, S)
+                checks["pixels"].append(int((out[b].permute(1, 2, 0).numpy() != want).sum()))
     im = np.asarray(textured(S, S, 5))
     out = torch.empty((1, 3, S, S), dtype=torch.uint8)
     center_crop.center_crop_triton(torch.from_numpy(im.copy()).reshape(-1), torch.tensor([[0, S, S, 0, 0, S, S, 0]]), S,

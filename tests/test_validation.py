@@ -83,7 +83,8 @@ def test_validation_on_cuda_decodes_on_the_gpu_and_matches_torchvision(shapes, c
         scores = _scores(loader, ref)
         assert loader.decode_backend != "cpu", loader.decode_reason
         by = loader.stats["decoded_by"]
-        assert by.get(f"gpu:{loader.decode_backend}", 0) >= (12 if cpu_share else 20), by
+        # four of the images have a side over 1024 pixels: the CPU workers finish those
+        assert by.get(f"gpu:{loader.decode_backend}", 0) >= (8 if cpu_share else 20), by
     print(f"validation PSNR against torchvision, cuda, cpu_share={cpu_share}: min {min(scores):.2f} "
           f"median {np.median(scores):.2f} dB")
     assert min(scores) >= 40 and np.median(scores) >= 50, sorted(scores)[:4]

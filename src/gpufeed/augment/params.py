@@ -267,7 +267,8 @@ class AugmentSpec:
         g = self.resize_crop(width, height)
         sx, sy = width / g.width, height / g.height
         x, y = int(g.left * sx), int(g.top * sy)
-        return CropBox(x, y, min(width - x, math.ceil(self.image_size * sx)), min(height - y, math.ceil(self.image_size * sy)))
+        s = self.image_size
+        return CropBox(x, y, min(width - x, math.ceil(s * sx)), min(height - y, math.ceil(s * sy)))
 
     def _resized(self, width: int, height: int) -> tuple[int, int]:
         """``Resize(resize_size)``'s output size: the shorter side to ``resize_size``, the longer truncated."""
