@@ -16,7 +16,8 @@ import torchvision.transforms as T
 
 from gpufeed.augment import center_crop
 from gpufeed.augment.params import AugmentSpec
-from gpufeed.decode.base import SkipLog
+from gpufeed.decode.base import DecodeError, SkipLog
+from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.records import KernelRow
 from gpufeed.ring import KIND_BYTES, KIND_PIXELS, Meta
 from gpufeed.stage.refused import settle_dropped
@@ -141,8 +142,9 @@ def _reference_crops(root):
     return [_torchvision(Image.open(p).convert("RGB")) for p in paths]
 
 
-def _stage_output(root, decoder, cpu_rows):
-    """A validation batch of every sample under ``root`` from GPU-path workers, through the stage (uint8)."""
+def _stage_output(root, decoder, cpu_rows, skips=None, cpu=None):
+    """A validation batch of every sample under ``root`` from GPU-path workers, through the stage (uint8);
+    ``skips``, ``cpu``: the stage's skip log and its CPU decoder for what the GPU refuses."""
     src = folder_source(root)
     spec = PipelineSpec(src, VAL, 10**8, gpu_bytes_capacity=1 << 20, gpu_buffer_bytes=1 << 22)
     pool = WorkerPool(spec, num_workers=2, num_slots=2, batch_size=len(src))
@@ -152,8 +154,12 @@ def _stage_output(root, decoder, cpu_rows):
         assert failures == []
         stage = GpuDecodeAugment([decoder], device=torch.device("cpu"), image_size=S, mean=(0.0,) * 3,
                                  std=(1.0,) * 3, dtype=torch.uint8, channels_last=False, max_pixels=10**8,
-                                 buffer_bytes=1 << 22, crop="center")
-        images, labels = stage(host_batch(view, src.path))
+                                 buffer_bytes=1 << 22, crop="center", skips=skips)
+        if cpu is not None:
+            stage.cpu = cpu
+        batch = host_batch(view, src.path)
+        images, labels = stage(batch)
+        stage.indices = batch.indices
         return images, labels, stage, view.meta[:, Meta.KIND].copy()
     finally:
         pool.close()
@@ -246,3 +252,28 @@ def test_the_center_box_is_the_part_of_the_image_the_crop_is_made_from():
             start, weights = center_crop.axis_coefficients(full, size, first, S)
             reach = weights.shape[1]
             assert start.min() <= lo + reach and (start + reach).max() >= lo + n - reach, (w, h)
+
+
+class _FailingCpu(CpuDecoder):
+    """libjpeg-turbo, but for one file, which fails as a damaged file the GPU also refused would."""
+
+    def __init__(self, bad: bytes):
+        super().__init__(max_pixels=10**8)
+        self.bad = bad
+
+    def decode(self, data, path, **kw):
+        if data == self.bad:
+            raise DecodeError(path, "corrupt JPEG data")
+        return super().decode(data, path, **kw)
+
+
+def test_a_file_neither_the_gpu_nor_the_cpu_decodes_leaves_its_validation_batch(shapes):
+    bad = (shapes / "c0" / "2.jpg").read_bytes()
+    skips = SkipLog()
+    images, labels, stage, _ = _stage_output(shapes, CpuStandIn({bad}), 0, skips=skips, cpu=_FailingCpu(bad))
+    assert images.shape == (11, 3, S, S) and labels.tolist() == [0] * 5 + [1] * 6
+    assert stage.indices == [i for i in range(12) if i != 2] and skips.repeated == 0
+    assert [p for p, _ in skips.listed] == [str(shapes / "c0" / "2.jpg")]
+    want = _reference_crops(shapes)
+    kept = [w for i, w in enumerate(want) if i != 2]
+    assert min(psnr(images[i].permute(1, 2, 0).numpy(), kept[i]) for i in range(11)) >= 40
