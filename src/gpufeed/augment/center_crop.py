@@ -3,13 +3,17 @@ arithmetic, computing only the crop's pixels.
 
 torchvision's ``Resize`` on a PIL image is Pillow's antialiased bilinear resize (``Image.resize(size,
 BILINEAR)``): per axis a triangle filter whose support grows with the downscale factor, coefficients in
-float64 normalised per output pixel and rounded to 22-bit integers, the horizontal pass first and its result
-rounded to uint8, then the vertical pass (Pillow's ``libImaging/Resample.c``: ``precompute_coeffs``,
+float64 normalised per output pixel and rounded to 22-bit integers, one axis's pass and its result rounded
+to uint8, then the other's (Pillow's ``libImaging/Resample.c``: ``precompute_coeffs``,
 ``normalize_coeffs_8bpc``, ``ImagingResampleInner``). A pixel of the centre crop depends only on its
 position in the resized image, so the crop's S x S pixels, mapped back through the resize, are computed and
-no other: the same integers as resizing the whole image and cropping it. Pillow 13.0.0 as installed here
-takes the vertical pass first for some shapes (tall images among them; its rule is not Resample.c's, which
-always starts horizontally): there a pixel differs by a level here and there (about 55 dB).
+no other: the same integers as resizing the whole image and cropping it.
+
+Which pass comes first is the installed Pillow's rule (``vertical_first``), learnt once per process from a
+small resize (``pillow_order``): Pillow's Resample.c up to 12.x always starts horizontally; Pillow 13 starts
+vertically where the height shrinks by more than twice the pixels the width does. With an order this module
+does not know (a Pillow of another rule) the horizontal pass comes first and ``pillow_order`` says so once: a
+pixel may then differ by a level here and there (about 55 dB).
 
 Input, as for ``augment.fused``: decoded images packed in one flat uint8 buffer (each (h, w, 3) HWC at its
 own offset) and one int64 row per sample (``records.KernelRow``):
@@ -26,7 +30,9 @@ numpy, one sample at a time (a CPU device, CUDA without Triton, the tests).
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from typing import Sequence
 
 import numpy as np
@@ -66,18 +72,48 @@ def _clip8(s: np.ndarray) -> np.ndarray:
     return np.clip(s >> PRECISION_BITS, 0, 255)
 
 
-def center_crop_pixels(image: np.ndarray, width: int, height: int, left: int, top: int, size: int) -> np.ndarray:
+def vertical_first(width: int, height: int, new_width: int, new_height: int, rule: int) -> bool:
+    """Whether Pillow's resize of a ``width`` x ``height`` image to ``new_width`` x ``new_height`` takes its
+    vertical pass first: ``rule`` 1 (Pillow 13: where the height shrinks by more than twice the pixels the
+    width does), else never (``pillow_order``)."""
+    return bool(rule) and new_height < height and height - new_height > 2 * (width - new_width)
+
+
+def center_crop_pixels(image: np.ndarray, width: int, height: int, left: int, top: int, size: int,
+                       rule: int | None = None) -> np.ndarray:
     """(size, size, 3) uint8: the ``size`` square at (``left``, ``top``) of ``image`` ((h, w, 3) uint8) resized
-    to ``width`` x ``height`` by Pillow's bilinear filter, computed for that square alone."""
+    to ``width`` x ``height`` by Pillow's bilinear filter, computed for that square alone, its passes in the
+    order ``rule`` gives (``vertical_first``; None: the installed Pillow's, ``pillow_order``)."""
     h, w = image.shape[:2]
     fy, wy = axis_coefficients(h, height, top, size)
     fx, wx = axis_coefficients(w, width, left, size)
-    r0, r1 = int(fy.min()), min(h, int(fy.max()) + wy.shape[1])
-    cols = np.minimum(fx[:, None] + np.arange(wx.shape[1]), w - 1)  # a column past the count weighs 0
-    rows = image[r0:r1].astype(np.int64)[:, cols]  # (R, S, kx, 3)
-    across = _clip8((rows * wx[None, :, :, None]).sum(axis=2) + _HALF)  # the horizontal pass, uint8 levels
-    down = np.minimum(fy[:, None] + np.arange(wy.shape[1]), h - 1) - r0
-    return _clip8((across[down] * wy[:, :, None, None]).sum(axis=1) + _HALF).astype(np.uint8)
+    rows = np.minimum(fy[:, None] + np.arange(wy.shape[1]), h - 1)  # (S, ky): a row past the count weighs 0
+    cols = np.minimum(fx[:, None] + np.arange(wx.shape[1]), w - 1)  # (S, kx)
+    if vertical_first(w, h, width, height, pillow_order() if rule is None else rule):
+        c0, c1 = int(cols.min()), int(cols.max()) + 1
+        down = _clip8((image[:, c0:c1].astype(np.int64)[rows] * wy[:, :, None, None]).sum(axis=1) + _HALF)
+        return _clip8((down[:, cols - c0] * wx[None, :, :, None]).sum(axis=2) + _HALF).astype(np.uint8)
+    r0, r1 = int(rows.min()), int(rows.max()) + 1
+    across = _clip8((image[r0:r1].astype(np.int64)[:, cols] * wx[None, :, :, None]).sum(axis=2) + _HALF)
+    return _clip8((across[rows - r0] * wy[:, :, None, None]).sum(axis=1) + _HALF).astype(np.uint8)
+
+
+@functools.cache
+def pillow_order() -> int:
+    """The installed Pillow's order of passes, as ``vertical_first``'s ``rule``: learnt from one resize of a
+    40 x 80 noise image to 32 x 32, which the two orders round differently. A Pillow that matches neither
+    (another rule) gets 0, said once in a warning."""
+    from PIL import Image
+
+    image = np.random.default_rng(0).integers(0, 256, (80, 40, 3), dtype=np.uint8)
+    got = np.asarray(Image.fromarray(image).resize((32, 32), Image.BILINEAR))
+    for rule in (1, 0):
+        if np.array_equal(got, center_crop_pixels(image, 32, 32, 0, 0, 32, rule)):
+            return rule
+    warnings.warn("gpufeed: this Pillow orders its resize passes by a rule gpufeed does not know; validation's "
+                  "Resize + CenterCrop on the device may differ from torchvision's by a level in a few pixels",
+                  stacklevel=2)
+    return 0
 
 
 def center_crop_reference(flat: torch.Tensor, table: torch.Tensor, size: int, scale: Sequence[float] | torch.Tensor,
@@ -87,7 +123,8 @@ def center_crop_reference(flat: torch.Tensor, table: torch.Tensor, size: int, sc
     shift_t = torch.as_tensor(shift, dtype=torch.float32, device=out.device).view(3, 1, 1)
     for b, (off, h, w, left, top, width, height, _) in enumerate(table.tolist()):
         image = flat[off : off + h * w * 3].view(h, w, 3).cpu().numpy()
-        pix = torch.from_numpy(center_crop_pixels(image, width, height, left, top, size)).to(out.device)
+        pix = torch.from_numpy(center_crop_pixels(image, width, height, left, top, size, pillow_order()))
+        pix = pix.to(out.device)
         val = pix.permute(2, 0, 1).float() * scale_t + shift_t
         out[b] = val.add(0.5).floor_().clamp_(0, 255).to(out.dtype) if out.dtype == torch.uint8 else val.to(out.dtype)
     return out
@@ -155,10 +192,11 @@ if triton is not None:
 
     @triton.jit
     def _center_crop_kernel(src_ptr, table_ptr, coef_ptr, out_ptr, scale0, scale1, scale2, shift0, shift1, shift2,
-                            S, K, stride_b, stride_c, stride_y, stride_x,
+                            S, K, RULE, stride_b, stride_c, stride_y, stride_x,
                             BY: tl.constexpr, BX: tl.constexpr, ROUND: tl.constexpr):
-        """Program (b, row block, column block): BY x BX output pixels of sample b, each the vertical sum
-        over its taps of the horizontal sums, each rounded to a uint8 level as Pillow's first pass is."""
+        """Program (b, row block, column block): BY x BX output pixels of sample b, each a sum over the taps of
+        Pillow's second pass of its first pass's sums, each of those rounded to a uint8 level as Pillow's
+        first pass is; the first pass horizontal, or vertical where ``vertical_first`` says (``RULE``)."""
         b = tl.program_id(0)
         oy = tl.program_id(1) * BY + tl.arange(0, BY)
         ox = tl.program_id(2) * BX + tl.arange(0, BX)
@@ -168,8 +206,11 @@ if triton is not None:
         off = tl.load(row)
         h = tl.load(row + 1).to(tl.int32)
         w = tl.load(row + 2).to(tl.int32)
-        ky = _taps(h, tl.load(row + 6))
-        kx = _taps(w, tl.load(row + 5))
+        new_w = tl.load(row + 5).to(tl.int32)
+        new_h = tl.load(row + 6).to(tl.int32)
+        ky = _taps(h, new_h)
+        kx = _taps(w, new_w)
+        down = (RULE != 0) & (new_h < h) & (h - new_h > 2 * (w - new_w))  # ``vertical_first``
         cy = coef_ptr + ((b * 2) * S + oy) * (K + 1)
         cx = coef_ptr + ((b * 2 + 1) * S + ox) * (K + 1)
         ymin = tl.load(cy, mask=my, other=0)
@@ -177,22 +218,27 @@ if triton is not None:
         acc0 = tl.full([BY, BX], 1 << 21, tl.int32)
         acc1 = tl.full([BY, BX], 1 << 21, tl.int32)
         acc2 = tl.full([BY, BX], 1 << 21, tl.int32)
-        for tv in range(0, ky):
-            wy = tl.load(cy + 1 + tv, mask=my, other=0)
-            y = tl.minimum(ymin + tv, h - 1)  # a row past the count weighs 0
-            line = src_ptr + off + (y * w).to(tl.int64)[:, None] * 3
+        for i in range(0, tl.where(down, kx, ky)):  # the second pass's taps
             s0 = tl.full([BY, BX], 1 << 21, tl.int32)
             s1 = tl.full([BY, BX], 1 << 21, tl.int32)
             s2 = tl.full([BY, BX], 1 << 21, tl.int32)
-            for th in range(0, kx):
+            for j in range(0, tl.where(down, ky, kx)):  # the first pass's
+                tv = tl.where(down, j, i)
+                th = tl.where(down, i, j)
+                wy = tl.load(cy + 1 + tv, mask=my, other=0)[:, None]
                 wx = tl.load(cx + 1 + th, mask=mx, other=0)[None, :]
-                p = line + (tl.minimum(xmin + th, w - 1) * 3).to(tl.int64)[None, :]
-                s0 += tl.load(p, mask=m2, other=0).to(tl.int32) * wx
-                s1 += tl.load(p + 1, mask=m2, other=0).to(tl.int32) * wx
-                s2 += tl.load(p + 2, mask=m2, other=0).to(tl.int32) * wx
-            acc0 += _clip8_t(s0) * wy[:, None]
-            acc1 += _clip8_t(s1) * wy[:, None]
-            acc2 += _clip8_t(s2) * wy[:, None]
+                y = tl.minimum(ymin + tv, h - 1)  # a row or column past the count weighs 0
+                x = tl.minimum(xmin + th, w - 1)
+                p = src_ptr + off + (y * w).to(tl.int64)[:, None] * 3 + (x * 3).to(tl.int64)[None, :]
+                first = tl.where(down, wy, wx)
+                s0 += tl.load(p, mask=m2, other=0).to(tl.int32) * first
+                s1 += tl.load(p + 1, mask=m2, other=0).to(tl.int32) * first
+                s2 += tl.load(p + 2, mask=m2, other=0).to(tl.int32) * first
+            second = tl.where(down, tl.load(cx + 1 + i, mask=mx, other=0)[None, :],
+                              tl.load(cy + 1 + i, mask=my, other=0)[:, None])
+            acc0 += _clip8_t(s0) * second
+            acc1 += _clip8_t(s1) * second
+            acc2 += _clip8_t(s2) * second
         dst = out_ptr + b.to(tl.int64) * stride_b + oy[:, None] * stride_y + ox[None, :] * stride_x
         tl.store(dst, _level(_clip8_t(acc0).to(tl.float32) * scale0 + shift0, out_ptr, ROUND), mask=m2)
         tl.store(dst + stride_c, _level(_clip8_t(acc1).to(tl.float32) * scale1 + shift1, out_ptr, ROUND), mask=m2)
@@ -228,6 +274,6 @@ def center_crop_triton(flat: torch.Tensor, table: torch.Tensor, size: int, scale
     by, bx = (block_s, block_s) if not flat.is_cuda else (16, 32)
     grid = (batch, triton.cdiv(size, by), triton.cdiv(size, bx))
     _center_crop_kernel[grid](flat, table, coef, out, *[float(s) for s in scale], *[float(s) for s in shift], size, k,
-                              out.stride(0), out.stride(1), out.stride(2), out.stride(3), BY=by, BX=bx,
+                              pillow_order(), out.stride(0), out.stride(1), out.stride(2), out.stride(3), BY=by, BX=bx,
                               ROUND=out.dtype == torch.uint8, **_UNFUSED)
     return out
