@@ -284,3 +284,27 @@ def test_a_file_neither_the_gpu_nor_the_cpu_decodes_leaves_its_validation_batch(
     want = _reference_crops(shapes)
     kept = [w for i, w in enumerate(want) if i != 2]
     assert min(psnr(images[i].permute(1, 2, 0).numpy(), kept[i]) for i in range(11)) >= 40
+
+
+def test_the_kernels_compile_for_a_hopper_gpu_without_one():
+    """Compiled (not interpreted) for sm_90 as a GPU builds them, with the options their launches pass: what the
+    interpreter does not check (types across branches). The coefficients in float64 as Pillow computes them,
+    each step rounded (``div.rn.f64``, no fused multiply-add), so the integers are Pillow's."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", 90, 32)
+    coefficients, crop = center_crop._coefficients_kernel, center_crop._center_crop_kernel  # @triton.jit: no public name
+    signature = {"table_ptr": "*i64", "coef_ptr": "*i32", "S": "i32", "K": "i32", "BLOCK_S": "constexpr"}
+    ptx = triton.compile(ASTSource(fn=coefficients, signature=signature, constexprs={"BLOCK_S": 256}), target=target,
+                         options=center_crop._UNFUSED).asm["ptx"]
+    assert "div.rn.f64" in ptx and "fma.rn.f64" not in ptx
+    pointers = {"src_ptr": "*u8", "table_ptr": "*i64", "coef_ptr": "*i32"}
+    for out in ("*u8", "*fp32", "*bf16"):
+        signature = {name: {**pointers, "out_ptr": out}.get(name, "fp32" if name[:5] in ("scale", "shift") else "i32")
+                     for name in crop.arg_names if name not in ("BY", "BX", "ROUND")}
+        signature.update(BY="constexpr", BX="constexpr", ROUND="constexpr")
+        compiled = triton.compile(ASTSource(fn=crop, signature=signature,
+                                            constexprs={"BY": 16, "BX": 32, "ROUND": out == "*u8"}),
+                                  target=target, options=center_crop._UNFUSED)
+        assert compiled.asm["cubin"]
