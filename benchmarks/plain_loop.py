@@ -165,6 +165,7 @@ def main() -> int:
     # the tree's cropped CPU decode, built or not (a tree without it decodes whole images on the CPU)
     result["cropped_decode"] = importlib.util.find_spec("gpufeed.decode._turbo_crop") is not None
     result["decode_backend"] = stats.get("decode_backend")
+    result["decoded_by"] = stats.get("decoded_by")  # validation too: the GPU decoders' part and the CPU's
     print(f"{'validation' if args.validation else args.model}{' compiled' if args.compile else ''}, "
           f"recipe {args.recipe}: "
           + ", ".join(f"{r:,.0f}" for r in result["epochs"]) + " images/s by epoch; "

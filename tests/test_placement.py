@@ -27,10 +27,13 @@ def test_decoder_placement_on_the_cpu(monkeypatch):
     assert create_gpu_decoders("cpu", torch.device("cpu"))[0] is None
     from gpufeed.augment.params import AugmentSpec
 
+    from gpufeed.augment.params import RandomCrop
+
     decoders, why = create_gpu_decoders("nvjpeg", torch.device("cuda", 0),
-                                        recipe=placement.cpu_crops(AugmentSpec(train=False)))
-    assert decoders is None and why.startswith("validation: CPU workers")  # made for nothing otherwise
+                                        recipe=placement.cpu_crops(AugmentSpec(crop=RandomCrop())))
+    assert decoders is None and why.startswith("RandomCrop: CPU workers")  # made for nothing otherwise
     assert placement.cpu_crops(AugmentSpec()) is None  # RandomResizedCrop: the GPU path's
+    assert placement.cpu_crops(AugmentSpec(train=False)) is None  # Resize + CenterCrop: augment.center_crop
     with pytest.raises(ValueError, match="decode='nvimgcodec' needs a CUDA device"):
         create_gpu_decoders("nvimgcodec", torch.device("cpu"))
     with pytest.raises(ValueError, match="decode must be one of"):

@@ -72,8 +72,9 @@ class ImageLoader:
     ``mean``/``std`` (ImageNet's by default; channels_last when asked); labels (B,) int64 on ``device``.
     ``train=True`` (default; ``image_size`` 224):
     RandomResizedCrop(``image_size``) and horizontal flip, a new order each epoch; ``train=False``: resize
-    the shorter side to ``resize_size``, centre-crop (torchvision's ``Resize`` + ``CenterCrop``, decoded by the
-    CPU workers), fixed order.
+    the shorter side to ``resize_size``, centre-crop (torchvision's ``Resize`` + ``CenterCrop``: on the GPU path
+    decoded by the GPU decoders and the CPU workers together, resized on the device in Pillow's arithmetic,
+    ``augment.center_crop``), fixed order.
 
     ``decode``: "cpu" decodes in CPU worker processes; "gpu" decodes on the GPU: the NVJPG hardware
     engines through nvJPEG's batched API, else nvImageCodec (engines, then its CUDA decoder), else

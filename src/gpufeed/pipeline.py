@@ -153,7 +153,7 @@ def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions,
     per_sample = PerSample(settings.sample_ops, normalize)
     stage = create_stage(gpu_decoders, per_sample, device=device, image_size=augment.image_size, normalize=normalize,
                          max_pixels=errors.max_pixels, memory=memory, batch_size=batch,
-                         skips=skips if errors.skips else None)
+                         skips=skips if errors.skips else None, crop="box" if augment.train else "center")
     num_slots = placement.ring_slots(decoding.prefetch_depth, gpu_path)
     start_pool = functools.partial(_start_pool, spec, num_workers=num_workers, num_slots=num_slots, batch_size=batch,
                                    sample_timeout=errors.sample_timeout, cpus=worker_cpus,

@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 
 class Meta(IntEnum):
     """Columns of a GPU-path position's metadata row (``Ring.meta[slot, k]``, int64): what it holds
-    (``KIND``), its byte count, the extent of the image those bytes are, and the crop box within it."""
+    (``KIND``), its byte count, the extent of the image those bytes are, and the crop box within it (for
+    validation's Resize + CenterCrop, in the box's five columns: the crop's left and top in the resized
+    image, the resized width and height, 0)."""
 
     KIND = 0
     LENGTH = 1
@@ -41,7 +43,8 @@ KIND_PIXELS, KIND_BYTES, KIND_ROWS = 0, 1, 2
 
 class KernelRow(IntEnum):
     """Columns of the fused crop kernel's table (one int64 row per sample, ``augment.fused``): where the
-    sample's decoded pixels start in the flat buffer, their extent, the crop box and the flip."""
+    sample's decoded pixels start in the flat buffer, their extent, the crop box and the flip (validation's
+    kernel, ``augment.center_crop``: the crop's left and top, the resized width and height, 0)."""
 
     OFFSET = 0
     HEIGHT = 1

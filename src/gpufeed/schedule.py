@@ -267,12 +267,7 @@ class Scheduler:
         run.failed_batches = 0
         self._check_outage(run)
         for p, g in stand_ins(n, bad).items():
-            for arr in (view.pixels, view.labels, view.meta, view.output):  # images are a view of the pixels
-                if arr is not None:
-                    arr[p] = arr[g]
-            if view.arena is not None:
-                length = view.meta[g, Meta.LENGTH]
-                view.arena[p, :length] = view.arena[g, :length]
+            _move(view, g, p)
             indices[p] = indices[g]
         self.skips.repeated += repeats
         return view
@@ -289,9 +284,7 @@ class Scheduler:
         good = [p for p in range(len(indices)) if p not in bad]
         for k, g in enumerate(good):
             if k != g:
-                for arr in (view.pixels, view.labels, view.meta, view.output):  # images are a view of the pixels
-                    if arr is not None:
-                        arr[k] = arr[g]
+                _move(view, g, k)
         return view.head(len(good)), [indices[g] for g in good]
 
     def _reload(self, slot: int, indices: list[int], entries: list[int], failures: list[Failure],
@@ -329,6 +322,17 @@ class Scheduler:
         batch_id = next(run.slots.ids)
         self.pool.submit(batch_id, slot, run.seed, run.epoch, indices, start=start, size=run.size)
         return self.pool.collect(batch_id)[1]
+
+
+def _move(view: SlotView, src: int, dst: int) -> None:
+    """Copy sample ``src`` of a slot over sample ``dst``: its pixels (or pixel room), label, meta row, output
+    and, on the GPU path, its encoded bytes (as many as its meta row says)."""
+    for arr in (view.pixels, view.labels, view.meta, view.output):  # images are a view of the pixels
+        if arr is not None:
+            arr[dst] = arr[src]
+    if view.arena is not None:
+        length = view.meta[src, Meta.LENGTH]
+        view.arena[dst, :length] = view.arena[src, :length]
 
 
 def _runs(positions: list[int]) -> list[tuple[int, int]]:

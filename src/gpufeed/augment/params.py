@@ -237,7 +237,8 @@ class AugmentSpec:
     @property
     def box_crop(self) -> bool:
         """Whether the crop is a resampled box (training's RandomResizedCrop, ``draw``): the one crop the GPU
-        decoders' fused kernel makes; validation's and RandomCrop's the CPU workers make."""
+        decoders' fused kernel makes; validation's Resize + CenterCrop has its own (``augment.center_crop``), and the
+        CPU workers make RandomCrop's."""
         return self.train and self.crop is None
 
     def draw(self, width: int, height: int, *, seed: int, epoch: int, index: int) -> CropBox:
@@ -253,10 +254,21 @@ class AugmentSpec:
         """Where ``Resize(resize_size)`` + ``CenterCrop(image_size)`` take a ``width`` x ``height`` image:
         the shorter side to ``resize_size``, the longer truncated as torchvision computes it, the crop's
         offsets rounded as ``CenterCrop`` rounds them."""
+        if self.train:
+            raise ValueError("resize_crop is validation's geometry; this recipe trains")
         new_w, new_h = self._resized(width, height)
         left = int(round((new_w - self.image_size) / 2.0))
         top = int(round((new_h - self.image_size) / 2.0))
         return ResizeCrop(new_w, new_h, left, top)
+
+    def center_box(self, width: int, height: int) -> CropBox:
+        """Validation: the part of a ``width`` x ``height`` image that ``resize_crop``'s square is made from,
+        rounded out to whole pixels (the box the CPU's cost model weighs: ``placement.cpu_cost``)."""
+        g = self.resize_crop(width, height)
+        sx, sy = width / g.width, height / g.height
+        x, y = int(g.left * sx), int(g.top * sy)
+        s = self.image_size
+        return CropBox(x, y, min(width - x, math.ceil(s * sx)), min(height - y, math.ceil(s * sy)))
 
     def _resized(self, width: int, height: int) -> tuple[int, int]:
         """``Resize(resize_size)``'s output size: the shorter side to ``resize_size``, the longer truncated."""

@@ -29,15 +29,13 @@ def decode_call_images(batch_size: int, job_images: int) -> int:
 
 
 def cpu_crops(augment: "AugmentSpec") -> str | None:
-    """Why the CPU workers make all of a recipe's crops (None: the GPU path serves it). The GPU decoders'
-    fused kernel makes one crop, a resampled box (``AugmentSpec.box_crop``: training's RandomResizedCrop)."""
-    if augment.box_crop:
+    """Why the CPU workers make all of a recipe's crops (None: the GPU path serves it). The GPU stage makes
+    training's resampled box (``AugmentSpec.box_crop``: RandomResizedCrop, ``augment.fused``) and validation's
+    Resize + CenterCrop (``augment.center_crop``, in Pillow's arithmetic); a RandomCrop crops without resampling."""
+    if augment.box_crop or not augment.train:
         return None
-    if not augment.train:
-        return ("validation: CPU workers, which reproduce torchvision's Resize + CenterCrop pixel for pixel "
-                "(BENCHMARKS.md#validation-crops)")
     return ("RandomCrop: CPU workers, which crop without resampling as torchvision does (the GPU decoders serve "
-            "RandomResizedCrop recipes)")
+            "RandomResizedCrop recipes and validation)")
 
 
 def create_gpu_decoders(choice: str, device: "torch.device", *, recipe: str | None = None,

@@ -1,7 +1,8 @@
 """The device-side stage: a host batch in, the delivered batch out, on the loader's side stream.
 
     HostBatch ──► gpu.GpuStage (GPU path): decode on the GPU's engines, one fused crop/resize/flip/normalise
-             │                            kernel (uint8 crops where the recipe has pixel ops)
+             │                            kernel (uint8 crops where the recipe has pixel ops); validation's
+             │                            Resize + CenterCrop in Pillow's arithmetic (``augment.center_crop``)
              └──► host.HostStage (CPU decode): normalise the workers' uint8 crops on the device, or copy out
                                               the batch a CPU device's workers normalised
           ──► per_sample.PerSample: the recipe's per-sample ops, then MixUp/CutMix ──► records.Delivered
@@ -33,10 +34,11 @@ __all__ = ["GpuDecodeAugment", "GpuStage", "HostStage", "PerSample", "create_sta
 
 def create_stage(gpu_decoders: "Sequence[GpuDecoder] | None", per_sample: PerSample, *, device: torch.device,
                  image_size: int, normalize: "Normalize", max_pixels: int, memory: "GpuMemory", batch_size: int,
-                 skips: "SkipLog | None") -> "GpuStage | HostStage":
+                 skips: "SkipLog | None", crop: str = "box") -> "GpuStage | HostStage":
     """The GPU path's stage where there are GPU decoders, else the host stage. ``memory``: the loader's GPU
     budget (``placement.gpu_memory``), whose buffers and output batches the GPU stage takes now; ``skips``:
-    where a file no decoder reads is recorded (None: it raises)."""
+    where a file no decoder reads is recorded (None: it raises); ``crop``: "box" (training's crop boxes) or
+    "center" (validation's Resize + CenterCrop), as ``GpuDecodeAugment`` takes it."""
     if gpu_decoders is None:
         return HostStage(normalize, per_sample)
     pixels = bool(per_sample.ops.pixel)  # pixel ops start from the crops' uint8 pixels (PerSample)
@@ -44,5 +46,5 @@ def create_stage(gpu_decoders: "Sequence[GpuDecoder] | None", per_sample: PerSam
                               std=normalize.std, dtype=torch.uint8 if pixels else normalize.dtype,
                               channels_last=normalize.channels_last, max_pixels=max_pixels,
                               buffer_bytes=memory.buffer_bytes, skips=skips,
-                              output_batches=(batch_size, memory.batches))
+                              output_batches=(batch_size, memory.batches), crop=crop)
     return GpuStage(decode, per_sample)

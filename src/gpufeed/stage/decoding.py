@@ -1,6 +1,7 @@
 """The GPU stage's device side, one interface, chosen once: on CUDA the decoder threads, each on its own
 stream, the events between them and the stage's (side) stream, page-locked host sources and the Triton kernel
-(its reference without Triton); on a CPU device (tests, stand-in decoders) the same calls, run in order here.
+(its reference without Triton): training's ``augment.fused`` or validation's ``augment.center_crop``
+(``crop``); on a CPU device (tests, stand-in decoders) the same calls, run in order here.
 
 Streams: a decode call's stream first waits for the work queued so far on the side stream (the buffer's last
 reader, the batch's copies); the side stream waits for every call's event before the kernel (``collect``).
@@ -13,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
+from ..augment.center_crop import center_crop_reference, center_crop_triton, max_taps
 from ..augment.fused import resized_crop_reference, resized_crop_triton, triton
 from ..batched_copy import BatchedCopy
 from ..decode.base import DecodeJob, GpuDecoder
@@ -22,7 +24,7 @@ class CudaDecoding:
     """The stage's device side on CUDA: decoder threads on their own streams, events between them and the
     current (side) stream, page-locked host sources, the Triton kernel (the reference without Triton)."""
 
-    def __init__(self, decoders: list[GpuDecoder], device: torch.device, scale, shift) -> None:
+    def __init__(self, decoders: list[GpuDecoder], device: torch.device, scale, shift, crop: str = "box") -> None:
         self.decoders, self.device, self.scale, self.shift = decoders, device, scale, shift
         # one thread per decoder (a decoder's calls never overlap), each on its own stream
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"gpufeed-decode-{k}") for k in range(len(decoders))]
@@ -30,6 +32,8 @@ class CudaDecoding:
         self._scale_t, self._shift_t = torch.tensor(scale, device=device), torch.tensor(shift, device=device)
         self._buffer_stream: torch.cuda.Stream | None = None
         self._batched = BatchedCopy()  # the CPU-decoded rows' copies, one driver call per batch
+        self._launch = self._center if crop == "center" else self._box  # the recipe's kernel, chosen once
+        self._reference = _reference(crop)
 
     def order_buffers(self) -> None:
         """Called before a decode buffer is taken: if this stage is driven from another stream than last
@@ -82,19 +86,26 @@ class CudaDecoding:
         return t.is_pinned()
 
     def kernel(self, flat: torch.Tensor, table: torch.Tensor, size: int, dst: torch.Tensor) -> None:
-        if triton is not None:
-            resized_crop_triton(flat, self.host(table.numpy()).to(self.device, non_blocking=True), size, self.scale,
-                                self.shift, dst)
+        if triton is None:
+            self._reference(flat, table.to(self.device), size, self._scale_t, self._shift_t, dst)
         else:
-            resized_crop_reference(flat, table.to(self.device), size, self._scale_t, self._shift_t, dst)
+            self._launch(flat, self.host(table.numpy()).to(self.device, non_blocking=True), table, size, dst)
+
+    def _box(self, flat: torch.Tensor, rows: torch.Tensor, table: torch.Tensor, size: int, dst: torch.Tensor) -> None:
+        resized_crop_triton(flat, rows, size, self.scale, self.shift, dst)
+
+    def _center(self, flat: torch.Tensor, rows: torch.Tensor, table: torch.Tensor, size: int,
+                dst: torch.Tensor) -> None:
+        center_crop_triton(flat, rows, size, self.scale, self.shift, dst, taps_at_most=max_taps(table.numpy()))
 
 
 class HostDecoding:
     """The same stage on the CPU (a CPU device: tests and stand-in decoders): calls run here, in order."""
 
-    def __init__(self, decoders: list[GpuDecoder], device: torch.device, scale, shift) -> None:
+    def __init__(self, decoders: list[GpuDecoder], device: torch.device, scale, shift, crop: str = "box") -> None:
         self.decoders, self.device = decoders, device
         self._scale_t, self._shift_t = torch.tensor(scale), torch.tensor(shift)
+        self._kernel = _reference(crop)
 
     def order_buffers(self) -> None:
         pass
@@ -125,4 +136,9 @@ class HostDecoding:
         return False  # copied one by one
 
     def kernel(self, flat: torch.Tensor, table: torch.Tensor, size: int, dst: torch.Tensor) -> None:
-        resized_crop_reference(flat, table, size, self._scale_t, self._shift_t, dst)
+        self._kernel(flat, table, size, self._scale_t, self._shift_t, dst)
+
+
+def _reference(crop: str):
+    """The kernel's function in plain torch and numpy for ``crop`` ("box" or "center")."""
+    return center_crop_reference if crop == "center" else resized_crop_reference

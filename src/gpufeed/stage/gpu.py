@@ -1,5 +1,6 @@
 """The device-side stage on the GPU path: decode a batch on the GPU and crop/resize/flip/normalise it in one
-kernel (``GpuDecodeAugment``), then the recipe's per-sample ops (``GpuStage``).
+kernel (``GpuDecodeAugment``), then the recipe's per-sample ops (``GpuStage``). Training's crops go through
+``augment.fused``; validation's Resize + CenterCrop through ``augment.center_crop`` (``crop="center"``).
 
 Input is a ``records.HostBatch`` whose ring slot the CPU workers filled, per sample (``ring.Meta``): the
 JPEG bytes and crop box (``KIND_BYTES``), or the rows of the crop they decoded and the box within them
@@ -50,13 +51,12 @@ import numpy as np
 import torch
 
 from ..augment.fused import normalize_constants
-from ..augment.params import CropBox
 from ..buffers import ReusePool
-from ..decode.base import DecodeError, DecodeJob, GpuDecoder, SkipLog, stand_ins
+from ..decode.base import DecodeError, DecodeJob, GpuDecoder, SkipLog
 from ..decode.cpu import CpuDecoder
-from ..decode.crop import decode_box_into
 from ..records import BOX, KIND_BYTES, KIND_PIXELS, KIND_ROWS, Delivered, KernelRow, Meta
 from .decoding import CudaDecoding, HostDecoding
+from .refused import CROPS, decode_refused, settle_dropped
 
 if TYPE_CHECKING:
     from ..records import HostBatch
@@ -85,14 +85,19 @@ class GpuDecodeAugment:
     ``decoders``: one or more ``GpuDecoder``; with several, each decodes a part of every batch from its
     own thread on its own CUDA stream. ``buffer_bytes``: each of the two decode buffers (allocated now).
     ``skips``: None, a file no decoder reads raises ``DecodeError``; else it is recorded there and another
-    image of the batch stands in for it (``stand_ins``). ``output_batches``: (batch size, how many) output
+    image of the batch stands in for it, or for ``crop="center"`` it leaves the batch (``refused``).
+    ``crop``: "box", the workers' crop box and flip (training's RandomResizedCrop, ``augment.fused``);
+    "center", validation's Resize + CenterCrop in Pillow's arithmetic (``augment.center_crop``), the meta
+    rows holding each sample's resized extent and crop corner. ``output_batches``: (batch size, how many) output
     batches to allocate now (``placement.gpu_memory``); more are made only while the user keeps batches.
     """
 
     def __init__(self, decoders: Sequence[GpuDecoder], *, device: torch.device, image_size: int, mean, std,
                  dtype: torch.dtype, channels_last: bool, max_pixels: int, buffer_bytes: int,
-                 skips: SkipLog | None = None, output_batches: tuple[int, int] = (0, 0)) -> None:
-        self.decoders = list(decoders)
+                 skips: SkipLog | None = None, output_batches: tuple[int, int] = (0, 0), crop: str = "box") -> None:
+        if crop not in CROPS:
+            raise ValueError(f"crop must be one of {CROPS}, got {crop!r}")
+        self.decoders, self.crop = list(decoders), crop
         self.name = self.decoders[0].name
         self.job_images = self.decoders[0].job_images
         self.cpu = CpuDecoder(max_pixels=max_pixels)
@@ -106,7 +111,7 @@ class GpuDecodeAugment:
         self._consumer: torch.cuda.Stream | None = None  # ``read_on``
         self.decoded_by: collections.Counter = collections.Counter()  # "gpu:<name>", "cpu" -> images
         self._device = (CudaDecoding if device.type == "cuda" else HostDecoding)(self.decoders, device, self.scale,
-                                                                                   self.shift)
+                                                                                   self.shift, crop)
         self._flats = [torch.empty(buffer_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
         self._turn = 0
         # made at the first batch, on the stream the stage runs on (their memory returns to that stream's pool)
@@ -172,25 +177,17 @@ class GpuDecodeAugment:
     def finish(self, started: "_Started") -> tuple[torch.Tensor, torch.Tensor]:
         """((B, 3, S, S) ``dtype`` on the device, (B,) labels) for a started batch. Calls ``batch.release()``
         once nothing reads its host memory any more (later GPU work is ordered on the current stream). A
-        file no decoder read (under ``skips``) has another image of the batch in its place, and
-        ``batch.indices`` says so."""
+        file no decoder read (under ``skips``) has another image of the batch in its place, or for
+        ``crop="center"`` is left out (B is then smaller), and ``batch.indices`` says so."""
         try:
             self._complete(started, last=True)
         finally:
             if started.decoding is not None:  # failed before the decode was awaited: no thread may still read
                 wait(started.decoding)
             started.release()
-        out, labels, batch = started.out, started.batch.labels, started.batch
+        out, labels = started.out, started.batch.labels
         if started.dropped:
-            subs = stand_ins(len(labels), started.dropped)
-            if not subs:
-                raise DecodeError(batch.path(started.dropped[0]), "no image of its batch could be decoded, so none "
-                                  "can stand in for it")
-            for p, g in subs.items():  # in place: the batch keeps its memory format and its memory
-                out[p].copy_(out[g])
-                labels[p] = labels[g]
-                batch.indices[p] = batch.indices[g]
-            self.skips.repeated += len(subs)
+            out, labels = settle_dropped(out, labels, started.batch, started.dropped, self.crop, self.skips)
         return out, labels
 
     def _complete(self, started: "_Started", last: bool = False) -> None:
@@ -278,23 +275,19 @@ class GpuDecodeAugment:
 
     def _finish_on_cpu(self, batch: "HostBatch", i: int, row: np.ndarray, flat: torch.Tensor,
                        dropped: list[int]) -> None:
-        """Sample ``i`` that the GPU refused: decode and crop it here, into its place in ``flat``."""
-        s, slot = batch.slot.size, batch.slot
-        data = slot.arena[i, : slot.meta[i, Meta.LENGTH]].tobytes()
-        path = batch.path(i)
-        fw, fh = int(slot.meta[i, Meta.WIDTH]), int(slot.meta[i, Meta.HEIGHT])
-        x, y, bw, bh, flip = (int(v) for v in slot.meta[i, BOX])
-        try:  # the workers left it encoded: a plain JPEG (header read, box drawn, orientation 1)
-            decode_box_into(self.cpu, data, path, CropBox(x, y, bw, bh, bool(flip)), (fw, fh), True, slot.images[i])
+        """Sample ``i`` that the GPU refused: decode, crop and resize it here, into its place in ``flat``."""
+        s = batch.slot.size
+        try:
+            decode_refused(self.cpu, batch, i, self.crop)
         except DecodeError as e:
             if self.skips is None:
                 raise
-            self.skips.record(path, e.reason)
+            self.skips.record(batch.path(i), e.reason)
             dropped.append(i)
             row[KernelRow.HEIGHT:] = (1, 1, 0, 0, 1, 1, 0)  # any valid row: the output is dropped
             return
         off = int(row[KernelRow.OFFSET])
-        flat[off : off + s * s * 3].copy_(self._device.host(slot.images[i]).view(-1), non_blocking=True)
+        flat[off : off + s * s * 3].copy_(self._device.host(batch.slot.images[i]).view(-1), non_blocking=True)
         row[KernelRow.HEIGHT:] = (s, s, 0, 0, s, s, 0)
         self.decoded_by["cpu"] += 1
 

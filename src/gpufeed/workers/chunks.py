@@ -3,9 +3,11 @@
 CPU path: every sample is decoded, cropped, resized and flipped here into the slot's pixels; for a CPU
 device also normalised here into the slot's float32 output, so no single process does that for a batch.
 GPU path: every sample is read and its header parsed; a plain JPEG that fits goes into the slot as bytes
-with its crop box, for a GPU decoder (``KIND_BYTES``); the chunk's share for the CPU (``cheapest_on_cpu``)
-is decoded here down to its crop's rows, which the GPU kernel resizes (``KIND_ROWS``); files no GPU
-decoder should see are finished here (``KIND_PIXELS``).
+with its crop box, for a GPU decoder (``KIND_BYTES``; for validation the resized extent and the centre
+crop's corner in its place, ``records.Meta``); the chunk's share for the CPU (``cheapest_on_cpu``) is
+decoded here down to its crop's rows, which the GPU kernel resizes (``KIND_ROWS``; validation's share is
+resized and cropped here, as on the CPU path, ``KIND_PIXELS``); files no GPU decoder should see are
+finished here (``KIND_PIXELS``).
 A recipe with ops that do not run on the device (``augment.worker_ops``) takes the CPU path on every device:
 each sample is also run through them here, after its crop (or from the whole image, where they hold it).
 """
@@ -23,7 +25,7 @@ import numpy as np
 
 from ..decode.crop import decode_box_into, decode_box_rows_into, decode_random_crop_into, decode_resize_crop_into
 from ..augment.in_workers import WorkerNormalize
-from ..augment.params import AugmentSpec, CropBox
+from ..augment.params import AugmentSpec, CropBox, ResizeCrop
 from ..decode.base import DecodeError
 from ..decode.cpu import CpuDecoder
 from ..decode.exif import apply_orientation, read_orientation, swaps_axes
@@ -136,7 +138,8 @@ def load_sample_with_ops(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epo
 @dataclass
 class Inspected:
     """A GPU-path sample read and looked at, not yet placed: whether a GPU decoder may take it, and then
-    its crop box (None otherwise)."""
+    its crop box (None otherwise; validation: the part of the image its square is made from) and, for
+    validation, its Resize + CenterCrop geometry."""
 
     index: int
     path: str
@@ -145,6 +148,7 @@ class Inspected:
     orientation: int
     gpu_ok: bool
     box: CropBox | None
+    geometry: ResizeCrop | None = None
 
     @property
     def candidate(self) -> Candidate:
@@ -159,8 +163,12 @@ def inspect_sample(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: in
     orientation = read_orientation(data) if spec.exif_orientation else 1
     gpu_ok = gpu_may_take(data, header, orientation, bytes_capacity=spec.gpu_bytes_capacity,
                           buffer_bytes=spec.gpu_buffer_bytes)
-    box = spec.augment.draw(width, height, seed=seed, epoch=epoch, index=index) if gpu_ok else None
-    return Inspected(index, path, data, header, orientation, gpu_ok, box)
+    augment, box, geometry = spec.augment, None, None
+    if gpu_ok and augment.train:
+        box = augment.draw(width, height, seed=seed, epoch=epoch, index=index)
+    elif gpu_ok:
+        box, geometry = augment.center_box(width, height), augment.resize_crop(width, height)
+    return Inspected(index, path, data, header, orientation, gpu_ok, box, geometry)
 
 
 def place_sample(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int, s: Inspected, ring: Ring,
@@ -168,15 +176,16 @@ def place_sample(spec: PipelineSpec, decoder: CpuDecoder, seed: int, epoch: int,
     """GPU path, second step: put the JPEG bytes and crop box at position ``k`` of the slot for GPU
     decode; or (``on_cpu``) decode the crop's rows here and leave them with the box for the GPU to
     resize (``KIND_ROWS``; when they fit in the position's pixel room, else as below); or (no GPU
-    decoder may take it) decode, crop and resize it here. Its label."""
+    decoder may take it, or validation's share) decode, crop and resize it here. Its label."""
     width, height, fast = s.header
-    box = s.box
+    box, g = s.box, s.geometry
     if s.gpu_ok and not on_cpu:
         ring.arena[slot, k, : len(s.data)] = np.frombuffer(s.data, np.uint8)
-        ring.meta[slot, k] = (KIND_BYTES, len(s.data), width, height, box.x, box.y, box.width, box.height,
-                              int(box.flip))
+        place = (box.x, box.y, box.width, box.height, int(box.flip)) if g is None else (g.left, g.top, g.width,
+                                                                                          g.height, 0)
+        ring.meta[slot, k] = (KIND_BYTES, len(s.data), width, height, *place)
         return _label(spec, s.index, s.path)
-    if s.gpu_ok:  # the CPU's share: a plain JPEG that passed the structural check, its box drawn already
+    if s.gpu_ok and g is None:  # the CPU's share: a plain JPEG that passed the structural check, its box drawn already
         rows = decode_box_rows_into(decoder, s.data, s.path, box, (width, height), spec.augment.image_size,
                                     ring.rooms[slot, k])
         if rows is not None:
