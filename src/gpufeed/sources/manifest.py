@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checksums import ShardChecksums
 from .retry import ONCE, with_retries
 from .urls import filesystem, is_url
 
@@ -38,6 +39,7 @@ class ShardEntry:
     size: int
     samples: int
     row_groups: tuple[int, ...] = ()
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,9 @@ def parse_manifest(doc: Any, where: str) -> ShardManifest:
         raise ValueError(f"{where}: not a gpufeed shard manifest of version {FORMAT_VERSION}")
     shards = []
     for s in doc["shards"]:
-        entry = ShardEntry(str(s["name"]), int(s["size"]), int(s["samples"]), tuple(int(r) for r in s.get("row_groups", ())))
+        sha = s.get("sha256")
+        entry = ShardEntry(str(s["name"]), int(s["size"]), int(s["samples"]), tuple(int(r) for r in s.get("row_groups", ())),
+                           sha if isinstance(sha, str) else None)
         if "/" in entry.name or entry.name.startswith(".") or entry.samples < 1:
             raise ValueError(f"{where}: bad shard entry {s!r}")
         shards.append(entry)
@@ -191,6 +195,8 @@ def manifest_source(folder: str | os.PathLike, storage_options: dict[str, Any] |
     else:  # local shards are indexed in place, which gives their counts too
         source = tar_source(folder)
     source.shard_options = manifest.stats
+    # what ``verify_checksums=True`` checks each shard against (``checksums``)
+    source.manifest_checksums = ShardChecksums({e.name: e.sha256 for e in manifest.shards if e.sha256}, manifest.where)
     if manifest.classes and not getattr(source, "classes", None):  # the class names of the folder converted
         source.classes = manifest.classes
     return source

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .checksums import ShardChecksums
 from .base import IMG_EXTENSIONS, LABEL_TEXT_MAX, digest, parse_label, refuse_over, relative
 
 CLS_BYTES = LABEL_TEXT_MAX  # a .cls member holds a number: a longer one is not read
@@ -31,6 +32,7 @@ class TarSource:
         self._shard, self._offset, self._size, self._labels, self._names = shard, offset, size, labels, names
         self._bad = bad or {}  # sample -> why its label cannot be used
         self._fds: dict[int, int] = {}
+        self.checksums: ShardChecksums | None = None  # set: each shard checked on its first read here
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -55,7 +57,16 @@ class TarSource:
         s = int(self._shard[index])
         fd = self._fds.get(s)
         if fd is None:
-            fd = self._fds[s] = os.open(self.shards[s], os.O_RDONLY)
+            fd = os.open(self.shards[s], os.O_RDONLY)
+            if self.checksums is not None:
+                try:
+                    self.checksums.check(self.shards[s], fd)
+                except OSError:
+                    os.close(fd)
+                    raise
+            self._fds[s] = fd
+        elif self.checksums is not None:
+            self.checksums.check(self.shards[s], fd)  # its answer, remembered
         data = os.pread(fd, size, int(self._offset[index]))
         if len(data) != size:
             raise OSError(f"{self.path(index)}: read {len(data)} of {size} bytes (shard truncated?)")
