@@ -311,7 +311,8 @@ class ImageLoader:
         without them or on a CPU device); the recipe's ops the CPU workers run per sample (``ops_in_workers``:
         those with no device version, and those among them; ``augment.worker_ops``); under ``on_error="skip"``
         the number of skipped samples, (path, reason) for the first 10,000, and how many samples stood in for
-        them (``repeated``)."""
+        them (``repeated``); under either policy, a tar's members named like images that are never read (links,
+        devices, FIFOs) are counted and listed there too."""
         by = dict(self._stage.decoded_by)
         pool = self._scheduler.pool
         return {"decode_backend": self.decode_backend, "decode_reason": self.decode_reason, "decoded_by": by,

@@ -32,6 +32,7 @@ class TarSource:
         self._shard, self._offset, self._size, self._labels, self._names = shard, offset, size, labels, names
         self._bad = bad or {}  # sample -> why its label cannot be used
         self._fds: dict[int, int] = {}
+        self.left_out: list[tuple[str, str]] = []  # (shard:member, why) of members named like images never read
         self.checksums: ShardChecksums | None = None  # set: each shard checked on its first read here
 
     def __getstate__(self) -> dict:
@@ -109,10 +110,10 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
                                                                       f"{shard}:{name}")
         except tarfile.TarError as e:
             raise ValueError(f"cannot read tar shard {str(shard)!r}: {e}") from None
+    why_left_out = "a tar's links, devices and FIFOs are never read, only its regular files"
     if not_files:
-        warnings.warn(f"{len(not_files)} members of {str(path)!r} with image names are left out: a tar's links, "
-                      f"devices and FIFOs are never read, only its regular files (first: {not_files[0]!r})",
-                      stacklevel=2)
+        warnings.warn(f"{len(not_files)} members of {str(path)!r} with image names are left out: {why_left_out} "
+                      f"(first: {not_files[0]!r}); loader.stats['skipped'] lists them", stacklevel=2)
     if not images:
         raise ValueError(f"no images with an extension in {extensions} in {str(path)!r}")
     folders = sorted({os.path.dirname(n) for _, _, _, n in images})
@@ -127,7 +128,7 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
         else:
             raise ValueError(f"{shards[s]}:{name}: no '{key}.cls' member and no class folder to take a label from")
     labels, bad = split_labels(found)
-    return TarSource(
+    source = TarSource(
         [str(p) for p in shards],
         np.array([i[0] for i in images], np.int32),
         np.array([i[1] for i in images], np.int64),
@@ -137,6 +138,8 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
         folders if not cls_of else [],
         bad,
     )
+    source.left_out = [(name, why_left_out) for name in not_files]
+    return source
 
 
 def cls_label(text: bytes, where: str) -> int | str:
