@@ -398,6 +398,59 @@ def test_a_stalled_transfer_fails_at_the_low_speed_rule_and_a_slow_one_finishes(
         FetchLimits(low_speed=-1)
 
 
+def test_transfers_through_fsspec_have_the_same_low_speed_rule_deadline_and_cap(hostile, tmp_path, caplog):
+    """Through fsspec's HTTP client (aiohttp), as S3 and GCS are read when no plain GET serves: the drip fails
+    each attempt at the low-speed rule in about a second, and at the deadline when the rule is off; an endless
+    body stops at the byte cap; each retry is one warning naming the URL; nothing partial is left."""
+    pytest.importorskip("aiohttp")
+    httpd, url = hostile
+    spool = tmp_path / "spool"
+    cases = [(FetchLimits(deadline=120.0, low_speed=1000, low_speed_time=1.0), "/drip/a.tar",
+              r"TimeoutError: .*under 1000 bytes/s for 1 s \(\d+ bytes came\)"),
+             (FetchLimits(deadline=1.0, low_speed=0), "/drip/b.tar",
+              r"TimeoutError: .*not complete within the deadline of 1 s \(\d+ bytes came\)"),
+             (FetchLimits(max_bytes=1 << 20), "/endless/c.tar", r"TooLarge: .*more than the cap of 1048576 bytes")]
+    for limits, path, message in cases:
+        source = remote_tar_source([url + path + "?X-Amz-Signature=SECRETSIG"], samples_per_shard=5, retry=FAST,
+                                   limits=limits, direct_get=False, spool_dir=str(spool))
+        caplog.clear()
+        began = time.monotonic()
+        with caplog.at_level("WARNING", logger="gpufeed"):
+            with pytest.raises(OSError, match=re.escape(url + path) + r"\?X-Amz-Signature=\[redacted\]: cannot fetch "
+                                              r"the file.*" + message):
+                source.read(0)
+        assert time.monotonic() - began < 10, path
+        retries = [r.getMessage() for r in caplog.records if "attempt 2 of 2" in r.getMessage()]
+        if "TooLarge" in message:  # not retried: another attempt gets the same body
+            assert retries == []
+        else:
+            assert len(retries) == 1 and url + path + "?X-Amz-Signature=[redacted]" in retries[0], retries
+        assert "SECRETSIG" not in caplog.text
+        assert not [n for n in os.listdir(spool) if n.endswith((".tar", ".part", ".fsspec"))]
+
+
+def test_retries_end_when_the_next_would_start_past_the_retry_deadline(tmp_path):
+    """A server that answers 503 every time, under a retry deadline shorter than the waits: the fetch gives
+    up after the attempts that fit, saying so, instead of going through all of them."""
+    root = tmp_path / "www"
+    root.mkdir()
+    (root / "shard.tar").write_bytes(b"x" * 1024)
+    server = HttpServer(root)
+    try:
+        server.fail("/shard.tar", 100)
+        source = remote_tar_source([f"{server.url}/shard.tar"], samples_per_shard=1, spool_dir=str(tmp_path / "s"),
+                                   retry=RetryPolicy(attempts=20, backoff=0.4, max_wait=0.4, deadline=1.0))
+        began = time.monotonic()
+        with pytest.raises(OSError, match=r"shard\.tar: cannot fetch the file after \d attempt\(s\) in [\d.]+ s: another "
+                                          r"would start past the retry deadline of 1 s \(HTTPError: HTTP Error 503"):
+            source.read(0)
+        assert time.monotonic() - began < 5 and 2 <= len(server.requests) <= 4
+    finally:
+        server.stop()
+    with pytest.raises(ValueError, match="deadline must be > 0 seconds or None, got 0"):
+        RetryPolicy(deadline=0)
+
+
 @pytest.mark.parametrize("path, message", [("/endless/shard.tar", "more than the cap of 1048576 bytes"),
                                            ("/huge/shard.tar", f"{1 << 40} bytes, over the cap of 1048576 bytes")])
 def test_a_body_over_the_byte_cap_fails_once_naming_the_url_and_leaves_no_file(hostile, tmp_path, path, message):

@@ -4,9 +4,9 @@ without indexing or fetching any shard, and the options the shards were written 
 
 The counts are taken only when every shard's size is the one the manifest gives (a stat, or the folder
 URL's one listing); otherwise the shards are counted as they would be without a manifest. A manifest that
-cannot be read or is not gpufeed's is ignored; both with a warning. A folder holding a conversion that began
-and has not ended (its plan record, no manifest) is refused (``refuse_unfinished``): its shards are a part of
-the data set.
+is not gpufeed's is ignored with a warning; one that is there but cannot be read raises, naming it. A folder
+holding a conversion that began and has not ended (its plan record, no manifest) is refused
+(``refuse_unfinished``): its shards are a part of the data set.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checksums import ShardChecksums
-from .retry import ONCE, with_retries
-from .urls import filesystem, is_url
+from .retry import ONCE, RetryPolicy, with_retries
+from .urls import filesystem, is_url, redact, scrub
 
 MANIFEST = "manifest.json"
 FORMAT_KEY, FORMAT_VERSION = "gpufeed_shards", 1  # what marks a manifest as gpufeed's, and its layout
@@ -29,6 +29,7 @@ PROGRESS = ".gpufeed-progress"
 PLAN_RECORD = f"{PROGRESS}/plan.json"
 
 _log = logging.getLogger("gpufeed")
+MANIFEST_RETRY = RetryPolicy(attempts=3, backoff=0.5)  # one small file: a store that keeps failing is said soon
 
 
 @dataclass(frozen=True)
@@ -77,17 +78,17 @@ def read_manifest(folder: str | os.PathLike, storage_options: dict[str, Any] | N
     try:
         if is_url(where):
             fs = filesystem(where, storage_options)
-            text = with_retries(lambda: _read_all(fs, where), where, ONCE, "read the shard manifest")
+            text = with_retries(lambda: _read_all(fs, where), where, MANIFEST_RETRY, "read the shard manifest")
         else:
             with open(where, "rb") as f:
                 text = f.read()
     except FileNotFoundError:
         return None
-    except OSError as e:
-        if is_url(where) and isinstance(e, PermissionError):  # no credentials: nothing else there is readable
-            raise
-        _log.warning("gpufeed: ignoring the shard manifest %s: %s", where, e)
-        return None
+    except PermissionError:  # no credentials (a URL), or a file this user may not read: said as it is
+        raise
+    except OSError as e:  # there but unreadable: counting its shards without it would hide why
+        raise OSError(f"{redact(where)}: the shard manifest is there but cannot be read ({scrub(str(e))}): try again "
+                      f"once it can be, or move it away to read the shards without it") from None
     try:
         return parse_manifest(json.loads(text), where)
     except (ValueError, TypeError, KeyError) as e:
