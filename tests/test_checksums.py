@@ -100,18 +100,18 @@ def test_shards_read_from_s3_are_verified_after_their_fetch(synth_root, tmp_path
     monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "cache"))
     server = S3Server()
     try:
-        server.bucket("out")
+        server.bucket("verified")  # moto's buckets live in this process: a name no other test uses
         local = tmp_path / "local"
         write_shards(synth_root, local, ShardOptions(**OPTIONS))
         _forge_label(local / "shard-000002.tar")
         for p in local.iterdir():
-            server.put("out", f"train/{p.name}", p.read_bytes())
-        with ImageLoader("s3://out/train", storage_options=server.storage_options, verify_checksums=True,
+            server.put("verified", f"train/{p.name}", p.read_bytes())
+        with ImageLoader("s3://verified/train", storage_options=server.storage_options, verify_checksums=True,
                          on_error="skip", **KW) as loader:
             indices, _ = _delivered(loader)
             stats = loader.stats
-        assert len(indices) == 32 and stats["skipped_count"] == 8
-        assert all("s3://out/train/shard-000002.tar" in path for path, _ in stats["skipped"])
+        assert len(indices) == 32 and stats["skipped_count"] == 8, stats["skipped"]
+        assert all("s3://verified/train/shard-000002.tar" in path for path, _ in stats["skipped"])
     finally:
         server.stop()
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 from .checksums import ShardChecksums
+from .fetch import FetchLimits, fsspec_get
 from .retry import ONCE, RetryPolicy, with_retries
 from .urls import filesystem, is_url, redact, scrub
 
@@ -29,6 +31,7 @@ PROGRESS = ".gpufeed-progress"
 PLAN_RECORD = f"{PROGRESS}/plan.json"
 
 _log = logging.getLogger("gpufeed")
+MANIFEST_BYTES = 1 << 30  # a manifest lists each shard in about 200 bytes: millions of shards fit
 MANIFEST_RETRY = RetryPolicy(attempts=3, backoff=0.5)  # one small file: a store that keeps failing is said soon
 
 
@@ -97,8 +100,12 @@ def read_manifest(folder: str | os.PathLike, storage_options: dict[str, Any] | N
 
 
 def _read_all(fs, where: str) -> bytes:
-    with fs.open(where, "rb") as f:
-        return f.read()
+    """The whole file at ``where``, under the limits every transfer has (``fetch.fsspec_get``)."""
+    with tempfile.TemporaryDirectory(prefix="gpufeed-manifest-") as tmp:
+        local = os.path.join(tmp, MANIFEST)
+        fsspec_get(fs, where, local, FetchLimits(max_bytes=MANIFEST_BYTES))
+        with open(local, "rb") as f:
+            return f.read()
 
 
 def refuse_unfinished(folder: str, storage_options: dict[str, Any] | None = None,
