@@ -1,7 +1,8 @@
 """Shards checked against their manifest's sha256 as the loader reads them (``verify_checksums=True``).
 
 Each process hashes a shard the first time it opens it (the local file, or the spool's copy of a remote
-one) and remembers the answer, so a shard costs one read-through per process that reads it: cheap beside
+one) and remembers the answer for that file (a copy fetched again, or a file changed since, is hashed again),
+so a shard costs one read-through per process that reads it: cheap beside
 decoding (BENCHMARKS.md#robustness-costs). A shard whose bytes are not the ones ``gpufeed shards`` wrote fails
 every sample read from it, with an error naming the shard, the manifest and the ways out; under
 ``on_error="skip"`` those samples are skipped and counted like any other bad sample.
@@ -29,18 +30,19 @@ class ShardChecksums:
 
     def __init__(self, expected: Mapping[str, str], manifest: str) -> None:
         self.expected, self.manifest = dict(expected), manifest
-        self._answers: dict[str, str | None] = {}  # shard name -> None (as written) or why not
+        self._answers: dict[tuple, str | None] = {}  # a shard's file -> None (as written) or why not
 
     def __getstate__(self) -> dict:
         return {"expected": self.expected, "manifest": self.manifest, "_answers": {}}
 
     def check(self, shard: str, fd: int) -> None:
         """OSError naming ``shard`` (a path or URL) unless the file open at ``fd`` has the manifest's sha256;
-        reads it through once per process (``os.pread``: ``fd``'s position is left alone)."""
-        name = shard_name(shard)
-        if name not in self._answers:
-            self._answers[name] = self._judge(name, shard, fd)
-        why = self._answers[name]
+        reads each file through once per process (``os.pread``: ``fd``'s position is left alone)."""
+        name, st = shard_name(shard), os.fstat(fd)
+        key = (name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)  # a copy fetched again is checked again
+        if key not in self._answers:
+            self._answers[key] = self._judge(name, shard, fd)
+        why = self._answers[key]
         if why is not None:
             raise OSError(why)
 

@@ -228,9 +228,7 @@ class RemoteTarSource:
         held = self._open.get(s)
         if held is not None:
             self._open.move_to_end(s)
-            if self.checksums is not None:
-                self.checksums.check(self.urls[s], held[0])  # its answer, remembered
-            return held
+            return held  # held only once it passed its check
         url = self.urls[s]
         fd, local = self.spool.open(url)
         if self.checksums is not None:

@@ -65,9 +65,7 @@ class TarSource:
                 except OSError:
                     os.close(fd)
                     raise
-            self._fds[s] = fd
-        elif self.checksums is not None:
-            self.checksums.check(self.shards[s], fd)  # its answer, remembered
+            self._fds[s] = fd  # held only once it passed: a changed shard is opened, and refused, each time
         data = os.pread(fd, size, int(self._offset[index]))
         if len(data) != size:
             raise OSError(f"{self.path(index)}: read {len(data)} of {size} bytes (shard truncated?)")
