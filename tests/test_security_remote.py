@@ -445,6 +445,14 @@ def test_retries_end_when_the_next_would_start_past_the_retry_deadline(tmp_path)
                                           r"would start past the retry deadline of 1 s \(HTTPError: HTTP Error 503"):
             source.read(0)
         assert time.monotonic() - began < 5 and 2 <= len(server.requests) <= 4
+        # a wait that alone would pass the deadline is not waited: one attempt, said at once
+        del server.requests[:]
+        source = remote_tar_source([f"{server.url}/shard.tar"], samples_per_shard=1, spool_dir=str(tmp_path / "t"),
+                                   retry=RetryPolicy(attempts=5, backoff=30.0, max_wait=30.0, deadline=20.0))
+        with pytest.raises(OSError, match=r"cannot fetch the file after 1 attempt\(s\) in [\d.]+ s: another would "
+                                          r"start past the retry deadline of 20 s"):
+            source.read(0)
+        assert server.requests == ["/shard.tar"]
     finally:
         server.stop()
     with pytest.raises(ValueError, match="deadline must be > 0 seconds or None, got 0"):
