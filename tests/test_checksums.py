@@ -122,3 +122,34 @@ def test_a_folder_without_a_manifest_cannot_be_verified(synth_root):
         ImageLoader(synth_root, verify_checksums=True, **KW)
     with pytest.raises(ValueError, match=r"verify_checksums must be True or False, got 'yes'"):
         ImageLoader(synth_root, verify_checksums="yes", **KW)
+
+
+def test_a_change_anywhere_in_a_shard_of_several_megabytes_is_found(tmp_path):
+    """The whole file is hashed, not its first read: a byte changed at 2.5 MB of a 3 MB shard is found, and a
+    shard the manifest does not list is named too."""
+    import hashlib
+    import os
+
+    from gpufeed.sources.checksums import ShardChecksums
+
+    data = bytes(range(256)) * (3 * 4096)
+    shard = tmp_path / "shard-000000.tar"
+    shard.write_bytes(data)
+    checks = ShardChecksums({"shard-000000.tar": hashlib.sha256(data).hexdigest()}, str(tmp_path / "manifest.json"))
+    fd = os.open(shard, os.O_RDONLY)
+    try:
+        checks.check(str(shard), fd)  # as written
+    finally:
+        os.close(fd)
+    changed = bytearray(data)
+    changed[2_500_000] ^= 1
+    shard.write_bytes(bytes(changed))
+    for name, message in (("shard-000000.tar", "its sha256 is not the one"), ("other.tar", "not listed with a sha256")):
+        path = shard.with_name(name)
+        path.write_bytes(bytes(changed))
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(OSError, match=f"{name}: {message}"):
+                checks.check(str(path), fd)
+        finally:
+            os.close(fd)

@@ -329,7 +329,8 @@ def test_storage_option_values_never_reach_the_bench_output_or_its_errors(tmp_pa
 
 class _Hostile(http_server.BaseHTTPRequestHandler):
     """/drip: a byte every 0.1 s of a declared megabyte; /slow: 2,000 bytes every 0.1 s of 40,000 (20 KB/s);
-    /endless: a body without length that never ends; /huge: a Content-Length of a terabyte."""
+    /endless: a body without length that never ends; /huge: a Content-Length of a terabyte; /trickle: a body
+    without length, 64 KB every 0.03 s for 12 s."""
 
     def log_message(self, *args) -> None:
         pass
@@ -344,8 +345,9 @@ class _Hostile(http_server.BaseHTTPRequestHandler):
         elif self.path.startswith("/huge"):
             self.send_header("Content-Length", str(1 << 40))
         self.end_headers()
-        step = {"/drip": (b"x", 0.1), "/slow": (b"s" * 2000, 0.1)}.get(self.path[:5], (b"\0" * 65536, 0.0))
-        for _ in range(20 if self.path.startswith("/slow") else 1000):  # bounded: the client gives up long before
+        step = {"/drip": (b"x", 0.1), "/slow": (b"s" * 2000, 0.1),
+                "/tric": (b"t" * 65536, 0.03)}.get(self.path[:5], (b"\0" * 65536, 0.0))
+        for _ in range(20 if self.path.startswith("/slow") else 400 if self.path.startswith("/tric") else 1000):  # bounded: the client gives up long before
             try:
                 self.wfile.write(step[0])
                 self.wfile.flush()
@@ -400,8 +402,8 @@ def test_a_stalled_transfer_fails_at_the_low_speed_rule_and_a_slow_one_finishes(
 
 def test_transfers_through_fsspec_have_the_same_low_speed_rule_deadline_and_cap(hostile, tmp_path, caplog):
     """Through fsspec's HTTP client (aiohttp), as S3 and GCS are read when no plain GET serves: the drip fails
-    each attempt at the low-speed rule in about a second, and at the deadline when the rule is off; an endless
-    body stops at the byte cap; each retry is one warning naming the URL; nothing partial is left."""
+    each attempt at the low-speed rule in about a second, and at the deadline when the rule is off; a body that
+    goes on arriving stops at the byte cap; each retry is one warning naming the URL; nothing partial is left."""
     pytest.importorskip("aiohttp")
     httpd, url = hostile
     spool = tmp_path / "spool"
@@ -409,7 +411,8 @@ def test_transfers_through_fsspec_have_the_same_low_speed_rule_deadline_and_cap(
               r"TimeoutError: .*under 1000 bytes/s for 1 s \(\d+ bytes came\)"),
              (FetchLimits(deadline=1.0, low_speed=0), "/drip/b.tar",
               r"TimeoutError: .*not complete within the deadline of 1 s \(\d+ bytes came\)"),
-             (FetchLimits(max_bytes=1 << 20), "/endless/c.tar", r"TooLarge: .*more than the cap of 1048576 bytes")]
+             # under way for 12 s: the cap stops it while it still arrives
+             (FetchLimits(max_bytes=1 << 20), "/trickle/c.tar", r"TooLarge: .*more than the cap of 1048576 bytes")]
     for limits, path, message in cases:
         source = remote_tar_source([url + path + "?X-Amz-Signature=SECRETSIG"], samples_per_shard=5, retry=FAST,
                                    limits=limits, direct_get=False, spool_dir=str(spool))
