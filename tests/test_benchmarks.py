@@ -294,3 +294,14 @@ def test_steady_times_every_epoch_of_each_scenario_in_a_process_of_its_own(synth
         results["fresh"]["epochs"][2:])
     rows = {r.split("|")[1].strip(): r for r in _rows(out) if r.split("|")[1].strip() in results}
     assert set(rows) == set(results) and "*" in rows["hog"] and "*" not in rows["fresh"]
+
+
+def test_verify_cost_times_the_check_and_without(synth_root, tmp_path):
+    from gpufeed.shards import ShardOptions, ShardSize, write_shards
+
+    write_shards(synth_root, tmp_path / "shards", ShardOptions(shard_size=ShardSize(16), workers=1))
+    out = _script("verify_cost.py", [str(tmp_path / "shards"), "--rounds", "1", "--batch-size", "8", "--image-size",
+                                     "16", "--workers", "1"], tmp_path)
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| True") or line.startswith("| False")]
+    assert [r[0].strip() for r in rows] == ["False", "True"] and all(float(r[1]) > 0 for r in rows)
+    assert "3 shards" in out and "40 samples" in out and "the check's cost:" in out

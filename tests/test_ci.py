@@ -15,19 +15,26 @@ ROOT = Path(__file__).resolve().parent.parent
 MARK = "the-test-command-ran"
 
 
-def _ci_run(tmp_path, lines) -> subprocess.CompletedProcess:
-    """``.ci/run`` copied into a tree laid out as the repository's, with ``lines`` as its README.md."""
+def _tree(tmp_path, lines) -> None:
+    """``.ci/run`` copied into a tree laid out as the repository's, with ``lines`` as its README.md, and a
+    stand-in ``./pytest`` that prints "pytest" and its arguments."""
     (tmp_path / ".ci").mkdir()
     shutil.copy2(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
     (tmp_path / "README.md").write_text("\n".join(lines) + "\n")
+    (tmp_path / "pytest").write_text('#!/bin/sh\necho pytest "$@"\n')
+    (tmp_path / "pytest").chmod(0o755)
+
+
+def _ci_run(tmp_path, lines) -> subprocess.CompletedProcess:
+    _tree(tmp_path, lines)
     return subprocess.run(["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=60,
                           cwd=tmp_path)
 
 
 def _readme():
-    """The repository's README with every line of its ```bash blocks an echo (so nothing real is ever run
-    here, whichever block a broken ``.ci/run`` would pick): the test command's line ``echo MARK``, the others'
-    ``echo ran-block-N``; the index of the "Tests ..." line naming .ci/run, and of the block's fence."""
+    """The repository's README with every line of its ```bash blocks a stand-in (so nothing real is ever run
+    here, whichever block a broken ``.ci/run`` would pick): the test command's line ``./pytest MARK``, the
+    others' ``echo ran-block-N``; the index of the "Tests ..." line naming .ci/run, and of the block's fence."""
     lines = (ROOT / "README.md").read_text().splitlines()
     tests = next(i for i, line in enumerate(lines) if line.startswith("Tests ") and ".ci/run" in line)
     fence = next(i for i in range(tests + 1, len(lines)) if lines[i].strip())
@@ -37,15 +44,15 @@ def _readme():
         if line.startswith("```"):
             inside = line.startswith("```bash") and not inside
         elif inside:
-            lines[i] = f"echo pytest {MARK}" if i == fence + 1 else f"echo ran-block-{i}"
+            lines[i] = f"./pytest {MARK}" if i == fence + 1 else f"echo ran-block-{i}"
     return lines, tests, fence
 
 
 def test_ci_run_runs_the_readme_s_test_command(tmp_path):
-    """The control: the README as it is (its commands swapped for echoes) runs its test command, alone."""
+    """The control: the README as it is (its commands swapped for stand-ins) runs its test command, alone."""
     lines, _, _ = _readme()
     res = _ci_run(tmp_path, lines)
-    assert res.returncode == 0 and res.stdout.splitlines() == [f"+ echo pytest {MARK}", f"pytest {MARK}"], \
+    assert res.returncode == 0 and res.stdout.splitlines() == [f"+ ./pytest {MARK}", f"pytest {MARK}"], \
         (res.stdout, res.stderr)
 
 
@@ -60,6 +67,9 @@ def test_ci_run_runs_the_readme_s_test_command(tmp_path):
     ("echo pytest {MARK} || true", "holds '||'"),
     ("echo pytest {MARK}; true", "holds ';'"),
     ("PYTEST_ADDOPTS='-k x' echo pytest {MARK}", "holds 'PYTEST_ADDOPTS'"),
+    ("echo pytest {MARK}", "does not end by running pytest"),
+    ("./pytest -q && echo pytest {MARK}", "does not end by running pytest"),
+    ("python3 -c 'import pytest' {MARK}", "does not end by running pytest"),
 ])
 def test_ci_run_refuses_a_test_command_that_leaves_tests_unrun_or_forgives_a_failure(tmp_path, command, said):
     lines, _, fence = _readme()
@@ -71,11 +81,9 @@ def test_ci_run_refuses_a_test_command_that_leaves_tests_unrun_or_forgives_a_fai
 
 def test_ci_run_sets_ci_itself(tmp_path):
     lines, _, fence = _readme()
-    lines[fence + 1] = 'echo pytest "CI=$CI"'
+    lines[fence + 1] = './pytest "CI=$CI"'
     env = {k: v for k, v in os.environ.items() if k != "CI"}
-    (tmp_path / ".ci").mkdir()
-    shutil.copy2(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
-    (tmp_path / "README.md").write_text("\n".join(lines) + "\n")
+    _tree(tmp_path, lines)
     res = subprocess.run(["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=60,
                          cwd=tmp_path, env=env)
     assert res.returncode == 0 and res.stdout.splitlines()[-1] == "pytest CI=true", (res.stdout, res.stderr)

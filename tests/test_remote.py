@@ -429,3 +429,20 @@ def test_storage_options_reach_the_users_endpoint_or_are_refused(s3, src, synth_
         ImageLoader(made, storage_options=s3.storage_options, **KW)
     with pytest.raises(ValueError, match="is a local path"):
         ImageLoader(synth_root, storage_options={"anon": True}, **KW)
+
+
+def test_a_manifest_that_is_there_but_cannot_be_read_raises_naming_its_url(http, caplog):
+    """A folder URL whose manifest.json answers 500 on every try: an error naming that URL, after a warning per
+    retry, never a dataset counted as if it had none; the same folder with the manifest merely absent opens."""
+    pytest.importorskip("aiohttp")
+    (http.root / "manifest.json").write_text("{}")
+    http.fail("/manifest.json", 100, 500)
+    with caplog.at_level("WARNING", logger="gpufeed"):
+        with pytest.raises(OSError, match=re.escape(http.url) + r"/manifest.json: cannot read the shard manifest after "
+                                          r"3 attempts \(.*500"):
+            create_source(http.url + "/")
+    assert sum(f"{http.url}/manifest.json: cannot read the shard manifest" in r.getMessage()
+               for r in caplog.records) == 2
+    (http.root / "manifest.json").unlink()
+    http.fail("/manifest.json", 0)
+    assert len(create_source(http.url + "/")) == 40

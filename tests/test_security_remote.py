@@ -329,7 +329,8 @@ def test_storage_option_values_never_reach_the_bench_output_or_its_errors(tmp_pa
 
 class _Hostile(http_server.BaseHTTPRequestHandler):
     """/drip: a byte every 0.1 s of a declared megabyte; /slow: 2,000 bytes every 0.1 s of 40,000 (20 KB/s);
-    /endless: a body without length that never ends; /huge: a Content-Length of a terabyte."""
+    /endless: a body without length that never ends; /huge: a Content-Length of a terabyte; /trickle: a body
+    without length, 64 KB every 0.03 s for 12 s."""
 
     def log_message(self, *args) -> None:
         pass
@@ -344,8 +345,9 @@ class _Hostile(http_server.BaseHTTPRequestHandler):
         elif self.path.startswith("/huge"):
             self.send_header("Content-Length", str(1 << 40))
         self.end_headers()
-        step = {"/drip": (b"x", 0.1), "/slow": (b"s" * 2000, 0.1)}.get(self.path[:5], (b"\0" * 65536, 0.0))
-        for _ in range(20 if self.path.startswith("/slow") else 1000):  # bounded: the client gives up long before
+        step = {"/drip": (b"x", 0.1), "/slow": (b"s" * 2000, 0.1),
+                "/tric": (b"t" * 65536, 0.03)}.get(self.path[:5], (b"\0" * 65536, 0.0))
+        for _ in range(20 if self.path.startswith("/slow") else 400 if self.path.startswith("/tric") else 1000):  # bounded: the client gives up long before
             try:
                 self.wfile.write(step[0])
                 self.wfile.flush()
@@ -396,6 +398,68 @@ def test_a_stalled_transfer_fails_at_the_low_speed_rule_and_a_slow_one_finishes(
     assert path.read_bytes() == b"s" * 40000 and time.monotonic() - began > 1.5  # it was slow, and it finished
     with pytest.raises(ValueError, match="low_speed must be an integer number of bytes/s >= 0"):
         FetchLimits(low_speed=-1)
+
+
+def test_transfers_through_fsspec_have_the_same_low_speed_rule_deadline_and_cap(hostile, tmp_path, caplog):
+    """Through fsspec's HTTP client (aiohttp), as S3 and GCS are read when no plain GET serves: the drip fails
+    each attempt at the low-speed rule in about a second, and at the deadline when the rule is off; a body that
+    goes on arriving stops at the byte cap; each retry is one warning naming the URL; nothing partial is left."""
+    pytest.importorskip("aiohttp")
+    httpd, url = hostile
+    spool = tmp_path / "spool"
+    cases = [(FetchLimits(deadline=120.0, low_speed=1000, low_speed_time=1.0), "/drip/a.tar",
+              r"TimeoutError: .*under 1000 bytes/s for 1 s \(\d+ bytes came\)"),
+             (FetchLimits(deadline=1.0, low_speed=0), "/drip/b.tar",
+              r"TimeoutError: .*not complete within the deadline of 1 s \(\d+ bytes came\)"),
+             # under way for 12 s: the cap stops it while it still arrives
+             (FetchLimits(max_bytes=1 << 20), "/trickle/c.tar", r"TooLarge: .*more than the cap of 1048576 bytes")]
+    for limits, path, message in cases:
+        source = remote_tar_source([url + path + "?X-Amz-Signature=SECRETSIG"], samples_per_shard=5, retry=FAST,
+                                   limits=limits, direct_get=False, spool_dir=str(spool))
+        caplog.clear()
+        began = time.monotonic()
+        with caplog.at_level("WARNING", logger="gpufeed"):
+            with pytest.raises(OSError, match=re.escape(url + path) + r"\?X-Amz-Signature=\[redacted\]: cannot fetch "
+                                              r"the file.*" + message):
+                source.read(0)
+        assert time.monotonic() - began < 10, path
+        retries = [r.getMessage() for r in caplog.records if "attempt 2 of 2" in r.getMessage()]
+        if "TooLarge" in message:  # not retried: another attempt gets the same body
+            assert retries == []
+        else:
+            assert len(retries) == 1 and url + path + "?X-Amz-Signature=[redacted]" in retries[0], retries
+        assert "SECRETSIG" not in caplog.text
+        assert not [n for n in os.listdir(spool) if n.endswith((".tar", ".part", ".fsspec"))]
+
+
+def test_retries_end_when_the_next_would_start_past_the_retry_deadline(tmp_path):
+    """A server that answers 503 every time, under a retry deadline shorter than the waits: the fetch gives
+    up after the attempts that fit, saying so, instead of going through all of them."""
+    root = tmp_path / "www"
+    root.mkdir()
+    (root / "shard.tar").write_bytes(b"x" * 1024)
+    server = HttpServer(root)
+    try:
+        server.fail("/shard.tar", 100)
+        source = remote_tar_source([f"{server.url}/shard.tar"], samples_per_shard=1, spool_dir=str(tmp_path / "s"),
+                                   retry=RetryPolicy(attempts=20, backoff=0.4, max_wait=0.4, deadline=1.0))
+        began = time.monotonic()
+        with pytest.raises(OSError, match=r"shard\.tar: cannot fetch the file after \d attempt\(s\) in [\d.]+ s: another "
+                                          r"would start past the retry deadline of 1 s \(HTTPError: HTTP Error 503"):
+            source.read(0)
+        assert time.monotonic() - began < 5 and 2 <= len(server.requests) <= 4
+        # a wait that alone would pass the deadline is not waited: one attempt, said at once
+        del server.requests[:]
+        source = remote_tar_source([f"{server.url}/shard.tar"], samples_per_shard=1, spool_dir=str(tmp_path / "t"),
+                                   retry=RetryPolicy(attempts=5, backoff=30.0, max_wait=30.0, deadline=20.0))
+        with pytest.raises(OSError, match=r"cannot fetch the file after 1 attempt\(s\) in [\d.]+ s: another would "
+                                          r"start past the retry deadline of 20 s"):
+            source.read(0)
+        assert server.requests == ["/shard.tar"]
+    finally:
+        server.stop()
+    with pytest.raises(ValueError, match="deadline must be > 0 seconds or None, got 0"):
+        RetryPolicy(deadline=0)
 
 
 @pytest.mark.parametrize("path, message", [("/endless/shard.tar", "more than the cap of 1048576 bytes"),

@@ -99,7 +99,9 @@ class ImageLoader:
     ``max_bytes`` (256 MiB) files larger than that, before reading them; ``num_classes`` labels outside
     [0, num_classes) (each is a bad sample, named). ``sample_timeout`` (seconds, 300 by default) bounds one
     sample's read and decode (a worker over it is replaced), ``batch_timeout`` (600) a whole batch (the error
-    names the workers and the samples in flight); None lifts either. ``exif_orientation=True`` applies EXIF
+    names the workers and the samples in flight); None lifts either. ``verify_checksums=True`` checks each
+    shard of a ``gpufeed shards`` folder against its manifest's sha256 on its first read in each process: a
+    changed shard fails its samples, naming it (skipped and counted under "skip"). ``exif_orientation=True`` applies EXIF
     rotation (default: ignored, as torchvision does).
 
     ``cpu_share`` (GPU decode only): the fraction of each batch that the CPU workers decode beside the GPU
@@ -155,6 +157,7 @@ class ImageLoader:
         sample_timeout: float | None = DEFAULT_SAMPLE_TIMEOUT,
         max_bytes: int = DEFAULT_MAX_BYTES, num_classes: int | None = None,
         batch_timeout: float | None = DEFAULT_BATCH_TIMEOUT,
+        verify_checksums: bool = False,
         cpu_share: float | str = "auto",
         max_gpu_memory: int | None = None,
         storage_options: dict[str, Any] | None = None,
@@ -172,7 +175,8 @@ class ImageLoader:
                                       prefetch_depth=prefetch_depth, exif_orientation=exif_orientation,
                                       max_gpu_memory=max_gpu_memory)
         self.errors = ErrorPolicy(on_error=on_error, max_pixels=max_pixels, sample_timeout=sample_timeout,
-                                  max_bytes=max_bytes, batch_timeout=batch_timeout, num_classes=num_classes)
+                                  max_bytes=max_bytes, batch_timeout=batch_timeout, num_classes=num_classes,
+                                  verify_checksums=verify_checksums)
         self.device = resolve_device(device)
         pipeline = create_pipeline(source, settings=settings, decoding=self.decoding, errors=self.errors,
                                    order=self.order, device=self.device, storage_options=storage_options)
@@ -310,7 +314,8 @@ class ImageLoader:
         (``ops_on_device``) and those the CPU workers run (``ops_in_workers``: those that do not run on the
         device, and those among them; ``placement.ops``); under ``on_error="skip"``
         the number of skipped samples, (path, reason) for the first 10,000, and how many samples stood in for
-        them (``repeated``)."""
+        them (``repeated``); under either policy, a tar's members named like images that are never read (links,
+        devices, FIFOs) are counted and listed there too."""
         by = dict(self._stage.decoded_by)
         pool = self._scheduler.pool
         return {"decode_backend": self.decode_backend, "decode_reason": self.decode_reason, "decoded_by": by,

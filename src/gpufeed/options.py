@@ -90,6 +90,8 @@ class ErrorPolicy:
     in [0, num_classes) (None: any integer >= 0). ``sample_timeout``: seconds one sample's read and decode
     may take before its worker is replaced; ``batch_timeout``: seconds a batch may take in all before the
     loader raises, naming the workers and the samples in flight (None: no limit, for either).
+    ``verify_checksums``: check each shard against the sha256 its ``gpufeed shards`` manifest lists, the first
+    time each process reads it (``sources.checksums``); a changed shard fails its samples, naming it.
     """
 
     on_error: OnError = "raise"
@@ -98,8 +100,11 @@ class ErrorPolicy:
     max_bytes: int = DEFAULT_MAX_BYTES
     batch_timeout: float | None = DEFAULT_BATCH_TIMEOUT
     num_classes: int | None = None
+    verify_checksums: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.verify_checksums, bool):
+            raise ValueError(f"verify_checksums must be True or False, got {self.verify_checksums!r}")
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
         for name in ("max_pixels", "max_bytes"):

@@ -11,6 +11,7 @@ workers and shared memory) goes at once, without a garbage collection.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -113,6 +114,8 @@ def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions,
     augment, normalize, batch = settings.augment, settings.normalize, order.batch_size
     src = create_source(source, storage_options=storage_options)
     check_source_importable(src)
+    if errors.verify_checksums:
+        _verify_checksums(src, source)
     rank, world_size = resolve_rank(order.rank, order.world_size)
     sampler = ShardedSampler(len(src), shuffle=augment.train, seed=order.seed, rank=rank, world_size=world_size,
                              drop_last=order.drop_last, groups=getattr(src, "groups", None),  # a grouped order
@@ -148,6 +151,8 @@ def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions,
                         normalize=normalize.for_workers() if workers_normalise else None, worker_ops=worker_ops)
     worker_cpus = placement.worker_cpus(gpu_path, local_ranks)
     skips = SkipLog()
+    for path, why in getattr(src, "left_out", ()):  # never samples (a tar's links, devices): counted, not skipped later
+        skips.record(path, why)
     share = placement.ShareControl(decoding.cpu_share if gpu_path else 1.0,
                                    training_cores_kept=worker_cpus is not None)
     per_sample = PerSample(settings.sample_ops, normalize)
@@ -167,6 +172,17 @@ def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions,
                             on_take=share.taken, timeout=timeout)
     return Pipeline(src, sampler, num_workers, reason, memory, spec, worker_cpus, skips, share, per_sample, stage,
                     scheduler, prefetcher)
+
+
+def _verify_checksums(src: Any, source: Any) -> None:
+    """Turn on ``src``'s check of each shard against its manifest's sha256; ValueError when it has none."""
+    checksums = getattr(src, "manifest_checksums", None)
+    if checksums is None or not hasattr(src, "checksums"):
+        shown = source if isinstance(source, (str, os.PathLike)) else type(source).__name__
+        raise ValueError(f"verify_checksums=True checks shards against the manifest.json `gpufeed shards` writes "
+                         f"beside them, and {str(shown)!r} has none: give the folder `gpufeed shards` wrote, or "
+                         "verify_checksums=False")
+    src.checksums = checksums
 
 
 def _check_storage_options(source: Any, storage_options: dict[str, Any] | None) -> None:

@@ -42,11 +42,14 @@ def build_manifest(plan: Plan, records: Sequence[ShardRecord], classes: Sequence
 @dataclass(frozen=True)
 class DestinationState:
     """What a destination holds of the conversion with this plan: shards done (their records), or all of
-    it (``manifest``: the finished conversion's, else None); ``stale``: leftover temporary files to delete."""
+    it (``manifest``: the finished conversion's, else None); ``stale``: leftover temporary files to delete;
+    ``changed``: the finished conversion's shards that are not as its manifest lists them (``changed_shards``),
+    to be made anew."""
 
     done: dict[int, ShardRecord]
     manifest: dict | None
     stale: list[str]
+    changed: tuple[str, ...] = ()
 
 
 def destination_state(dest: Destination, plan: Plan) -> DestinationState:
@@ -61,7 +64,10 @@ def destination_state(dest: Destination, plan: Plan) -> DestinationState:
             what = differences(manifest.get("identity") if isinstance(manifest, dict) else None, plan.identity)
             raise ValueError(f"{redact(dest.root)} holds the shards of another conversion (what differs: {what}): "
                              "give an empty destination, or delete it first")
-        if not changed_shards(dest, manifest, listing):  # every byte as the manifest's checksums say
+    changed: list[str] = []
+    if manifest is not None:
+        changed = changed_shards(dest, manifest, listing)
+        if not changed:  # every byte as the manifest's checksums say
             return DestinationState({}, manifest, stale)
         foreign = []  # a shard of it missing or changed: made again, the same bytes
     plan_doc = dest.read_json(PLAN_RECORD) if PLAN_RECORD in listing else None
@@ -73,7 +79,7 @@ def destination_state(dest: Destination, plan: Plan) -> DestinationState:
         foreign = [n for n in foreign if n != MANIFEST]
         if foreign:
             raise ValueError(f"{redact(dest.root)} is not empty (it holds {foreign[0]!r}): give an empty destination")
-    return DestinationState(_done(dest, plan, listing), None, stale)
+    return DestinationState(_done(dest, plan, listing), None, stale, tuple(changed))
 
 
 def changed_shards(dest: Destination, manifest: dict, listing: dict[str, int] | None = None) -> list[str]:

@@ -4,6 +4,7 @@ already holds of the same conversion."""
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable
 
 from ..sources import Source, create_source
@@ -65,6 +66,10 @@ def _convert(src, source, plan, destination: Destination, engine, options: Shard
     state = destination_state(destination, plan)
     if state.manifest is not None:  # done already: nothing read or written again
         return state.manifest
+    if state.changed:
+        warnings.warn(f"gpufeed shards: {redact(destination.root)}: {len(state.changed)} shard(s) of the finished "
+                      f"conversion are not as its manifest lists them, so they are made anew: "
+                      + "; ".join(state.changed), stacklevel=3)
     hold.check()  # planning may have taken long
     destination.prepare()
     destination.remove(state.stale)

@@ -10,12 +10,14 @@ in a process, a failure that is not a passing one (those are retried) is tried a
 from then on (a proxy, a CA bundle or request headers only the fsspec client knows about), so it never
 turns a working setup into a failing one.
 
-Every plain GET has a low-speed rule, an overall deadline and a byte cap (``FetchLimits``): a transfer under
-``low_speed`` bytes/s for ``low_speed_time`` seconds (curl's ``--speed-limit``/``--speed-time``) or past the
-deadline fails as a passing failure (retried), a body over the cap as a permanent one, instead of holding a
-fetch thread for the deadline or forever, or filling the disk. A stalled server thus fails an attempt within
-a minute by default, while a slow but steady one finishes. A body over the cap is
-never handed over to fsspec, whose transfers are bounded by their own client's timeouts only.
+Every transfer, a plain GET or fsspec's, has a low-speed rule, an overall deadline and a byte cap
+(``FetchLimits``): a transfer under ``low_speed`` bytes/s for ``low_speed_time`` seconds (curl's
+``--speed-limit``/``--speed-time``) or past the deadline fails as a passing failure (retried), a body over the
+cap as a permanent one, instead of holding a fetch thread for the deadline or forever, or filling the disk. A
+stalled server thus fails an attempt within a minute by default, while a slow but steady one finishes. An
+fsspec transfer runs in a thread of its own, watched by the caller through the size of the file it writes
+(``fsspec_get``): a transfer given up stops being waited for at once, and its thread ends when its client's own
+timeout does, deleting what it wrote. A body over the cap is never handed over to fsspec.
 """
 
 from __future__ import annotations
@@ -106,10 +108,10 @@ class Fetcher:
                     fs = filesystem()
                 except ImportError:  # no fsspec client here to try instead: the GET's own failure stands
                     raise failure from None
-                fs.get_file(url, path)
+                fsspec_get(fs, url, path, self.limits)
                 self.direct = False
                 return None
-        filesystem().get_file(url, path)
+        fsspec_get(filesystem(), url, path, self.limits)
         return None
 
     def _plain_url(self, filesystem: Callable[[], Any], url: str) -> str | None:
@@ -169,6 +171,72 @@ def http_get(url: str, path: str, limits: FetchLimits = FetchLimits()) -> str | 
         if expected is not None and got != expected:
             raise http.client.IncompleteRead(b"", expected - got)
         return version_of(r.headers)
+
+
+_WATCH = 0.25  # seconds between looks at an fsspec transfer's progress
+
+
+def fsspec_get(fs: Any, url: str, path: str, limits: FetchLimits = FetchLimits()) -> None:
+    """``fs.get_file(url, path)`` under ``limits``, as ``http_get`` applies them: run in a daemon thread writing
+    beside ``path``, watched from here by the size of what it wrote, moved to ``path`` once complete. A transfer
+    past the deadline or under the low-speed rule raises ``TimeoutError``, one over the byte cap ``TooLarge``;
+    either way it is given up at once (its thread, blocked in the client, deletes its file when it ends)."""
+    partial = f"{path}.fsspec"
+    done, given_up = threading.Event(), threading.Event()
+    failure: list[BaseException] = []
+
+    def transfer() -> None:
+        try:
+            fs.get_file(url, partial)
+        except BaseException as e:  # handed to the caller, which raises it
+            failure.append(e)
+        finally:
+            done.set()
+            if given_up.is_set():  # nobody waits for it: what it wrote goes
+                _unlink(partial)
+
+    thread = threading.Thread(target=transfer, daemon=True, name="gpufeed-fsspec-get")
+    shown, start = redact(url), time.monotonic()
+    window, window_got = start, 0  # the low-speed rule's current window
+    thread.start()
+    try:
+        while not done.wait(_WATCH):
+            now, got = time.monotonic(), _size(partial)
+            if got > limits.max_bytes:
+                raise TooLarge(f"{shown}: more than the cap of {limits.max_bytes} bytes per request")
+            if now - start >= limits.deadline:
+                raise TimeoutError(f"{shown}: not complete within the deadline of {limits.deadline:g} s "
+                                   f"({got} bytes came)")
+            if now - window >= limits.low_speed_time:
+                if got - window_got < limits.low_speed * (now - window):
+                    raise TimeoutError(f"{shown}: under {limits.low_speed} bytes/s for {limits.low_speed_time:g} s "
+                                       f"({got} bytes came)")
+                window, window_got = now, got
+    except BaseException:
+        given_up.set()
+        _unlink(partial)
+        raise
+    if failure:
+        _unlink(partial)
+        raise failure[0]
+    if _size(partial) > limits.max_bytes:
+        _unlink(partial)
+        raise TooLarge(f"{shown}: more than the cap of {limits.max_bytes} bytes per request")
+    os.replace(partial, path)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:  # not made yet: the client is still waiting for the first byte
+        return 0
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _cut(response: Any, cut: threading.Event) -> None:

@@ -4,9 +4,9 @@ without indexing or fetching any shard, and the options the shards were written 
 
 The counts are taken only when every shard's size is the one the manifest gives (a stat, or the folder
 URL's one listing); otherwise the shards are counted as they would be without a manifest. A manifest that
-cannot be read or is not gpufeed's is ignored; both with a warning. A folder holding a conversion that began
-and has not ended (its plan record, no manifest) is refused (``refuse_unfinished``): its shards are a part of
-the data set.
+is not gpufeed's is ignored with a warning; one that is there but cannot be read raises, naming it. A folder
+holding a conversion that began and has not ended (its plan record, no manifest) is refused
+(``refuse_unfinished``): its shards are a part of the data set.
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from .retry import ONCE, with_retries
-from .urls import filesystem, is_url
+from .checksums import ShardChecksums
+from .fetch import FetchLimits, fsspec_get
+from .retry import ONCE, RetryPolicy, with_retries
+from .urls import filesystem, is_url, redact, scrub
 
 MANIFEST = "manifest.json"
 FORMAT_KEY, FORMAT_VERSION = "gpufeed_shards", 1  # what marks a manifest as gpufeed's, and its layout
@@ -28,6 +31,8 @@ PROGRESS = ".gpufeed-progress"
 PLAN_RECORD = f"{PROGRESS}/plan.json"
 
 _log = logging.getLogger("gpufeed")
+MANIFEST_BYTES = 1 << 30  # a manifest lists each shard in about 200 bytes: millions of shards fit
+MANIFEST_RETRY = RetryPolicy(attempts=3, backoff=0.5)  # one small file: a store that keeps failing is said soon
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class ShardEntry:
     size: int
     samples: int
     row_groups: tuple[int, ...] = ()
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,17 +81,17 @@ def read_manifest(folder: str | os.PathLike, storage_options: dict[str, Any] | N
     try:
         if is_url(where):
             fs = filesystem(where, storage_options)
-            text = with_retries(lambda: _read_all(fs, where), where, ONCE, "read the shard manifest")
+            text = with_retries(lambda: _read_all(fs, where), where, MANIFEST_RETRY, "read the shard manifest")
         else:
             with open(where, "rb") as f:
                 text = f.read()
     except FileNotFoundError:
         return None
-    except OSError as e:
-        if is_url(where) and isinstance(e, PermissionError):  # no credentials: nothing else there is readable
-            raise
-        _log.warning("gpufeed: ignoring the shard manifest %s: %s", where, e)
-        return None
+    except PermissionError:  # no credentials (a URL), or a file this user may not read: said as it is
+        raise
+    except OSError as e:  # there but unreadable: counting its shards without it would hide why
+        raise OSError(f"{redact(where)}: the shard manifest is there but cannot be read ({scrub(str(e))}): try again "
+                      f"once it can be, or move it away to read the shards without it") from None
     try:
         return parse_manifest(json.loads(text), where)
     except (ValueError, TypeError, KeyError) as e:
@@ -94,8 +100,12 @@ def read_manifest(folder: str | os.PathLike, storage_options: dict[str, Any] | N
 
 
 def _read_all(fs, where: str) -> bytes:
-    with fs.open(where, "rb") as f:
-        return f.read()
+    """The whole file at ``where``, under the limits every transfer has (``fetch.fsspec_get``)."""
+    with tempfile.TemporaryDirectory(prefix="gpufeed-manifest-") as tmp:
+        local = os.path.join(tmp, MANIFEST)
+        fsspec_get(fs, where, local, FetchLimits(max_bytes=MANIFEST_BYTES))
+        with open(local, "rb") as f:
+            return f.read()
 
 
 def refuse_unfinished(folder: str, storage_options: dict[str, Any] | None = None,
@@ -139,7 +149,9 @@ def parse_manifest(doc: Any, where: str) -> ShardManifest:
         raise ValueError(f"{where}: not a gpufeed shard manifest of version {FORMAT_VERSION}")
     shards = []
     for s in doc["shards"]:
-        entry = ShardEntry(str(s["name"]), int(s["size"]), int(s["samples"]), tuple(int(r) for r in s.get("row_groups", ())))
+        sha = s.get("sha256")
+        entry = ShardEntry(str(s["name"]), int(s["size"]), int(s["samples"]), tuple(int(r) for r in s.get("row_groups", ())),
+                           sha if isinstance(sha, str) else None)
         if "/" in entry.name or entry.name.startswith(".") or entry.samples < 1:
             raise ValueError(f"{where}: bad shard entry {s!r}")
         shards.append(entry)
@@ -191,6 +203,8 @@ def manifest_source(folder: str | os.PathLike, storage_options: dict[str, Any] |
     else:  # local shards are indexed in place, which gives their counts too
         source = tar_source(folder)
     source.shard_options = manifest.stats
+    # what ``verify_checksums=True`` checks each shard against (``checksums``)
+    source.manifest_checksums = ShardChecksums({e.name: e.sha256 for e in manifest.shards if e.sha256}, manifest.where)
     if manifest.classes and not getattr(source, "classes", None):  # the class names of the folder converted
         source.classes = manifest.classes
     return source

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .base import LABEL_MAX, Groups, digest, refuse_over, relative
+from .checksums import ShardChecksums
 from .fetch import FetchLimits
 from .retry import RetryPolicy, with_retries
 from .spool import Make, Readahead, Spool
@@ -172,6 +173,7 @@ class ParquetSource:
         self._in_item = (starts[:-1] - starts[self._first[self._item]]).tolist()
         self._open: collections.OrderedDict[int, tuple[int, list[list[int]], dict[int, str]]] = \
             collections.OrderedDict()
+        self.checksums: ShardChecksums | None = None  # set: each file checked before its row groups are read
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -210,6 +212,12 @@ class ParquetSource:
         try:
             if local != url:
                 self.spool.fetch(url, local)
+            if self.checksums is not None:
+                fd = os.open(local, os.O_RDONLY)
+                try:
+                    self.checksums.check(url, fd)
+                finally:
+                    os.close(fd)
             try:
                 pf = pa.parquet.ParquetFile(local)
             except Exception as e:  # pyarrow's errors for a missing, corrupt or cut-short file

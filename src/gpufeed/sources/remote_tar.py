@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from .base import IMG_EXTENSIONS, Groups, digest, refuse_over
+from .checksums import ShardChecksums
 from .fetch import FetchLimits
 from .private import private_dir, read_json, write_json
 from .retry import ONCE, RetryPolicy, with_retries
@@ -202,6 +203,7 @@ class RemoteTarSource:
         self._groups = Groups(counts)
         self.counts = self._groups.sizes
         self._open: collections.OrderedDict[int, tuple[int, Members]] = collections.OrderedDict()
+        self.checksums: ShardChecksums | None = None  # set: each shard's copy checked on its first read here
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -226,9 +228,15 @@ class RemoteTarSource:
         held = self._open.get(s)
         if held is not None:
             self._open.move_to_end(s)
-            return held
+            return held  # held only once it passed its check
         url = self.urls[s]
         fd, local = self.spool.open(url)
+        if self.checksums is not None:
+            try:
+                self.checksums.check(url, fd)
+            except OSError:
+                os.close(fd)
+                raise
         members = _members(fd, local)
         expected = int(self.counts[s])
         cache = _cache_path(self.index_cache, url, self.spool.storage_options)

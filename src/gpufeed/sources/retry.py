@@ -12,6 +12,7 @@ store is tried.
 
 from __future__ import annotations
 
+import logging
 import random
 import ssl
 import time
@@ -22,6 +23,7 @@ from .base import TooLarge
 from .urls import redact, scheme, scrub
 
 T = TypeVar("T")
+_log = logging.getLogger("gpufeed")
 
 # What another attempt cannot change: the object is missing, forbidden or too large, the request itself is
 # wrong, or the code making it is.
@@ -56,17 +58,22 @@ _SCHEME_FAMILY = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az", "https"
 @dataclass(frozen=True)
 class RetryPolicy:
     """``attempts`` tries in all; the wait before try k+1 is ``backoff * 2**k`` seconds (+- 25% jitter),
-    capped at ``max_wait``. The defaults ride out about 15 s of an unreachable server."""
+    capped at ``max_wait``; no try starts once the wait before it would end past ``deadline`` seconds from the
+    first (None: no such bound). Each retry is said in one warning naming the URL. The defaults ride out about
+    15 s of an unreachable server, and give up on a call within ``deadline`` plus one attempt's own bound."""
 
     attempts: int = 6
     backoff: float = 0.5
     max_wait: float = 10.0
+    deadline: float | None = 600.0
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise ValueError(f"attempts must be >= 1, got {self.attempts}")
         if self.backoff < 0 or self.max_wait < 0:
             raise ValueError(f"backoff and max_wait must be >= 0 seconds, got {self.backoff}, {self.max_wait}")
+        if self.deadline is not None and not (isinstance(self.deadline, (int, float)) and self.deadline > 0):
+            raise ValueError(f"deadline must be > 0 seconds or None, got {self.deadline!r}")
 
     def wait(self, attempt: int) -> float:
         return min(self.max_wait, self.backoff * 2**attempt) * random.uniform(0.75, 1.25)
@@ -158,8 +165,9 @@ def _bad_certificate(e: BaseException) -> bool:
 
 
 def with_retries(fn: Callable[[], T], url: str, policy: RetryPolicy, what: str = "read") -> T:
-    """``fn()``, retried under ``policy``; the last failure as an OSError whose text names ``url`` (redacted,
-    as is the failure's own text)."""
+    """``fn()``, retried under ``policy`` (a warning naming ``url`` for each retry); the last failure as an
+    OSError whose text names ``url`` (redacted, as is the failure's own text)."""
+    start = time.monotonic()
     for attempt in range(policy.attempts):
         try:
             return fn()
@@ -179,5 +187,11 @@ def with_retries(fn: Callable[[], T], url: str, policy: RetryPolicy, what: str =
             if attempt + 1 == policy.attempts:
                 after = f" after {policy.attempts} attempts" if policy.attempts > 1 else ""
                 raise OSError(f"{redact(url)}: cannot {what}{after} ({why})") from None
-            time.sleep(policy.wait(attempt))
+            wait, spent = policy.wait(attempt), time.monotonic() - start
+            if policy.deadline is not None and spent + wait >= policy.deadline:
+                raise OSError(f"{redact(url)}: cannot {what} after {attempt + 1} attempt(s) in {spent:.1f} s: another "
+                              f"would start past the retry deadline of {policy.deadline:g} s ({why})") from None
+            _log.warning("gpufeed: %s: cannot %s (%s); attempt %d of %d in %.1f s", redact(url), what, why,
+                         attempt + 2, policy.attempts, wait)
+            time.sleep(wait)
     raise AssertionError("unreachable")

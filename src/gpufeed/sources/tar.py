@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .checksums import ShardChecksums
 from .base import IMG_EXTENSIONS, LABEL_TEXT_MAX, digest, parse_label, refuse_over, relative
 
 CLS_BYTES = LABEL_TEXT_MAX  # a .cls member holds a number: a longer one is not read
@@ -31,6 +32,8 @@ class TarSource:
         self._shard, self._offset, self._size, self._labels, self._names = shard, offset, size, labels, names
         self._bad = bad or {}  # sample -> why its label cannot be used
         self._fds: dict[int, int] = {}
+        self.left_out: list[tuple[str, str]] = []  # (shard:member, why) of members named like images never read
+        self.checksums: ShardChecksums | None = None  # set: each shard checked on its first read here
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -55,7 +58,14 @@ class TarSource:
         s = int(self._shard[index])
         fd = self._fds.get(s)
         if fd is None:
-            fd = self._fds[s] = os.open(self.shards[s], os.O_RDONLY)
+            fd = os.open(self.shards[s], os.O_RDONLY)
+            if self.checksums is not None:
+                try:
+                    self.checksums.check(self.shards[s], fd)
+                except OSError:
+                    os.close(fd)
+                    raise
+            self._fds[s] = fd  # held only once it passed: a changed shard is opened, and refused, each time
         data = os.pread(fd, size, int(self._offset[index]))
         if len(data) != size:
             raise OSError(f"{self.path(index)}: read {len(data)} of {size} bytes (shard truncated?)")
@@ -98,10 +108,10 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
                                                                       f"{shard}:{name}")
         except tarfile.TarError as e:
             raise ValueError(f"cannot read tar shard {str(shard)!r}: {e}") from None
+    why_left_out = "a tar's links, devices and FIFOs are never read, only its regular files"
     if not_files:
-        warnings.warn(f"{len(not_files)} members of {str(path)!r} with image names are left out: a tar's links, "
-                      f"devices and FIFOs are never read, only its regular files (first: {not_files[0]!r})",
-                      stacklevel=2)
+        warnings.warn(f"{len(not_files)} members of {str(path)!r} with image names are left out: {why_left_out} "
+                      f"(first: {not_files[0]!r}); loader.stats['skipped'] lists them", stacklevel=2)
     if not images:
         raise ValueError(f"no images with an extension in {extensions} in {str(path)!r}")
     folders = sorted({os.path.dirname(n) for _, _, _, n in images})
@@ -116,7 +126,7 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
         else:
             raise ValueError(f"{shards[s]}:{name}: no '{key}.cls' member and no class folder to take a label from")
     labels, bad = split_labels(found)
-    return TarSource(
+    source = TarSource(
         [str(p) for p in shards],
         np.array([i[0] for i in images], np.int32),
         np.array([i[1] for i in images], np.int64),
@@ -126,6 +136,8 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
         folders if not cls_of else [],
         bad,
     )
+    source.left_out = [(name, why_left_out) for name in not_files]
+    return source
 
 
 def cls_label(text: bytes, where: str) -> int | str:

@@ -1,0 +1,155 @@
+"""``verify_checksums=True``: the loader checks each shard of a `gpufeed shards` folder against its manifest's
+sha256 as it reads it, locally (tar and Parquet) and from S3 (moto's server, real s3fs). A shard changed in
+place, its size kept, is named with the way out; under on_error="skip" exactly its samples are skipped and
+counted, the others delivered with their own labels."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from gpufeed import ImageLoader, WorkerError
+from gpufeed.shards import ShardOptions, ShardSize, write_shards
+from gpufeed.sources import create_source
+
+from .servers import S3Server
+
+KW = dict(batch_size=5, image_size=16, device="cpu", num_workers=2, train=False, drop_last=False)
+OPTIONS = dict(max_side=48, shard_size=ShardSize(16), workers=1)  # 40 samples: shards of 16, 16 and 8
+
+
+def _forge_label(shard: Path) -> None:
+    """One ``.cls`` member of ``shard`` given another digit, in place: the size stays."""
+    data = shard.read_bytes()
+    with tarfile.open(shard) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".cls"))
+    where = member.offset_data
+    shard.write_bytes(data[:where] + (b"9" if data[where:where + 1] != b"9" else b"8") + data[where + 1:])
+
+
+def _delivered(loader) -> tuple[list[int], list[int]]:
+    indices, labels = [], []
+    for _, y in loader:
+        indices += loader.batch_indices
+        labels += y.tolist()
+    return indices, labels
+
+
+@pytest.fixture(scope="module")
+def tar_shards(synth_root, tmp_path_factory):
+    dest = tmp_path_factory.mktemp("tar") / "out"
+    write_shards(synth_root, dest, ShardOptions(**OPTIONS))
+    return dest
+
+
+def test_unchanged_shards_pass_and_a_changed_one_is_named_with_the_way_out(tar_shards, tmp_path):
+    reference = create_source(tar_shards)
+    with ImageLoader(tar_shards, verify_checksums=True, **KW) as loader:
+        indices, labels = _delivered(loader)
+    assert sorted(indices) == list(range(40)) and labels == [reference.label(i) for i in indices]
+
+    changed = tmp_path / "out"
+    changed.mkdir()
+    for p in tar_shards.iterdir():
+        (changed / p.name).write_bytes(p.read_bytes())
+    _forge_label(changed / "shard-000001.tar")
+    with ImageLoader(changed, **KW) as loader:  # off by default: read as it is, the forged label included
+        assert sorted(_delivered(loader)[0]) == list(range(40))
+    with pytest.raises(WorkerError, match=r"shard-000001.tar: its sha256 is not the one .*manifest.json lists .*"
+                                      r"gpufeed shards --verify DEST.* verify_checksums=False"):
+        with ImageLoader(changed, verify_checksums=True, **KW) as loader:
+            _delivered(loader)
+
+
+def test_under_skip_exactly_the_changed_shards_samples_are_skipped_and_counted(tar_shards, tmp_path):
+    changed = tmp_path / "out"
+    changed.mkdir()
+    for p in tar_shards.iterdir():
+        (changed / p.name).write_bytes(p.read_bytes())
+    _forge_label(changed / "shard-000001.tar")
+    source = create_source(changed)
+    in_changed = {i for i in range(len(source)) if "shard-000001.tar:" in source.path(i)}
+    assert len(in_changed) == 16
+    with ImageLoader(changed, verify_checksums=True, on_error="skip", **KW) as loader:
+        indices, labels = _delivered(loader)
+        stats = loader.stats
+    assert sorted(indices) == sorted(set(range(40)) - in_changed)
+    assert labels == [source.label(i) for i in indices]  # the others keep their own labels
+    assert stats["skipped_count"] == 16
+    assert all("shard-000001.tar" in path and "sha256" in why for path, why in stats["skipped"])
+
+
+def test_parquet_shards_are_verified_too(synth_root, tmp_path):
+    pytest.importorskip("pyarrow")
+    dest = tmp_path / "pq"
+    manifest = write_shards(synth_root, dest, ShardOptions(**OPTIONS, format="parquet"))
+    first = dest / manifest["shards"][0]["name"]
+    data = bytearray(first.read_bytes())
+    data[len(data) // 3] ^= 0xFF  # inside the image bytes: pyarrow alone would not see it
+    first.write_bytes(bytes(data))
+    with ImageLoader(dest, verify_checksums=True, on_error="skip", **KW) as loader:
+        indices, _ = _delivered(loader)
+        stats = loader.stats
+    assert len(indices) == 40 - manifest["shards"][0]["samples"] and stats["skipped_count"] == 40 - len(indices)
+    assert all(manifest["shards"][0]["name"] in path and "sha256" in why for path, why in stats["skipped"])
+
+
+def test_shards_read_from_s3_are_verified_after_their_fetch(synth_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "cache"))
+    server = S3Server()
+    try:
+        server.bucket("verified")  # moto's buckets live in this process: a name no other test uses
+        local = tmp_path / "local"
+        write_shards(synth_root, local, ShardOptions(**OPTIONS))
+        _forge_label(local / "shard-000002.tar")
+        for p in local.iterdir():
+            server.put("verified", f"train/{p.name}", p.read_bytes())
+        with ImageLoader("s3://verified/train", storage_options=server.storage_options, verify_checksums=True,
+                         on_error="skip", **KW) as loader:
+            indices, _ = _delivered(loader)
+            stats = loader.stats
+        assert len(indices) == 32 and stats["skipped_count"] == 8, stats["skipped"]
+        assert all("s3://verified/train/shard-000002.tar" in path for path, _ in stats["skipped"])
+    finally:
+        server.stop()
+
+
+def test_a_folder_without_a_manifest_cannot_be_verified(synth_root):
+    with pytest.raises(ValueError, match=r"verify_checksums=True checks shards against the manifest.json .* has "
+                                         r"none: give the folder `gpufeed shards` wrote, or verify_checksums=False"):
+        ImageLoader(synth_root, verify_checksums=True, **KW)
+    with pytest.raises(ValueError, match=r"verify_checksums must be True or False, got 'yes'"):
+        ImageLoader(synth_root, verify_checksums="yes", **KW)
+
+
+def test_a_change_anywhere_in_a_shard_of_several_megabytes_is_found(tmp_path):
+    """The whole file is hashed, not its first read: a byte changed at 2.5 MB of a 3 MB shard is found, and a
+    shard the manifest does not list is named too."""
+    import hashlib
+    import os
+
+    from gpufeed.sources.checksums import ShardChecksums
+
+    data = bytes(range(256)) * (3 * 4096)
+    shard = tmp_path / "shard-000000.tar"
+    shard.write_bytes(data)
+    checks = ShardChecksums({"shard-000000.tar": hashlib.sha256(data).hexdigest()}, str(tmp_path / "manifest.json"))
+    fd = os.open(shard, os.O_RDONLY)
+    try:
+        checks.check(str(shard), fd)  # as written
+    finally:
+        os.close(fd)
+    changed = bytearray(data)
+    changed[2_500_000] ^= 1
+    shard.write_bytes(bytes(changed))
+    for name, message in (("shard-000000.tar", "its sha256 is not the one"), ("other.tar", "not listed with a sha256")):
+        path = shard.with_name(name)
+        path.write_bytes(bytes(changed))
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(OSError, match=f"{name}: {message}"):
+                checks.check(str(path), fd)
+        finally:
+            os.close(fd)
