@@ -6,7 +6,9 @@ import pytest
 import gpufeed.cores as cores
 from gpufeed.cores import IdleCores, cpu_limit, usable_cores
 
-POLICY = dict(least=8, most=1 / 4)  # placement.cpus: none kept under 8 CPUs, at most a quarter
+from gpufeed.placement.cpus import KEEP_FROM_CPUS, KEPT_AT_MOST
+
+POLICY = dict(least=KEEP_FROM_CPUS, most=KEPT_AT_MOST)  # placement.cpus: none kept under 8 CPUs, at most 1/4
 
 
 def _tree(root, files):

@@ -100,6 +100,7 @@ def collect_info(say: Callable[[str], None] = lambda line: None) -> dict[str, st
 
     from .cores import affinity, cpu_limit, cpu_ranges, usable_cores
     from .placement import worker_cpus
+    from .placement.cpus import KEEP_FROM_CPUS
 
     limit = cpu_limit()
     kept = worker_cpus(gpu_path=True)
@@ -107,7 +108,7 @@ def collect_info(say: Callable[[str], None] = lambda line: None) -> dict[str, st
     if not cuda:
         workers = "no GPU here: the workers use every usable core"
     elif kept is None:
-        workers = "all (under 8 cores, none is kept from the workers for the training process)"
+        workers = f"all (under {KEEP_FROM_CPUS} cores, none is kept from the workers for the training process)"
     else:
         workers = f"{cpu_ranges(kept)} ({cpu_ranges(affinity() - kept)} kept for the training process)"
     info = {

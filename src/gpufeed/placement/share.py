@@ -14,9 +14,9 @@ class ShareControl:
     loader's GPU work costs the training"). At the end of every ``IdleCores.WINDOW_S`` window of batches: when
     the training took every batch of the window ready (it never waited for the loader), the share goes up one
     step, whatever the workers' load, where cores are kept from the workers for the training process
-    (``training_cores_kept``: ``worker_cpus`` restricts them; below 8 cores the workers share the training's
-    cores, so the load rules alone decide). Otherwise the loader sets the pace, and the workers get what they
-    keep up with while a quarter of the cores (``reserve``) stay idle for the training process: the share goes
+    (``training_cores_kept``: ``worker_cpus`` restricts them; below ``cpus.KEEP_FROM_CPUS`` cores the workers
+    share the training's cores, so the load rules alone decide). Otherwise the loader sets the pace, and the
+    workers get what they keep up with while a quarter of the cores (``reserve``) stay idle for the training process: the share goes
     down one step per core missing from the reserve (at most ``MAX_DOWN_STEPS``), or one step if most batches
     were late (the workers finished them more than ``LATE_S`` after the GPU stage asked, by their own clock: the
     interpreter lock's delays in the training process are not the workers'); otherwise up one step when a core
