@@ -16,9 +16,9 @@ class ShareControl:
     step, whatever the workers' load, where cores are kept from the workers for the training process
     (``training_cores_kept``: ``worker_cpus`` restricts them; below ``cpus.KEEP_FROM_CPUS`` cores the workers
     share the training's cores, so the load rules alone decide). Otherwise the loader sets the pace, and the
-    workers get what they keep up with while a quarter of the cores (``reserve``) stay idle for the training process: the share goes
-    down one step per core missing from the reserve (at most ``MAX_DOWN_STEPS``), or one step if most batches
-    were late (the workers finished them more than ``LATE_S`` after the GPU stage asked, by their own clock: the
+    workers get what they keep up with while a quarter of the cores (``reserve``) stay idle for the training
+    process: the share goes down one step per core missing from the reserve (at most ``MAX_DOWN_STEPS``), or one
+    step if most batches were late (the workers finished them more than ``LATE_S`` after the GPU stage asked, by their own clock: the
     interpreter lock's delays in the training process are not the workers'); otherwise up one step when a core
     more than the reserve stayed idle, so that the CPU takes a part beside the GPU decoders without crowding out
     the threads that feed them. Up stays one step, since while the workers start and at epoch boundaries cores
