@@ -9,22 +9,22 @@ from ..cores import IdleCores
 class ShareControl:
     """The CPU workers' share of each GPU-path batch: fixed, or adapted ("auto").
 
-    "auto" puts on the workers as much as keeps the training fed, since a JPEG the CPU decodes costs the
-    training's GPU least (an engine decode takes its streaming multiprocessors 9-13 us; BENCHMARKS.md, "What the
-    loader's GPU work costs the training"). At the end of every ``IdleCores.WINDOW_S`` window of batches: when
-    the training took every batch of the window ready (it never waited for the loader), the share goes up one
-    step, whatever the workers' load, where cores are kept from the workers for the training process
-    (``training_cores_kept``: ``worker_cpus`` restricts them; below ``cpus.KEEP_FROM_CPUS`` cores the workers
-    share the training's cores, so the load rules alone decide). Otherwise the loader sets the pace, and the
-    workers get what they keep up with while a quarter of the cores (``reserve``) stay idle for the training
-    process: the share goes down one step per core missing from the reserve (at most ``MAX_DOWN_STEPS``), or one
-    step if most batches were late (the workers finished them more than ``LATE_S`` after the GPU stage asked, by their own clock: the
-    interpreter lock's delays in the training process are not the workers'); otherwise up one step when a core
-    more than the reserve stayed idle, so that the CPU takes a part beside the GPU decoders without crowding out
-    the threads that feed them. Up stays one step, since while the workers start and at epoch boundaries cores
-    idle with no batch to decode (BENCHMARKS.md#cpu-share). A window longer than ``PAUSE_S`` spans a pause of
-    the loader's work (a validation pass, a checkpoint), whose load was other work's: it changes nothing, and
-    the share stays what the loader learned. A change reaches the batches submitted from then on.
+    "auto" puts on the workers as much as keeps the training fed, since a JPEG the CPU decodes costs the training's
+    GPU least (an engine decode takes its streaming multiprocessors 9-13 us; BENCHMARKS.md, "What the loader's GPU
+    work costs the training"). At the end of every ``IdleCores.WINDOW_S`` window of batches: when the training took
+    every batch of the window ready (it never waited for the loader), the share goes up one step, whatever the
+    workers' load, where cores are kept from the workers for the training process (``training_cores_kept``:
+    ``worker_cpus`` restricts them; below ``cpus.KEEP_FROM_CPUS`` cores the workers share the training's cores, so
+    the load rules alone decide). Otherwise the loader sets the pace, and the workers get what they keep up with
+    while a quarter of the cores (``reserve``) stay idle for the training process: the share goes down one step per
+    core missing from the reserve (at most ``MAX_DOWN_STEPS``), or one step if most batches were late (the workers
+    finished them more than ``LATE_S`` after the GPU stage asked, by their own clock: the interpreter lock's delays
+    in the training process are not the workers'); otherwise up one step when a core more than the reserve stayed
+    idle, so that the CPU takes a part beside the GPU decoders without crowding out the threads that feed them. Up
+    stays one step, since while the workers start and at epoch boundaries cores idle with no batch to decode
+    (BENCHMARKS.md#cpu-share). A window longer than ``PAUSE_S`` spans a pause of the loader's work (a validation
+    pass, a checkpoint), whose load was other work's: it changes nothing, and the share stays what the loader
+    learned. A change reaches the batches submitted from then on.
     """
 
     STEP, LATE_S, MAX_DOWN_STEPS, START, PAUSE_S = 1 / 32, 0.002, 4, 0.5, 2.0
