@@ -176,16 +176,16 @@ def _stage_output(root, decoder, cpu_rows, skips=None, cpu=None):
 def test_the_stage_gives_torchvisions_validation_crops_with_their_labels(shapes, cpu_rows):
     """GPU-path workers leave validation's JPEGs encoded with their geometry (or, for the CPU's share,
     resize and crop them themselves); the stage decodes, resizes and crops the rest: torchvision's pixels,
-    each with its label, one refused JPEG finished on the CPU."""
+    level for level, whichever path each image took (the device's kernel, the workers' share, one refused
+    JPEG finished on the CPU), each with its label."""
     refuse = {(shapes / "c1" / "3.jpg").read_bytes()}
     images, labels, stage, kinds = _stage_output(shapes, CpuStandIn(refuse), cpu_rows)
     assert set(kinds.tolist()) == ({KIND_BYTES, KIND_PIXELS} if cpu_rows else {KIND_BYTES})
     assert stage.decoded_by["cpu"] == cpu_rows + 1 and stage.decoded_by["gpu:standin"] == 11 - cpu_rows
     assert labels.tolist() == [0] * 6 + [1] * 6
     want = _reference_crops(shapes)
-    scores = [psnr(images[i].permute(1, 2, 0).numpy(), want[i]) for i in range(12)]
-    print(f"stage vs torchvision: min {min(scores):.1f} median {np.median(scores):.1f} dB")
-    assert min(scores) >= 40 and np.median(scores) >= 50, sorted(scores)[:4]
+    unequal = [i for i in range(12) if not np.array_equal(images[i].permute(1, 2, 0).numpy(), want[i])]
+    assert not unequal, [(i, kinds[i]) for i in unequal]
 
 
 def test_a_sample_dropped_from_a_validation_batch_leaves_it_in_order():
@@ -283,7 +283,7 @@ def test_a_file_neither_the_gpu_nor_the_cpu_decodes_leaves_its_validation_batch(
     assert [p for p, _ in skips.listed] == [str(shapes / "c0" / "2.jpg")]
     want = _reference_crops(shapes)
     kept = [w for i, w in enumerate(want) if i != 2]
-    assert min(psnr(images[i].permute(1, 2, 0).numpy(), kept[i]) for i in range(11)) >= 40
+    assert all(np.array_equal(images[i].permute(1, 2, 0).numpy(), kept[i]) for i in range(11))
 
 
 def test_the_kernels_compile_for_a_hopper_gpu_without_one():
