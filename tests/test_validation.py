@@ -102,3 +102,34 @@ def test_a_torchvision_validation_pipeline_given_as_transform_gives_its_pixels(s
         assert not loader.augment.train and (loader.normalize.mean, loader.normalize.std) == (mean, std)
         (images, _), = list(loader)
     _assert_equal_levels(_levels(images, mean, std), _levels(ref, mean, std), f"transform= with mean {mean}")
+
+
+def test_a_validation_batch_none_of_whose_files_decode_is_not_yielded(tmp_path):
+    """on_error="skip", CPU path: the second of three batches holds only broken files. The loop gets the first
+    and the third, torchvision's pixels with their labels, never an empty batch; the four files are counted
+    and listed as skipped, and the sampler's position covers them (the epoch ends where it should)."""
+    from tests.helpers import textured
+
+    paths = []
+    for c in range(2):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(6):
+            paths.append(tmp_path / f"c{c}" / f"{i}.jpg")
+            textured(70 + 13 * i, 60 + 7 * c, 10 * c + i, ((200, 60, 40), (40, 60, 200))[c]).save(paths[-1], quality=90)
+    bad = paths[4:8]  # c0/4, c0/5, c1/0, c1/1: the whole second batch
+    for p in bad:
+        p.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    good = [p for p in paths if p not in bad]
+    t = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.Normalize(MEAN, STD)])
+    with ImageLoader(tmp_path, train=False, image_size=32, resize_size=40, batch_size=4, device="cpu",
+                     num_workers=2, drop_last=False, on_error="skip") as loader:
+        assert len(loader) == 3
+        got = [(x, y, list(loader.batch_indices)) for x, y in loader]
+        assert [len(y) for _, y, _ in got] == [4, 4]
+        assert [i for _, _, idx in got for i in idx] == [0, 1, 2, 3, 8, 9, 10, 11]
+        assert torch.cat([y for _, y, _ in got]).tolist() == [0] * 4 + [1] * 4
+        want = torch.stack([t(Image.open(p).convert("RGB")) for p in good])
+        levels = _levels(torch.cat([x for x, _, _ in got]))
+        assert np.array_equal(levels, _levels(want))
+        assert sorted(p for p, _ in loader.stats["skipped"]) == sorted(str(p) for p in bad)
+        assert loader.sampler.epoch == 1  # the epoch ran to its end: the next one is up

@@ -127,7 +127,7 @@ class Scheduler:
     ``readahead(order)``: the source's fetcher along an epoch's order (None: a source read in place).
     ``stand_ins`` (training): a good sample of its batch takes a skipped one's place, so every batch keeps its
     size; False (validation, which must count each image once): the skipped sample leaves its batch, which
-    comes smaller (empty, if none of it loaded).
+    comes smaller (empty, if none of it loaded: the loader yields no empty batch).
     """
 
     def __init__(self, *, start_pool: Callable[[], WorkerPool], num_slots: int, batch_size: int, drop_last: bool,
