@@ -86,6 +86,57 @@ def test_the_order_of_the_passes_is_the_installed_pillows():
     assert 50 <= psnr(other, _torchvision(img)) < 100
 
 
+def _pillow_ordering_by(vertical):
+    """Pillow's resize with its passes in the order ``vertical(w, h, new_w, new_h)`` says: each pass a resize
+    along one axis alone (Pillow's own pass, rounded to uint8 as between its two)."""
+    from PIL import Image
+
+    resize = Image.Image.resize
+
+    def ordered(self, size, resample=Image.BILINEAR, box=None, reducing_gap=None):
+        (w, h), (new_w, new_h) = self.size, size
+        middle = (w, new_h) if vertical(w, h, new_w, new_h) else (new_w, h)
+        return resize(resize(self, middle, resample), size, resample)
+
+    return ordered
+
+
+@pytest.mark.parametrize("pillow, rule", [("always horizontal first (Pillow 12)", 0),
+                                          ("vertical first by the rule of Pillow 13", 1)])
+def test_the_order_is_learnt_from_pillows_resizes(monkeypatch, pillow, rule):
+    from PIL import Image
+
+    vertical = {0: lambda *shape: False, 1: lambda *shape: center_crop.vertical_first(*shape, 1)}[rule]
+    monkeypatch.setattr(Image.Image, "resize", _pillow_ordering_by(vertical))
+    center_crop.pillow_order.cache_clear()
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert center_crop.pillow_order() == rule, pillow
+    finally:
+        center_crop.pillow_order.cache_clear()
+
+
+def test_a_pillow_ordering_its_passes_by_another_rule_is_named_with_the_way_out(monkeypatch):
+    """A Pillow that goes vertically first wherever the height loses more pixels than the width (not twice as
+    many): the probes near the threshold tell it from Pillow 13's rule; the warning names the version and what
+    to do."""
+    import PIL
+    from PIL import Image
+
+    monkeypatch.setattr(Image.Image, "resize", _pillow_ordering_by(lambda w, h, nw, nh: h - nh > w - nw))
+    center_crop.pillow_order.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match=f"Pillow {PIL.__version__} orders") as caught:
+            assert center_crop.pillow_order() == 0
+        said = str(caught[0].message)
+        assert 'decode="cpu"' in said and "pip install" in said
+    finally:
+        center_crop.pillow_order.cache_clear()
+
+
 def kernel_checks() -> dict:
     """Under the interpreter: the kernels against the reference on textured images of varied shapes, in uint8
     and normalised float32 through channels_last strides; and an S x S image with the geometry (0, 0, S, S)."""
