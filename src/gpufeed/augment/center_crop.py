@@ -25,8 +25,11 @@ Output: (B, 3, S, S) ``dtype`` written through its strides, each pixel ``v * sca
 scale 1 and shift 0: the pixels themselves). An S x S image with the geometry (0, 0, S, S) is copied exactly.
 
 ``center_crop_triton`` is two launches: the coefficients of each sample's crop rows and columns (float64, as
-Pillow computes them), then the separable integer sums. ``center_crop_reference`` is the same arithmetic in
-numpy, one sample at a time (a CPU device, CUDA without Triton, the tests).
+Pillow computes them), then the integer sums, each output pixel on its own: for every tap of the second pass,
+the first pass's sum at that row (or column) is computed again and rounded to uint8, so a first-pass value is
+recomputed by every output pixel that reads it (taps x taps loads per pixel and channel) rather than computed
+once and kept. ``center_crop_reference`` is the same arithmetic in numpy, one sample at a time, its first pass
+computed once for the crop (a CPU device, CUDA without Triton, the tests).
 """
 
 from __future__ import annotations
