@@ -201,8 +201,9 @@ def _reference_crops(root):
 
 
 def _stage_output(root, decoder, cpu_rows, skips=None, cpu=None):
-    """A validation batch of every sample under ``root`` from GPU-path workers, through the stage (uint8);
-    ``skips``, ``cpu``: the stage's skip log and its CPU decoder for what the GPU refuses."""
+    """A validation batch of every sample under ``root`` from GPU-path workers, through the stage (uint8):
+    (images, labels, the stage, each sample's kind, the batch's source indices); ``skips``, ``cpu``: the
+    stage's skip log and its CPU decoder for what the GPU refuses."""
     src = folder_source(root)
     spec = PipelineSpec(src, VAL, 10**8, gpu_bytes_capacity=1 << 20, gpu_buffer_bytes=1 << 22)
     pool = WorkerPool(spec, num_workers=2, num_slots=2, batch_size=len(src))
@@ -212,13 +213,10 @@ def _stage_output(root, decoder, cpu_rows, skips=None, cpu=None):
         assert failures == []
         stage = GpuDecodeAugment([decoder], device=torch.device("cpu"), image_size=S, mean=(0.0,) * 3,
                                  std=(1.0,) * 3, dtype=torch.uint8, channels_last=False, max_pixels=10**8,
-                                 buffer_bytes=1 << 22, crop="center", skips=skips)
-        if cpu is not None:
-            stage.cpu = cpu
+                                 buffer_bytes=1 << 22, crop="center", skips=skips, cpu=cpu)
         batch = host_batch(view, src.path)
         images, labels = stage(batch)
-        stage.indices = batch.indices
-        return images, labels, stage, view.meta[:, Meta.KIND].copy()
+        return images, labels, stage, view.meta[:, Meta.KIND].copy(), batch.indices
     finally:
         pool.close()
 
@@ -230,7 +228,7 @@ def test_the_stage_gives_torchvisions_validation_crops_with_their_labels(shapes,
     level for level, whichever path each image took (the device's kernel, the workers' share, one refused
     JPEG finished on the CPU), each with its label."""
     refuse = {(shapes / "c1" / "3.jpg").read_bytes()}
-    images, labels, stage, kinds = _stage_output(shapes, CpuStandIn(refuse), cpu_rows)
+    images, labels, stage, kinds, _ = _stage_output(shapes, CpuStandIn(refuse), cpu_rows)
     assert set(kinds.tolist()) == ({KIND_BYTES, KIND_PIXELS} if cpu_rows else {KIND_BYTES})
     assert stage.decoded_by["cpu"] == cpu_rows + 1 and stage.decoded_by["gpu:standin"] == 11 - cpu_rows
     assert labels.tolist() == [0] * 6 + [1] * 6
@@ -328,9 +326,9 @@ class _FailingCpu(CpuDecoder):
 def test_a_file_neither_the_gpu_nor_the_cpu_decodes_leaves_its_validation_batch(shapes):
     bad = (shapes / "c0" / "2.jpg").read_bytes()
     skips = SkipLog()
-    images, labels, stage, _ = _stage_output(shapes, CpuStandIn({bad}), 0, skips=skips, cpu=_FailingCpu(bad))
+    images, labels, _, _, indices = _stage_output(shapes, CpuStandIn({bad}), 0, skips=skips, cpu=_FailingCpu(bad))
     assert images.shape == (11, 3, S, S) and labels.tolist() == [0] * 5 + [1] * 6
-    assert stage.indices == [i for i in range(12) if i != 2] and skips.repeated == 0
+    assert indices == [i for i in range(12) if i != 2] and skips.repeated == 0
     assert [p for p, _ in skips.listed] == [str(shapes / "c0" / "2.jpg")]
     want = _reference_crops(shapes)
     kept = [w for i, w in enumerate(want) if i != 2]
