@@ -71,7 +71,9 @@ def test_a_validation_epoch_on_cuda_keeps_labels_with_their_images(classes, deco
         got, labels, indices = [], [], []
         for images, y in loader:
             assert images.is_cuda and images.dtype == torch.float32 and y.is_cuda
-            got.append(images), labels.append(y), indices += loader.batch_indices
+            got.append(images)
+            labels.append(y)
+            indices += loader.batch_indices
         by = loader.stats["decoded_by"]
     images, labels = torch.cat(got), torch.cat(labels).cpu()
     assert indices == list(range(len(paths))) and len(images) == len(paths) == 36  # every image, in order, once
