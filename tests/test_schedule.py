@@ -128,3 +128,53 @@ def test_skipped_samples_anywhere_in_a_batch_leave_labels_pixels_and_indices_tog
     else:
         assert delivered == good
     assert len(skips.listed) == len(bad)
+
+
+def test_a_stand_in_on_the_gpu_path_carries_what_holds_its_image(tmp_path):
+    """Training on the GPU path under on_error="skip", half of each batch decoded to rows by the CPU: a good
+    sample standing in for a bad one takes along its meta row and label and, by its kind, its JPEG's bytes, its
+    decoded rows or its pixels, so both places hold the same image; a JPEG left for the GPU is its file."""
+    import numpy as np
+
+    from gpufeed.ring import KIND_BYTES, KIND_PIXELS, KIND_ROWS, Meta
+    from tests.helpers import textured
+
+    for c in range(2):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(8):
+            textured(90 + 11 * i, 80 + 9 * c, 10 * c + i).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=90)
+    src = folder_source(tmp_path)
+    bad = {1, 6, 9, 14}
+    for i in bad:
+        with open(src.path(i), "wb") as f:
+            f.write(b"\xff\xd8\xff\xe0 not a jpeg")
+    spec = PipelineSpec(src, AugmentSpec(image_size=32), 10**8, gpu_bytes_capacity=1 << 20,
+                        gpu_buffer_bytes=1 << 22, on_error="skip")
+    scheduler = Scheduler(start_pool=functools.partial(WorkerPool, spec, num_workers=2, num_slots=3, batch_size=8),
+                          num_slots=3, batch_size=8, drop_last=False, share=ShareControl(0.5), skips=SkipLog(),
+                          path=src.path, cuda=False)
+    kinds, moved = set(), set()  # the kinds delivered, and those a stand-in took along
+    try:
+        for batch in scheduler.batches(ShardedSampler(len(src), shuffle=False)):
+            slot = batch.slot
+            first = {}  # index -> its first position
+            for k, index in enumerate(batch.indices):
+                assert index not in bad and batch.labels[k].item() == src.label(index)
+                kind, length = slot.meta[k, Meta.KIND], slot.meta[k, Meta.LENGTH]
+                kinds.add(int(kind))
+                if kind == KIND_BYTES:
+                    assert slot.arena[k, :length].tobytes() == open(src.path(index), "rb").read(), (k, index)
+                g = first.setdefault(index, k)
+                if g == k:
+                    continue
+                assert np.array_equal(slot.meta[k], slot.meta[g])
+                moved.add(int(kind))
+                if kind == KIND_ROWS:
+                    assert np.array_equal(slot.rooms[k, :length], slot.rooms[g, :length]), (k, g)
+                elif kind == KIND_PIXELS:
+                    assert np.array_equal(slot.images[k], slot.images[g]), (k, g)
+            assert len(first) < len(batch.indices)  # a stand-in in every batch
+            batch.release()
+    finally:
+        scheduler.close()
+    assert {KIND_BYTES, KIND_ROWS} <= moved <= kinds

@@ -284,6 +284,8 @@ class ImageLoader:
         try:
             for out in batches:
                 self.sampler.advance(out.consumed)
+                if not len(out.labels):  # validation, every file failed under "skip": recorded, not yielded
+                    continue
                 self.batch_indices = out.indices
                 images = out.images
                 if self.batch_transform is None or self.batch_mix is not None:

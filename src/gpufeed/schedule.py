@@ -47,7 +47,7 @@ import torch
 from .decode.base import SkipLog, stand_ins
 from .options import OUTAGE_BATCHES, OUTAGE_FRACTION, is_outage
 from .placement import ShareControl
-from .records import HostBatch, Meta
+from .records import KIND_BYTES, KIND_PIXELS, KIND_ROWS, HostBatch, Meta
 from .ring import SlotView
 from .sampling import ShardedSampler
 from .workers import WorkerPool
@@ -127,7 +127,7 @@ class Scheduler:
     ``readahead(order)``: the source's fetcher along an epoch's order (None: a source read in place).
     ``stand_ins`` (training): a good sample of its batch takes a skipped one's place, so every batch keeps its
     size; False (validation, which must count each image once): the skipped sample leaves its batch, which
-    comes smaller (empty, if none of it loaded).
+    comes smaller (empty, if none of it loaded: the loader yields no empty batch).
     """
 
     def __init__(self, *, start_pool: Callable[[], WorkerPool], num_slots: int, batch_size: int, drop_last: bool,
@@ -325,14 +325,21 @@ class Scheduler:
 
 
 def _move(view: SlotView, src: int, dst: int) -> None:
-    """Copy sample ``src`` of a slot over sample ``dst``: its pixels (or pixel room), label, meta row, output
-    and, on the GPU path, its encoded bytes (as many as its meta row says)."""
-    for arr in (view.pixels, view.labels, view.meta, view.output):  # images are a view of the pixels
+    """Copy sample ``src`` of a slot over sample ``dst``: its label, meta row and output, and what holds its
+    image, no more: on the GPU path its encoded bytes (``KIND_BYTES``) or its decoded rows (``KIND_ROWS``), as
+    many as its meta row says, or its pixels (``KIND_PIXELS``); on the CPU path its pixels."""
+    for arr in (view.labels, view.meta, view.output):
         if arr is not None:
             arr[dst] = arr[src]
-    if view.arena is not None:
+    kind = KIND_PIXELS if view.meta is None else view.meta[src, Meta.KIND]
+    if kind == KIND_BYTES:
         length = view.meta[src, Meta.LENGTH]
         view.arena[dst, :length] = view.arena[src, :length]
+    elif kind == KIND_ROWS:
+        length = view.meta[src, Meta.LENGTH]
+        view.rooms[dst, :length] = view.rooms[src, :length]
+    else:
+        view.images[dst] = view.images[src]
 
 
 def _runs(positions: list[int]) -> list[tuple[int, int]]:

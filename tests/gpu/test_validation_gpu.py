@@ -71,7 +71,9 @@ def test_a_validation_epoch_on_cuda_keeps_labels_with_their_images(classes, deco
         got, labels, indices = [], [], []
         for images, y in loader:
             assert images.is_cuda and images.dtype == torch.float32 and y.is_cuda
-            got.append(images), labels.append(y), indices += loader.batch_indices
+            got.append(images)
+            labels.append(y)
+            indices += loader.batch_indices
         by = loader.stats["decoded_by"]
     images, labels = torch.cat(got), torch.cat(labels).cpu()
     assert indices == list(range(len(paths))) and len(images) == len(paths) == 36  # every image, in order, once
@@ -123,3 +125,23 @@ def test_a_training_and_a_validation_loader_in_one_process(classes):
         assert train.decode_backend != "cpu" and val.decode_backend != "cpu"
     finally:
         train.close(), val.close()
+
+
+def test_a_validation_batch_of_bad_files_is_not_yielded_on_cuda(classes, tmp_path):
+    """on_error="skip" on the GPU path: a batch none of whose files decode (truncated, and not JPEGs at all)
+    never reaches the loop; the others come whole, their files counted once each."""
+    root = tmp_path / "data"
+    for p in sorted(classes.glob("c*/*.jpg")):
+        (root / p.parent.name).mkdir(parents=True, exist_ok=True)
+        (root / p.parent.name / p.name).write_bytes(p.read_bytes())
+    paths = sorted(root.glob("c*/*.jpg"))
+    bad = paths[8:16]  # the second batch of eight
+    for k, p in enumerate(bad):
+        data = p.read_bytes()
+        p.write_bytes(data[: len(data) // 3] if k % 2 else b"\xff\xd8\xff\xe0 not a jpeg")
+    with ImageLoader(root, train=False, batch_size=8, device="cuda", num_workers=2, on_error="skip") as loader:
+        batches = [(y.cpu(), list(loader.batch_indices)) for _, y in loader]
+        stats = loader.stats
+    assert [len(y) for y, _ in batches] == [8, 8, 8, 4]
+    assert [i for _, idx in batches for i in idx] == list(range(8)) + list(range(16, 36))
+    assert stats["skipped_count"] == 8 and sorted(p for p, _ in stats["skipped"]) == sorted(map(str, bad))

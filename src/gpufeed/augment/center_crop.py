@@ -9,11 +9,12 @@ to uint8, then the other's (Pillow's ``libImaging/Resample.c``: ``precompute_coe
 position in the resized image, so the crop's S x S pixels, mapped back through the resize, are computed and
 no other: the same integers as resizing the whole image and cropping it.
 
-Which pass comes first is the installed Pillow's rule (``vertical_first``), learnt once per process from a
-small resize (``pillow_order``): Pillow's Resample.c up to 12.x always starts horizontally; Pillow 13 starts
-vertically where the height shrinks by more than twice the pixels the width does. With an order this module
-does not know (a Pillow of another rule) the horizontal pass comes first and ``pillow_order`` says so once: a
-pixel may then differ by a level here and there (about 55 dB).
+Which pass comes first is the installed Pillow's rule (``vertical_first``), learnt once per process from six
+small resizes on both sides of Pillow 13's threshold (``pillow_order``): Pillow's Resample.c up to 12.x always
+starts horizontally; Pillow 13 starts vertically where the height shrinks by more than twice the pixels the
+width does. With an order this module does not know (a Pillow of another rule) the horizontal pass comes first
+and ``pillow_order`` says so once, naming the Pillow and the way out (``decode="cpu"``, whose workers resize
+with Pillow itself, or a Pillow it knows): a pixel may then differ by a level here and there (about 55 dB).
 
 Input, as for ``augment.fused``: decoded images packed in one flat uint8 buffer (each (h, w, 3) HWC at its
 own offset) and one int64 row per sample (``records.KernelRow``):
@@ -24,8 +25,11 @@ Output: (B, 3, S, S) ``dtype`` written through its strides, each pixel ``v * sca
 scale 1 and shift 0: the pixels themselves). An S x S image with the geometry (0, 0, S, S) is copied exactly.
 
 ``center_crop_triton`` is two launches: the coefficients of each sample's crop rows and columns (float64, as
-Pillow computes them), then the separable integer sums. ``center_crop_reference`` is the same arithmetic in
-numpy, one sample at a time (a CPU device, CUDA without Triton, the tests).
+Pillow computes them), then the integer sums, each output pixel on its own: for every tap of the second pass,
+the first pass's sum at that row (or column) is computed again and rounded to uint8, so a first-pass value is
+recomputed by every output pixel that reads it (taps x taps loads per pixel and channel) rather than computed
+once and kept. ``center_crop_reference`` is the same arithmetic in numpy, one sample at a time, its first pass
+computed once for the crop (a CPU device, CUDA without Triton, the tests).
 """
 
 from __future__ import annotations
@@ -98,21 +102,37 @@ def center_crop_pixels(image: np.ndarray, width: int, height: int, left: int, to
     return _clip8((across[rows - r0] * wy[:, :, None, None]).sum(axis=1) + _HALF).astype(np.uint8)
 
 
+# (width, height, new width, new height): three shapes that Pillow 13's rule resizes vertically first (the height
+# shrinking by just over, and well over, twice the pixels the width does) and three it resizes horizontally
+# first though the height shrinks more (exactly twice, and less): each side of the threshold, near it and not
+_ORDER_PROBES = ((40, 80, 32, 32), (50, 90, 40, 69), (64, 100, 48, 60),
+                 (50, 90, 40, 70), (64, 100, 48, 68), (80, 120, 60, 90))
+
+
 @functools.cache
 def pillow_order() -> int:
-    """The installed Pillow's order of passes, as ``vertical_first``'s ``rule``: learnt from one resize of a
-    40 x 80 noise image to 32 x 32, which the two orders round differently. A Pillow that matches neither
-    (another rule) gets 0, said once in a warning."""
+    """The installed Pillow's order of passes, as ``vertical_first``'s ``rule``: learnt from resizes of noise
+    images (``_ORDER_PROBES``), which the two orders round differently; a rule must give Pillow's pixels on
+    every probe. A Pillow that matches neither (another rule) gets 0, said once in a warning."""
+    import PIL
     from PIL import Image
 
-    image = np.random.default_rng(0).integers(0, 256, (80, 40, 3), dtype=np.uint8)
-    got = np.asarray(Image.fromarray(image).resize((32, 32), Image.BILINEAR))
+    rng = np.random.default_rng(0)
+    probes = []
+    for w, h, new_w, new_h in _ORDER_PROBES:
+        image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        size = min(new_w, new_h)
+        got = np.asarray(Image.fromarray(image).resize((new_w, new_h), Image.BILINEAR))[:size, :size]
+        probes.append((image, new_w, new_h, size, got))
     for rule in (1, 0):
-        if np.array_equal(got, center_crop_pixels(image, 32, 32, 0, 0, 32, rule)):
+        if all(np.array_equal(got, center_crop_pixels(image, new_w, new_h, 0, 0, size, rule))
+               for image, new_w, new_h, size, got in probes):
             return rule
-    warnings.warn("gpufeed: this Pillow orders its resize passes by a rule gpufeed does not know; validation's "
-                  "Resize + CenterCrop on the device may differ from torchvision's by a level in a few pixels",
-                  stacklevel=2)
+    warnings.warn(f"gpufeed: Pillow {PIL.__version__} orders its resize passes by a rule gpufeed does not know; "
+                  "validation's Resize + CenterCrop on the device may differ from torchvision's by a level in a few "
+                  "pixels. For torchvision's pixels exactly, decode on the CPU (ImageLoader(..., decode=\"cpu\"): the "
+                  "workers resize with Pillow itself) or install a Pillow whose order gpufeed knows "
+                  "(pip install \"pillow>=12,<13.1\")", stacklevel=2)
     return 0
 
 

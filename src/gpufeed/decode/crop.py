@@ -128,16 +128,15 @@ def decode_box_rows_into(decoder: "CpuDecoder", data: bytes, path: str, box: Cro
 def decode_resize_crop_into(decoder: "CpuDecoder", data: bytes, path: str, geometry: ResizeCrop, size: tuple[int, int],
                             fast: bool, out: np.ndarray, orientation: int = 1) -> None:
     """Validation: decode ``data`` (a ``size`` = (width, height) image as displayed after ``orientation``) and
-    write into ``out`` ((S, S, 3) uint8) what torchvision's ``Resize`` + ``CenterCrop`` give on the PIL
-    image: Pillow's antialiased bilinear resize to ``geometry``'s extent, then its crop. Only the crop's
-    area is resampled (Pillow's ``box``: the same source footprint and filter, so the same pixels but for a
-    level here and there). Plain JPEGs may first shrink in the DCT domain where at least 2x is left for the
-    resize (BENCHMARKS.md#validation-crops)."""
+    write into ``out`` ((S, S, 3) uint8) exactly what torchvision's ``Resize`` + ``CenterCrop`` give on the PIL
+    image: the whole image decoded (libjpeg-turbo gives Pillow's pixels), Pillow's antialiased bilinear resize
+    to ``geometry``'s extent, then its crop. The whole extent is resized, as torchvision resizes it: a resize of
+    the crop's area alone (Pillow's ``box``) or of a DCT-reduced decode differs by a level here and there, and
+    validation's pixels must not depend on which path an image took (BENCHMARKS.md#validation-crops)."""
     s = out.shape[0]
-    image = _decode_for_resize(decoder, data, path, size, (geometry.width, geometry.height), fast, orientation)
-    sx, sy = image.shape[1] / geometry.width, image.shape[0] / geometry.height
-    box = (geometry.left * sx, geometry.top * sy, (geometry.left + s) * sx, (geometry.top + s) * sy)
-    out[:] = np.asarray(Image.fromarray(image).resize((s, s), Image.BILINEAR, box=box))
+    image = apply_orientation(decoder.decode(data, path, fast=fast), orientation)
+    resized = Image.fromarray(image).resize((geometry.width, geometry.height), Image.BILINEAR)
+    out[:] = np.asarray(resized.crop((geometry.left, geometry.top, geometry.left + s, geometry.top + s)))
 
 
 def decode_random_crop_into(decoder: "CpuDecoder", data: bytes, path: str, crop: RandomCrop, at: RandomCropAt,
@@ -184,8 +183,8 @@ def _padded(image: np.ndarray, crop: RandomCrop, padding: tuple[int, int, int, i
 
 def _decode_for_resize(decoder: "CpuDecoder", data: bytes, path: str, size: tuple[int, int],
                        extent: tuple[int, int], fast: bool, orientation: int) -> np.ndarray:
-    """The image to be resized from ``size`` to ``extent``: plain JPEGs shrunk in the DCT domain where at
-    least 2x is left for the resize (BENCHMARKS.md#validation-crops)."""
+    """The image RandomCrop's ``Resize`` takes from ``size`` to ``extent``: plain JPEGs shrunk in the DCT domain
+    where at least 2x is left for the resize."""
     reduce = 1
     if fast and orientation == 1:
         shrink = min(size[0] / extent[0], size[1] / extent[1])

@@ -89,14 +89,18 @@ class CudaDecoding:
         if triton is None:
             self._reference(flat, table.to(self.device), size, self._scale_t, self._shift_t, dst)
         else:
-            self._launch(flat, self.host(table.numpy()).to(self.device, non_blocking=True), table, size, dst)
+            self._launch(flat, table, size, dst)
 
-    def _box(self, flat: torch.Tensor, rows: torch.Tensor, table: torch.Tensor, size: int, dst: torch.Tensor) -> None:
-        resized_crop_triton(flat, rows, size, self.scale, self.shift, dst)
+    def _rows(self, table: torch.Tensor) -> torch.Tensor:
+        """The kernel's table ((B, 8) int64, host) on the device, copied on the current stream."""
+        return self.host(table.numpy()).to(self.device, non_blocking=True)
 
-    def _center(self, flat: torch.Tensor, rows: torch.Tensor, table: torch.Tensor, size: int,
-                dst: torch.Tensor) -> None:
-        center_crop_triton(flat, rows, size, self.scale, self.shift, dst, taps_at_most=max_taps(table.numpy()))
+    def _box(self, flat: torch.Tensor, table: torch.Tensor, size: int, dst: torch.Tensor) -> None:
+        resized_crop_triton(flat, self._rows(table), size, self.scale, self.shift, dst)
+
+    def _center(self, flat: torch.Tensor, table: torch.Tensor, size: int, dst: torch.Tensor) -> None:
+        center_crop_triton(flat, self._rows(table), size, self.scale, self.shift, dst,
+                           taps_at_most=max_taps(table.numpy()))
 
 
 class HostDecoding:

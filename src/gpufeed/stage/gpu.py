@@ -90,17 +90,19 @@ class GpuDecodeAugment:
     "center", validation's Resize + CenterCrop in Pillow's arithmetic (``augment.center_crop``), the meta
     rows holding each sample's resized extent and crop corner. ``output_batches``: (batch size, how many) output
     batches to allocate now (``placement.gpu_memory``); more are made only while the user keeps batches.
+    ``cpu``: the decoder of what no GPU decoder read (``refused``; None: a ``CpuDecoder`` of ``max_pixels``).
     """
 
     def __init__(self, decoders: Sequence[GpuDecoder], *, device: torch.device, image_size: int, mean, std,
                  dtype: torch.dtype, channels_last: bool, max_pixels: int, buffer_bytes: int,
-                 skips: SkipLog | None = None, output_batches: tuple[int, int] = (0, 0), crop: str = "box") -> None:
+                 skips: SkipLog | None = None, output_batches: tuple[int, int] = (0, 0), crop: str = "box",
+                 cpu: CpuDecoder | None = None) -> None:
         if crop not in CROPS:
             raise ValueError(f"crop must be one of {CROPS}, got {crop!r}")
         self.decoders, self.crop = list(decoders), crop
         self.name = self.decoders[0].name
         self.job_images = self.decoders[0].job_images
-        self.cpu = CpuDecoder(max_pixels=max_pixels)
+        self.cpu = cpu if cpu is not None else CpuDecoder(max_pixels=max_pixels)
         pixels = dtype == torch.uint8
         self.device, self.size, self.dtype, self.channels_last = device, image_size, dtype, channels_last and not pixels
         self.scale, self.shift = ([1.0] * 3, [0.0] * 3) if pixels else normalize_constants(mean, std)

@@ -5,7 +5,8 @@ The crop follows the loader's recipe (``GpuDecodeAugment``'s ``crop``): "box", t
 whose box and flip the ring's meta row holds; "center", validation's Resize + CenterCrop, whose resized
 extent and crop corner it holds (``records.Meta``). A dropped sample is replaced by another image of its
 batch for training (every batch keeps its size: ``decode.base.stand_ins``) and left out for validation,
-which counts each image once (the scheduler does the same with what the workers could not load).
+which counts each image once (the scheduler does the same with what the workers could not load); a
+validation batch left empty is not yielded by the loader.
 """
 
 from __future__ import annotations
