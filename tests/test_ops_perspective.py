@@ -9,7 +9,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from gpufeed.augment.ops import Perspective, SampleOps
-from gpufeed.augment.ops.perspective import coefficients
+from gpufeed.augment.ops.perspective import ROWS, coefficients
 from gpufeed.augment.params import SampleRandom
 from gpufeed.augment.recipe import read_transform
 
@@ -36,12 +36,13 @@ def _read(t) -> Perspective:
 @pytest.mark.parametrize("interpolation", ["bilinear", "nearest"])
 @pytest.mark.parametrize("fill", [(0.0,), (10.0, 200.0, 30.0), None], ids=["fill0", "fill-rgb", "no-fill"])
 def test_the_batch_gives_torchvisions_pixels_for_each_samples_corners(interpolation, fill):
-    """32 textured images, each with its own corners (half of them not warped): bit for bit what
-    ``F.perspective(image, startpoints, corners, interpolation, fill)`` gives the uint8 tensor."""
-    images = _textured(32)
-    op = Perspective(distortion_scale=0.7, p=0.5, interpolation=interpolation, fill=fill)
-    choices = SampleOps.draws(op, range(32), seed=4, epoch=0, size=S)
-    assert 8 < sum(c is not None for c in choices) < 24
+    """96 textured images, each with its own corners (a quarter of them not warped, the rest more than
+    ``ROWS``, warped a part at a time): bit for bit what ``F.perspective(image, startpoints, corners,
+    interpolation, fill)`` gives the uint8 tensor."""
+    images = _textured(96)
+    op = Perspective(distortion_scale=0.7, p=0.75, interpolation=interpolation, fill=fill)
+    choices = SampleOps.draws(op, range(96), seed=4, epoch=0, size=S)
+    assert ROWS < sum(c is not None for c in choices) < 96
     out = op.apply(images, choices)
     assert out.shape == images.shape and out.dtype == torch.uint8
     mode = v2.InterpolationMode(interpolation)

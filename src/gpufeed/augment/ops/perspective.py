@@ -1,6 +1,6 @@
 """torchvision's ``RandomPerspective`` on uint8 batches: each sample's corners drawn as ``make_params`` draws
 them for one image, and warped as ``perspective`` warps a uint8 tensor (the same coefficient solve, grid and
-fill), every sample that drew a warp in one ``grid_sample``."""
+fill), the samples that drew a warp ``ROWS`` at a time."""
 
 from __future__ import annotations
 
@@ -85,11 +85,16 @@ def coefficients(corners: Sequence[Corners], width: int, height: int) -> np.ndar
     return solved.squeeze(-1).to(torch.float32).numpy()
 
 
+ROWS = 64  # samples warped at a time: float32 scratch of ~1.6 MB a sample at 224 held to ~100 MB, a few launches a part
+
+
 def warp(images: torch.Tensor, corners: Sequence[Corners], interpolation: str,
          fill: tuple[float, ...] | None) -> torch.Tensor:
     """(n, 3, H, W) uint8, sample i through ``perspective(images[i], startpoints, corners[i], interpolation,
-    fill)``: torchvision's grid (``_perspective_grid``) for each sample in one batched product, one
-    ``grid_sample`` with the mask channel torchvision adds for ``fill``, the fill blended in as it blends it."""
+    fill)``: torchvision's grid (``_perspective_grid``) for each sample in a batched product, ``grid_sample``
+    on the image and on the mask of ones torchvision adds as a channel for ``fill`` (each channel sampled on
+    its own, so the same numbers), the fill blended in as it blends it. ``ROWS`` samples at a time, into one
+    uint8 batch."""
     n, c, h, w = images.shape
     coeffs = coefficients(corners, w, h)
     # (n, 3, 2) each: the affine part transposed and divided by the half sizes in float32, as torchvision
@@ -97,21 +102,46 @@ def warp(images: torch.Tensor, corners: Sequence[Corners], interpolation: str,
     theta = coeffs[:, :6].reshape(n, 2, 3).transpose(0, 2, 1) / np.array([0.5 * w, 0.5 * h], np.float32)
     below = np.stack([coeffs[:, 6], coeffs[:, 7], np.ones(n, np.float32)], axis=1)
     thetas = on(images.device, np.ascontiguousarray(np.stack([theta, np.repeat(below[:, :, None], 2, 2)])))
-    base = _base_grid(h, w, images.device).view(1, h * w, 3).expand(n, -1, -1)
-    grid = base.bmm(thetas[0]).div_(base.bmm(thetas[1])).sub_(1.0).view(n, h, w, 2)
-    x = images.float()
-    if fill is not None:  # the mask channel: how much of each output pixel fell inside the image
-        x = torch.cat((x, x.new_ones(n, 1, h, w)), dim=1)
-    x = grid_sample(x, grid, mode=interpolation, padding_mode="zeros", align_corners=False)
-    if fill is not None:
-        x, mask = torch.tensor_split(x, (-1,), dim=-3)
-        mask = mask.expand_as(x)
-        value = on(images.device, list(fill)).view(1, -1, 1, 1)
+    value = None if fill is None else _fill(fill, images.device)
+    out = torch.empty_like(images)
+    for at in range(0, n, ROWS):
+        rows = slice(at, min(at + ROWS, n))
+        out[rows].copy_(_warp_rows(images[rows], thetas[:, rows], interpolation, value))  # rounded, cast as .to
+    return out
+
+
+def _warp_rows(images: torch.Tensor, thetas: torch.Tensor, interpolation: str,
+               value: torch.Tensor | None) -> torch.Tensor:
+    """(m, 3, H, W) uint8 and (2, m, 3, 2) float32 -> (m, 3, H, W) float32, rounded to whole levels."""
+    m, _, h, w = images.shape
+    base = _base_grid(h, w, images.device).view(1, h * w, 3).expand(m, -1, -1)
+    grid = base.bmm(thetas[0]).div_(base.bmm(thetas[1])).sub_(1.0).view(m, h, w, 2)
+    x = grid_sample(images.float(), grid, mode=interpolation, padding_mode="zeros", align_corners=False)
+    if value is not None:  # how much of each output pixel fell inside the image
+        ones = _ones(h, w, images.device).expand(m, -1, -1, -1)
+        mask = grid_sample(ones, grid, mode=interpolation, padding_mode="zeros", align_corners=False)
         if interpolation == "nearest":
-            x = torch.where(mask < 0.5, value.expand_as(x), x)
+            x = torch.where(mask < 0.5, value, x, out=x)
         else:
             x = x.sub_(value).mul_(mask).add_(value)
-    return x.round_().to(torch.uint8)
+    return x.round_()
+
+
+@functools.cache
+def _fill(fill: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """(1, C, 1, 1) float32 ``fill`` on ``device``, made once per fill and device: a blocking copy, finished
+    before it is returned, so any stream may read it."""
+    return torch.tensor(fill, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+
+
+@functools.cache
+def _ones(h: int, w: int, device: torch.device) -> torch.Tensor:
+    """(1, 1, h, w) float32 ones on ``device`` (the mask before the warp, one for every sample), made once per
+    size and device and finished before it is returned."""
+    ones = torch.ones(1, 1, h, w, dtype=torch.float32, device=device)
+    if ones.is_cuda:
+        torch.cuda.current_stream(device).synchronize()
+    return ones
 
 
 @functools.cache
