@@ -5,6 +5,7 @@ fill), the samples that drew a warp ``ROWS`` at a time."""
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
@@ -13,10 +14,13 @@ import torch
 from torch.nn.functional import grid_sample
 
 from ..params import SampleRandom
-from .pixels import each_group, on
+from .pixels import DrawFailed, each_group, on
 
 Corners = tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]]  # (x, y): TL, TR, BR, BL
 INTERPOLATIONS = ("nearest", "bilinear")  # what torchvision's tensor kernel takes
+_COLLAPSE = "collapse the image (no perspective maps the image's corners there; torchvision's solve fails on them too)"
+_WAY_OUT = ("a distortion_scale below 1 keeps each corner in its own quarter of the image, where such corners are "
+            "far rarer")
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,9 @@ class Perspective:
     def __post_init__(self) -> None:
         if not 0 <= self.distortion_scale <= 1:
             raise ValueError(f"RandomPerspective(distortion_scale={self.distortion_scale!r}) needs a value in [0, 1]")
+        if self.distortion_scale == 1:
+            warnings.warn(f"gpufeed: RandomPerspective(distortion_scale=1) can draw corners that {_COLLAPSE}, and "
+                          f"such a draw stops the epoch with a ValueError; {_WAY_OUT}", stacklevel=3)
         if not 0 <= self.p <= 1:
             raise ValueError(f"RandomPerspective(p={self.p!r}) needs a probability in [0, 1]")
         if self.interpolation not in INTERPOLATIONS:
@@ -62,6 +69,15 @@ class Perspective:
                           skip=False)
 
 
+def _solves(a: np.ndarray, b: torch.Tensor) -> bool:
+    """Whether one sample's system (1, 8, 8) solves alone, as torchvision solves it."""
+    try:
+        torch.linalg.lstsq(torch.from_numpy(a), b, driver="gels")
+    except torch.linalg.LinAlgError:
+        return False
+    return True
+
+
 def coefficients(corners: Sequence[Corners], width: int, height: int) -> np.ndarray:
     """(n, 8) float32: ``_get_perspective_coeffs(startpoints, corners[i])`` for a ``width`` x ``height`` image,
     torchvision's least squares in float64 (LAPACK's gels) rounded to float32, all samples in one batched call."""
@@ -76,12 +92,10 @@ def coefficients(corners: Sequence[Corners], width: int, height: int) -> np.ndar
     b = torch.from_numpy(np.broadcast_to(start.reshape(1, 8, 1), (len(end), 8, 1)).copy())
     try:
         solved = torch.linalg.lstsq(torch.from_numpy(a), b, driver="gels").solution
-    except torch.linalg.LinAlgError:  # corners that collapse the image: name them
-        flat = [i for i in range(len(a)) if torch.linalg.matrix_rank(torch.from_numpy(a[i])) < 8]
-        raise ValueError(f"RandomPerspective drew the corners {corners[flat[0] if flat else 0]} for a {width} x "
-                         f"{height} image, which collapse it: no perspective maps the image's corners there "
-                         f"(torchvision's solve fails on them too); a distortion_scale below 1 never draws "
-                         f"such corners") from None
+    except torch.linalg.LinAlgError:  # corners that collapse the image: the first whose own solve fails
+        drawn = next(c for i, c in enumerate(corners) if not _solves(a[i : i + 1], b[i : i + 1]))
+        raise DrawFailed(f"RandomPerspective drew the corners {drawn} for a {width} x {height} image, which "
+                         f"{_COLLAPSE}; {_WAY_OUT}", drawn) from None
     return solved.squeeze(-1).to(torch.float32).numpy()
 
 
