@@ -10,7 +10,7 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from gpufeed.augment.ops import Apply, Choice, Grayscale, Jitter, Order, Perspective, SampleOps, VerticalFlip
+from gpufeed.augment.ops import Apply, Blur, Choice, Grayscale, Jitter, Order, Perspective, SampleOps, VerticalFlip
 from gpufeed.augment.params import SampleRandom
 from gpufeed.augment.recipe import read_transform
 
@@ -176,6 +176,16 @@ def test_a_container_of_flip_commuting_ops_may_stand_before_the_flip():
     warped = read_transform(v2.Compose([v2.RandomResizedCrop(S), v2.RandomApply([v2.RandomPerspective()]),
                                         v2.RandomHorizontalFlip()]))
     assert warped.workers.names == ("RandomApply", "RandomHorizontalFlip") and warped.workers.placed == ("RandomApply",)
+
+
+def test_the_image_size_is_checked_for_a_containers_ops_nested_too():
+    """A GaussianBlur whose padding the image cannot take is refused inside a container within a container,
+    as alone; one the image can take passes."""
+    nested = SampleOps(pixel=(Apply((Choice((Grayscale(), Blur((9, 9))), p=(1.0, 1.0)),), p=0.5),),
+                       mean=(0.5,) * 3, std=(0.25,) * 3)
+    nested.check_size(5)
+    with pytest.raises(ValueError, match=r"GaussianBlur\(kernel_size=\(9, 9\)\) pads .* image size 4"):
+        nested.check_size(4)
 
 
 @pytest.mark.parametrize("make, message", [

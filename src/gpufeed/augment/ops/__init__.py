@@ -75,8 +75,9 @@ class SampleOps:
         return kernels.describe()
 
     def check_size(self, size: int) -> None:
-        """ValueError, naming the op, unless every op can work on S x S images (GaussianBlur's padding)."""
-        for op in self.pixel:
+        """ValueError, naming the op, unless every op, a container's too, can work on S x S images (GaussianBlur's
+        padding)."""
+        for op in each_op(self.pixel):
             check = getattr(op, "check_size", None)
             if check is not None:
                 check(size)

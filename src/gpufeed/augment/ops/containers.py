@@ -37,15 +37,9 @@ def uniforms(op: Any) -> int:
 
 
 class _Inner:
-    """What the containers share: ``ops`` (pixel ops), checked for the image size as each op checks it."""
+    """What the containers share: ``ops`` (pixel ops; ``SampleOps.check_size`` checks them for the image size)."""
 
     ops: tuple[Any, ...]
-
-    def check_size(self, size: int) -> None:
-        for op in self.ops:
-            check = getattr(op, "check_size", None)
-            if check is not None:
-                check(size)
 
     def _run(self, images: torch.Tensor, at: int, draws: Sequence[Any]) -> torch.Tensor:
         return self.ops[at].apply(images, draws)

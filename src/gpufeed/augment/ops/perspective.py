@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from torch.nn.functional import grid_sample
 
+from ...placement.ops import PERSPECTIVE_INTERPOLATIONS
 from ..params import SampleRandom
 from .pixels import DrawFailed, each_group, on
 
 Corners = tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]]  # (x, y): TL, TR, BR, BL
-INTERPOLATIONS = ("nearest", "bilinear")  # what torchvision's tensor kernel takes
 _COLLAPSE = "collapse the image (no perspective maps the image's corners there; torchvision's solve fails on them too)"
 _WAY_OUT = ("a distortion_scale below 1 keeps each corner in its own quarter of the image, where such corners are "
             "far rarer")
@@ -43,9 +43,9 @@ class Perspective:
                           f"such a draw stops the epoch with a ValueError; {_WAY_OUT}", stacklevel=3)
         if not 0 <= self.p <= 1:
             raise ValueError(f"RandomPerspective(p={self.p!r}) needs a probability in [0, 1]")
-        if self.interpolation not in INTERPOLATIONS:
+        if self.interpolation not in PERSPECTIVE_INTERPOLATIONS:
             raise ValueError(f"RandomPerspective(interpolation={self.interpolation!r}) runs on the device with "
-                             f"{' or '.join(INTERPOLATIONS)}")
+                             f"{' or '.join(PERSPECTIVE_INTERPOLATIONS)}")
         if self.fill is not None and len(self.fill) not in (1, 3):
             raise ValueError(f"RandomPerspective(fill={self.fill!r}) needs one value or one per channel (3)")
 
