@@ -24,7 +24,7 @@ def test_sample_random_is_deterministic_and_uniform():
     assert 0 <= min(a) and max(a) < 1 and abs(np.mean(a) - 0.5) < 0.03
 
 
-@pytest.mark.parametrize("ahead", [0, 1, 8])
+@pytest.mark.parametrize("ahead", [0, 1, 8, 16])
 def test_streams_computed_ahead_give_each_samples_own_numbers(ahead):
     """A batch's streams, their first uniforms computed at once, give exactly what each sample's own
     SampleRandom gives, past the uniforms computed ahead too, through every kind of draw; for seeds and

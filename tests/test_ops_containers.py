@@ -10,7 +10,8 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from gpufeed.augment.ops import Apply, Choice, Grayscale, Jitter, Order, Perspective, SampleOps, VerticalFlip
+from gpufeed.augment.ops import Apply, Blur, Choice, Grayscale, Jitter, Order, Perspective, SampleOps, VerticalFlip
+from gpufeed.augment.params import SampleRandom
 from gpufeed.augment.recipe import read_transform
 
 from .helpers import textured
@@ -91,6 +92,27 @@ def test_random_order_draws_every_order_as_often_as_torchvisions():
     assert assert_same_frequencies(ours, theirs, "RandomOrder") == N
 
 
+@pytest.mark.parametrize("make", [
+    lambda ops: Apply(ops, p=1.0),
+    lambda ops: Choice(ops[:1], p=(1.0,)),
+    lambda ops: Choice(ops, p=(1.0, 0.0, 0.0)),
+    lambda ops: Order(ops),
+    lambda ops: Apply((Order(ops), Choice(ops, p=(1.0, 0.0, 0.0))), p=1.0),
+])
+def test_a_containers_uniforms_are_what_its_longest_draw_takes(make):
+    """``uniforms`` counts the container's own draws and its inner ops' (a warp that always warps and a jitter
+    of all four factors: their longest draws), so a batch's draws come from the uniforms computed ahead: a
+    sample's draw leaves its stream exactly ``uniforms`` numbers on, with the draws of a stream computed ahead
+    and of a plain one the same."""
+    op = make((Perspective(0.5, p=1.0), Jitter((0.5, 1.5), (0.5, 1.5), (0.5, 1.5), (-0.1, 0.1)), VerticalFlip()))
+    for index, ahead in zip(range(50), SampleRandom.streams(9 ^ op.salt, 1, range(50), op.uniforms)):
+        plain, rest = SampleRandom(9 ^ op.salt, 1, index), SampleRandom(9 ^ op.salt, 1, index)
+        assert op.draw(ahead, S) == op.draw(plain, S)
+        for _ in range(op.uniforms):
+            rest.uniform()
+        assert plain.uniform() == rest.uniform() == ahead.uniform()
+
+
 def _textured(n, size=32):
     return torch.stack([_image(size, seed) for seed in range(n)])
 
@@ -154,6 +176,16 @@ def test_a_container_of_flip_commuting_ops_may_stand_before_the_flip():
     warped = read_transform(v2.Compose([v2.RandomResizedCrop(S), v2.RandomApply([v2.RandomPerspective()]),
                                         v2.RandomHorizontalFlip()]))
     assert warped.workers.names == ("RandomApply", "RandomHorizontalFlip") and warped.workers.placed == ("RandomApply",)
+
+
+def test_the_image_size_is_checked_for_a_containers_ops_nested_too():
+    """A GaussianBlur whose padding the image cannot take is refused inside a container within a container,
+    as alone; one the image can take passes."""
+    nested = SampleOps(pixel=(Apply((Choice((Grayscale(), Blur((9, 9))), p=(1.0, 1.0)),), p=0.5),),
+                       mean=(0.5,) * 3, std=(0.25,) * 3)
+    nested.check_size(5)
+    with pytest.raises(ValueError, match=r"GaussianBlur\(kernel_size=\(9, 9\)\) pads .* image size 4"):
+        nested.check_size(4)
 
 
 @pytest.mark.parametrize("make, message", [

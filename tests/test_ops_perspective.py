@@ -8,8 +8,8 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from gpufeed.augment.ops import Perspective, SampleOps
-from gpufeed.augment.ops.perspective import coefficients
+from gpufeed.augment.ops import Apply, Grayscale, Perspective, SampleOps
+from gpufeed.augment.ops.perspective import ROWS, coefficients
 from gpufeed.augment.params import SampleRandom
 from gpufeed.augment.recipe import read_transform
 
@@ -36,12 +36,13 @@ def _read(t) -> Perspective:
 @pytest.mark.parametrize("interpolation", ["bilinear", "nearest"])
 @pytest.mark.parametrize("fill", [(0.0,), (10.0, 200.0, 30.0), None], ids=["fill0", "fill-rgb", "no-fill"])
 def test_the_batch_gives_torchvisions_pixels_for_each_samples_corners(interpolation, fill):
-    """32 textured images, each with its own corners (half of them not warped): bit for bit what
-    ``F.perspective(image, startpoints, corners, interpolation, fill)`` gives the uint8 tensor."""
-    images = _textured(32)
-    op = Perspective(distortion_scale=0.7, p=0.5, interpolation=interpolation, fill=fill)
-    choices = SampleOps.draws(op, range(32), seed=4, epoch=0, size=S)
-    assert 8 < sum(c is not None for c in choices) < 24
+    """96 textured images, each with its own corners (a quarter of them not warped, the rest more than
+    ``ROWS``, warped a part at a time): bit for bit what ``F.perspective(image, startpoints, corners,
+    interpolation, fill)`` gives the uint8 tensor."""
+    images = _textured(96)
+    op = Perspective(distortion_scale=0.7, p=0.75, interpolation=interpolation, fill=fill)
+    choices = SampleOps.draws(op, range(96), seed=4, epoch=0, size=S)
+    assert ROWS < sum(c is not None for c in choices) < 96
     out = op.apply(images, choices)
     assert out.shape == images.shape and out.dtype == torch.uint8
     mode = v2.InterpolationMode(interpolation)
@@ -60,7 +61,8 @@ def test_the_batch_gives_torchvisions_pixels_for_each_samples_corners(interpolat
 def test_the_coefficients_are_torchvisions_least_squares():
     from torchvision.transforms.functional import _get_perspective_coeffs
 
-    op = Perspective(distortion_scale=1.0, p=1.0)
+    with pytest.warns(UserWarning, match="distortion_scale=1"):
+        op = Perspective(distortion_scale=1.0, p=1.0)
     corners = [op.draw(SampleRandom(2, 0, i), 57) for i in range(64)]
     ours = coefficients(corners, 57, 57)
     theirs = np.array([_get_perspective_coeffs(_start(57), [list(c) for c in cs]) for cs in corners], np.float32)
@@ -72,6 +74,30 @@ def test_corners_that_collapse_the_image_are_named():
     fine = ((0, 0), (56, 0), (56, 56), (0, 56))
     with pytest.raises(ValueError, match=r"corners \(\(28, 28\), \(28, 28\).* below 1"):
         coefficients([fine, ((28, 28),) * 4], 57, 57)
+
+
+@pytest.mark.parametrize("wrap", [lambda op: op, lambda op: Apply((Grayscale(0.5), op), p=0.9)],
+                         ids=["alone", "in-random-apply"])
+def test_a_draw_that_collapses_the_image_names_its_sample_and_the_way_out(wrap):
+    """distortion_scale=1 warns when the op is made; a batch whose sample drew corners that collapse a 9 x 9
+    image (one draw in some 200 there) fails naming the sample, its epoch and the seed, alone or in a
+    container, and that sample alone fails the same way."""
+    with pytest.warns(UserWarning, match=r"distortion_scale=1\) can draw corners that collapse .* below 1"):
+        op = wrap(Perspective(distortion_scale=1.0, p=1.0))
+    ops = SampleOps(pixel=(op,), mean=(0.5,) * 3, std=(0.25,) * 3)
+    images = _textured(64, 9)
+
+    def run(indices):
+        ops.from_pixels(images[: len(indices)], indices, seed=7, epoch=2, dtype=torch.float32, channels_last=False)
+
+    with pytest.raises(ValueError, match=r"^sample (\d+) of epoch 2 \(seed 7\): RandomPerspective drew the "
+                                         r"corners .* collapse the image .* below 1") as failed:
+        for start in range(0, 2048, 64):
+            run(range(start, start + 64))
+    index = int(failed.value.args[0].split()[1])
+    with pytest.raises(ValueError, match=rf"^sample {index} of epoch 2"):
+        run([index])
+    run([index + 1] if index % 64 < 63 else [index - 1])  # its neighbour warps
 
 
 def _corners_from(coeffs: list[float], size: int) -> tuple[int, ...]:

@@ -63,10 +63,12 @@ def _in_workers(image: np.ndarray, index: int) -> torch.Tensor:
     return torch.from_numpy(np.array(x)).permute(2, 0, 1)
 
 
-def test_the_workers_ops_then_the_device_ops_give_torchvisions_pixels_per_sample(synth_root):
-    """Each sample: the crop gpufeed makes, through ElasticTransform and PaintRow in the workers, then
-    RandomPerspective and RandomApply on the device with the sample's draws: torchvision's functional ops'
-    pixels. Said once in the warning, and in loader.stats."""
+def test_the_workers_ops_then_the_device_ops_give_torchvisions_tensor_kernels_pixels_per_sample(synth_root):
+    """Each sample: the crop gpufeed makes, through ElasticTransform and PaintRow in the workers (torchvision's
+    ops on the PIL image), then RandomPerspective and RandomApply on the device with the sample's draws: what
+    torchvision's tensor kernels (``F.perspective``, ``F.vertical_flip`` on the uint8 tensor) give for those
+    draws. torchvision's own RandomPerspective here would get the PIL image and warp it with Pillow, which
+    differs from its tensor warp (docs/recipes.md). Said once in the warning, and in loader.stats."""
     with pytest.warns(UserWarning, match="ElasticTransform, PaintRow have no device version") as said:
         loader = ImageLoader(synth_root, transform=v2.Compose(CROP + IN_WORKERS + ON_DEVICE + FLOAT), batch_size=8,
                              device="cpu", num_workers=1, seed=3)
@@ -80,7 +82,7 @@ def test_the_workers_ops_then_the_device_ops_give_torchvisions_pixels_per_sample
     warps, flips = (SampleOps.draws(op, indices, seed=3, epoch=0, size=32) for op in (warp, flip))
     start = [[0, 0], [31, 0], [31, 31], [0, 31]]
     for got, crop, index, corners, flipped in zip(images, crops, indices, warps, flips, strict=True):
-        want = _in_workers(crop.permute(1, 2, 0).numpy(), index)
+        want = _in_workers(crop.permute(1, 2, 0).numpy(), index)  # a uint8 tensor from here: the tensor kernels
         if corners is not None:
             want = F.perspective(want, start, [list(c) for c in corners], fill=[20, 40, 60])
         if flipped is not None:

@@ -34,6 +34,9 @@ def _splitmix64_array(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+AHEAD = 8  # uniforms computed ahead per sample for an op that declares none: most ops' draws take at most 8
+
+
 class SampleRandom:
     """A stream of uniform floats in [0, 1) keyed by (seed, epoch, index)."""
 
@@ -47,8 +50,8 @@ class SampleRandom:
         """``SampleRandom(seed, epoch, i)`` for each ``i`` of ``indices``, each stream's first ``ahead`` uniforms
         computed for all of them at once with numpy: the same numbers, for a fraction of the Python that a
         batch's draws cost one sample at a time in the process that trains. Indices in [0, 2**63); ``ahead``
-        None: 8, what most per-sample ops' draws take at most."""
-        ahead = 8 if ahead is None else ahead
+        None: ``AHEAD``."""
+        ahead = AHEAD if ahead is None else ahead
         if ahead < 0:
             raise ValueError(f"ahead must be >= 0, got {ahead}")
         with np.errstate(over="ignore"):
@@ -113,6 +116,14 @@ class _Ahead(SampleRandom):
             return SampleRandom.uniform(self, low, high)
         self._at = at + 1
         return low + (high - low) * self._drawn[at]  # (high - low) * (x * 2**-53) is (high - low) * x * 2**-53 exactly
+
+    def randint(self, low: int, high: int) -> int:
+        """``SampleRandom.randint``'s integer, from the next uniform computed ahead without a second call."""
+        at = self._at
+        if at == self._end:
+            return SampleRandom.randint(self, low, high)
+        self._at = at + 1
+        return low + min(int(self._drawn[at] * (high - low + 1)), high - low)
 
 
 @dataclass(frozen=True)

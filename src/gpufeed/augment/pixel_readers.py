@@ -77,8 +77,7 @@ def _interpolation(op: Any, name: str) -> str:
     values = list(fill.values()) if isinstance(fill, dict) else [fill]
     if any(v not in (None, 0, 0.0) and v != [0] and v != [0.0] for v in values):
         raise ValueError(f"{name} fills with 0 here, got fill={fill}")
-    mode = getattr(op, "interpolation", "nearest")
-    return str(getattr(mode, "value", mode)).lower()
+    return interpolation_name(op, "nearest")
 
 
 def _auto_augment(op: Any, size: int) -> AutoAugment:

@@ -31,7 +31,7 @@ from .containers import Apply, Choice, Order, container_salt, each_op
 from .erasing import Erasing
 from . import kernels
 from .perspective import Perspective
-from .pixels import on
+from .pixels import DrawFailed, on
 
 __all__ = ["Apply", "AugMix", "AugMixChoice", "AutoAugment", "Blur", "Choice", "Erasing", "Grayscale", "Jitter",
            "JitterChoice", "Order", "Perspective", "PixelOp", "RandAugment", "SampleOps", "Sharpen", "TrivialAugment",
@@ -75,8 +75,9 @@ class SampleOps:
         return kernels.describe()
 
     def check_size(self, size: int) -> None:
-        """ValueError, naming the op, unless every op can work on S x S images (GaussianBlur's padding)."""
-        for op in self.pixel:
+        """ValueError, naming the op, unless every op, a container's too, can work on S x S images (GaussianBlur's
+        padding)."""
+        for op in each_op(self.pixel):
             check = getattr(op, "check_size", None)
             if check is not None:
                 check(size)
@@ -128,7 +129,12 @@ class SampleOps:
         ``dtype``: in one Triton kernel where it runs (``kernels.normalize``), else PyTorch passes, the same bits."""
         _, _, scale, shift = self._device_constants(pixels.device)
         for op in self.pixel:
-            pixels = op.apply(pixels, self.draws(op, indices, seed, epoch, pixels.shape[-1]))
+            draws = self.draws(op, indices, seed, epoch, pixels.shape[-1])
+            try:
+                pixels = op.apply(pixels, draws)
+            except DrawFailed as failed:  # name the sample, so that it can be drawn again
+                index = next((i for i, d in zip(indices, draws) if _holds(d, failed.draw)), "?")
+                raise ValueError(f"sample {index} of epoch {epoch} (seed {seed}): {failed}") from failed
         if kernels.usable(pixels) and kernels.normalizes(pixels, dtype):  # one pass, the same bits
             try:
                 return kernels.normalize(pixels, scale, shift, dtype, channels_last)
@@ -136,3 +142,8 @@ class SampleOps:
                 pass
         out = (pixels * scale).add_(shift)  # float32: the cast in the product, two passes over the batch
         return out.to(dtype=dtype, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+def _holds(choice: Any, draw: Any) -> bool:
+    """Whether ``choice`` (one sample's draw of an op, a container's holding its ops' draws) is or holds ``draw``."""
+    return choice == draw or (isinstance(choice, tuple) and any(_holds(c, draw) for c in choice))

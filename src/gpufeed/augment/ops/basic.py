@@ -38,6 +38,7 @@ class _Chance:
     torchvision's ``owner`` checks it, and a sample's draw is whether the op applies."""
 
     owner: ClassVar[str]
+    uniforms: ClassVar[int] = 1  # the p draw
 
     def __post_init__(self) -> None:
         _check_p(self.owner, self.p)
@@ -66,6 +67,11 @@ class Jitter:
         for what in ("brightness", "contrast", "saturation"):
             _check_range("ColorJitter", what, getattr(self, what), 0.0, math.inf)
         _check_range("ColorJitter", "hue", self.hue, -0.5, 0.5)
+
+    @property
+    def uniforms(self) -> int:
+        """Three for the order's shuffle, one per factor given."""
+        return 3 + sum(r is not None for r in (self.brightness, self.contrast, self.saturation, self.hue))
 
     def draw(self, rnd: SampleRandom, size: int) -> JitterChoice:
         order = list(range(4))  # torch.randperm(4): every order equally likely (Fisher-Yates)
@@ -105,6 +111,7 @@ class Blur:
     kernel_size: tuple[int, int]
     sigma: Range = (0.1, 2.0)
     salt: ClassVar[int] = 0x7A1B_0007
+    uniforms: ClassVar[int] = 1  # sigma
 
     def __post_init__(self) -> None:
         if len(self.kernel_size) != 2 or any(k < 1 or k % 2 == 0 for k in self.kernel_size):

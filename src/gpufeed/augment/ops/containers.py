@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import torch
 
-from ..params import SampleRandom
+from ..params import AHEAD, SampleRandom
 from .pixels import each_group
 
 _SALT = 0x7A1B_0C00  # the first container's; the next ones' follow it
@@ -30,16 +30,16 @@ def each_op(ops: Sequence[Any]) -> Iterator[Any]:
         yield from each_op(getattr(op, "ops", ()))
 
 
+def uniforms(op: Any) -> int:
+    """How many uniforms ``op``'s draw usually takes: what it declares, else ``SampleRandom.streams``' default."""
+    declared = getattr(op, "uniforms", None)
+    return AHEAD if declared is None else declared
+
+
 class _Inner:
-    """What the containers share: ``ops`` (pixel ops), checked for the image size as each op checks it."""
+    """What the containers share: ``ops`` (pixel ops; ``SampleOps.check_size`` checks them for the image size)."""
 
     ops: tuple[Any, ...]
-
-    def check_size(self, size: int) -> None:
-        for op in self.ops:
-            check = getattr(op, "check_size", None)
-            if check is not None:
-                check(size)
 
     def _run(self, images: torch.Tensor, at: int, draws: Sequence[Any]) -> torch.Tensor:
         return self.ops[at].apply(images, draws)
@@ -57,6 +57,11 @@ class Apply(_Inner):
         if not self.ops or not 0 <= self.p <= 1:
             raise ValueError(f"RandomApply needs at least one op and p in [0, 1], got {len(self.ops)} ops, "
                              f"p={self.p!r}")
+
+    @property
+    def uniforms(self) -> int:
+        """The p draw, then each op's."""
+        return 1 + sum(uniforms(op) for op in self.ops)
 
     def draw(self, rnd: SampleRandom, size: int) -> tuple[Any, ...] | None:
         """None where the sample skips the ops (torchvision's ``torch.rand(1) >= p``), else each op's draw."""
@@ -88,16 +93,23 @@ class Choice(_Inner):
     ops: tuple[Any, ...]
     p: tuple[float, ...]
     salt: int = _SALT
+    # the normalised weights' running sums, where each op's share of [0, 1) ends
+    edges: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.ops or len(self.p) != len(self.ops) or any(not v >= 0 for v in self.p) or not sum(self.p) > 0:
             raise ValueError(f"RandomChoice needs one weight >= 0 per op, not all 0, got p={list(self.p)} for "
                              f"{len(self.ops)} ops")
+        total = sum(self.p)
+        object.__setattr__(self, "edges", tuple(itertools.accumulate(v / total for v in self.p)))
+
+    @property
+    def uniforms(self) -> int:
+        """The pick, then the picked op's draw (the longest of them)."""
+        return 1 + max(uniforms(op) for op in self.ops)
 
     def draw(self, rnd: SampleRandom, size: int) -> Picked:
-        total = sum(self.p)
-        edges = list(itertools.accumulate(v / total for v in self.p))
-        at = min(bisect.bisect_right(edges, rnd.uniform()), len(self.ops) - 1)
+        at = min(bisect.bisect_right(self.edges, rnd.uniform()), len(self.ops) - 1)
         while self.p[at] == 0:  # a float sum that rounds below 1 never lands on a weight of 0
             at -= 1
         return Picked(at, self.ops[at].draw(rnd, size))
@@ -124,6 +136,11 @@ class Order(_Inner):
     def __post_init__(self) -> None:
         if not self.ops:
             raise ValueError("RandomOrder needs at least one op")
+
+    @property
+    def uniforms(self) -> int:
+        """One per swap of the shuffle, then each op's draw."""
+        return len(self.ops) - 1 + sum(uniforms(op) for op in self.ops)
 
     def draw(self, rnd: SampleRandom, size: int) -> Ordered:
         order = list(range(len(self.ops)))  # torch.randperm: every order equally likely (Fisher-Yates)

@@ -34,6 +34,15 @@ def on(device: torch.device, values, dtype: torch.dtype = torch.float32) -> torc
     return t.pin_memory().to(device, non_blocking=True)
 
 
+class DrawFailed(ValueError):
+    """A sample's draw that its op cannot apply (RandomPerspective's corners that collapse the image):
+    ``draw`` is that draw, so ``SampleOps`` can name the sample that drew it."""
+
+    def __init__(self, message: str, draw: object) -> None:
+        super().__init__(message)
+        self.draw = draw
+
+
 def each_group(images: torch.Tensor, keys: Sequence[Hashable],
                fn: Callable[[torch.Tensor, Hashable, list[int]], torch.Tensor], skip: Hashable = None) -> torch.Tensor:
     """(n, ...) -> the same with ``fn(images[members], key, members)`` in the rows of each distinct key of
