@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
+import torch
 from PIL import Image
 
 
@@ -43,3 +45,18 @@ def shared_memory_mapped(*pids: int) -> set[str]:
         except OSError:  # exited meanwhile
             pass
     return names
+
+
+def torchvision_ops(ops: list, image: np.ndarray, seed: int, epoch: int, index: int) -> np.ndarray:
+    """``ops`` as torchvision runs them on a PIL image, seeded as gpufeed's workers seed sample ``index``
+    (``augment.worker_ops.sample_seed``): (H, W, 3) uint8."""
+    from gpufeed.augment.worker_ops import sample_seed
+
+    value = sample_seed(seed, epoch, index)
+    torch.manual_seed(value)
+    random.seed(value)
+    np.random.seed(value & 0xFFFF_FFFF)
+    x = Image.fromarray(image)
+    for op in ops:
+        x = op(x)
+    return np.asarray(x)

@@ -5,7 +5,6 @@ repeats, and placement.ops sends each op where its place lets it run."""
 
 from __future__ import annotations
 
-import random
 import warnings
 
 import numpy as np
@@ -18,7 +17,7 @@ from torchvision.transforms.v2 import functional as F
 from gpufeed import ImageLoader
 from gpufeed.augment.ops import SampleOps
 from gpufeed.augment.recipe import read_transform
-from gpufeed.augment.worker_ops import sample_seed
+from tests.helpers import torchvision_ops
 
 
 class PaintRow:
@@ -53,14 +52,7 @@ def _first(loader: ImageLoader) -> tuple[torch.Tensor, list[int]]:
 
 def _in_workers(image: np.ndarray, index: int) -> torch.Tensor:
     """The workers' ops on sample ``index``'s crop, as torchvision runs them with the sample's seeds."""
-    value = sample_seed(3, 0, index)
-    torch.manual_seed(value)
-    random.seed(value)
-    np.random.seed(value & 0xFFFF_FFFF)
-    x = Image.fromarray(image)
-    for op in IN_WORKERS:
-        x = op(x)
-    return torch.from_numpy(np.array(x)).permute(2, 0, 1)
+    return torch.from_numpy(np.array(torchvision_ops(IN_WORKERS, image, 3, 0, index))).permute(2, 0, 1)
 
 
 def test_the_workers_ops_then_the_device_ops_give_torchvisions_tensor_kernels_pixels_per_sample(synth_root):

@@ -6,7 +6,6 @@ applied, in the recipe's order."""
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -19,7 +18,7 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from gpufeed import ImageLoader
-from gpufeed.augment.worker_ops import sample_seed
+from tests.helpers import torchvision_ops
 
 
 class PaintRow:
@@ -62,18 +61,6 @@ def _batches(root, transform, n: int, loader: ImageLoader | None = None, **kw) -
     return out
 
 
-def _torchvision(ops: list, image: np.ndarray, seed: int, epoch: int, index: int) -> np.ndarray:
-    """``ops`` as torchvision runs them on a PIL image, with sample ``index``'s seeds: (H, W, 3) uint8."""
-    value = sample_seed(seed, epoch, index)
-    torch.manual_seed(value)
-    random.seed(value)
-    np.random.seed(value & 0xFFFF_FFFF)
-    x = Image.fromarray(image)
-    for op in ops:
-        x = op(x)
-    return np.asarray(x)
-
-
 def test_perspective_elastic_and_a_users_op_run_in_the_workers_after_the_crop(synth_root):
     """A Compose with RandomPerspective, ElasticTransform and a user's own op trains with gpufeed; each sample
     is the crop gpufeed makes without them, through torchvision's ops in the recipe's order (RandomPerspective
@@ -97,7 +84,7 @@ def test_perspective_elastic_and_a_users_op_run_in_the_workers_after_the_crop(sy
     for (images, indices), (crops, same) in zip(got, plain, strict=True):
         assert indices == same  # the same order and the same crops underneath
         for image, crop_pixels, index in zip(images, crops, indices, strict=True):
-            want = _torchvision(extra, crop_pixels.permute(1, 2, 0).numpy(), 3, 0, index)
+            want = torchvision_ops(extra, crop_pixels.permute(1, 2, 0).numpy(), 3, 0, index)
             np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), want)
             # PaintRow ran last: one row is white across (before the warps it would be bent)
             assert (image == 255).all(dim=0).all(dim=1).any()
@@ -119,7 +106,7 @@ def test_an_op_before_the_crop_runs_on_the_whole_image_in_the_workers(synth_root
     for image, index in zip(images, indices, strict=True):
         with Image.open(loader.source.path(index)) as f:
             whole = np.asarray(f.convert("RGB"))
-        want = _torchvision(list(recipe.transforms[:2]), whole, 0, 0, index)
+        want = torchvision_ops(list(recipe.transforms[:2]), whole, 0, 0, index)
         np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), want)
 
 

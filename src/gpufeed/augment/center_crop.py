@@ -157,6 +157,7 @@ except ImportError:  # no Triton: the reference is used
     triton = None
 
 if triton is not None:
+    from .fused import level
 
     @triton.jit
     def _taps(in_size, out_size):
@@ -203,12 +204,6 @@ if triton is not None:
     @triton.jit
     def _clip8_t(s):
         return tl.minimum(tl.maximum(s >> 22, 0), 255)
-
-    @triton.jit
-    def _level(v, out_ptr, ROUND: tl.constexpr):
-        if ROUND:
-            v = tl.minimum(tl.maximum(tl.floor(v + 0.5), 0.0), 255.0)
-        return v.to(out_ptr.dtype.element_ty)
 
     @triton.jit
     def _center_crop_kernel(src_ptr, table_ptr, coef_ptr, out_ptr, scale0, scale1, scale2, shift0, shift1, shift2,
@@ -260,9 +255,9 @@ if triton is not None:
             acc1 += _clip8_t(s1) * second
             acc2 += _clip8_t(s2) * second
         dst = out_ptr + b.to(tl.int64) * stride_b + oy[:, None] * stride_y + ox[None, :] * stride_x
-        tl.store(dst, _level(_clip8_t(acc0).to(tl.float32) * scale0 + shift0, out_ptr, ROUND), mask=m2)
-        tl.store(dst + stride_c, _level(_clip8_t(acc1).to(tl.float32) * scale1 + shift1, out_ptr, ROUND), mask=m2)
-        tl.store(dst + 2 * stride_c, _level(_clip8_t(acc2).to(tl.float32) * scale2 + shift2, out_ptr, ROUND), mask=m2)
+        tl.store(dst, level(_clip8_t(acc0).to(tl.float32) * scale0 + shift0, out_ptr, ROUND), mask=m2)
+        tl.store(dst + stride_c, level(_clip8_t(acc1).to(tl.float32) * scale1 + shift1, out_ptr, ROUND), mask=m2)
+        tl.store(dst + 2 * stride_c, level(_clip8_t(acc2).to(tl.float32) * scale2 + shift2, out_ptr, ROUND), mask=m2)
 
 
 # the coefficients as Pillow rounds them: no fused multiply-add

@@ -87,7 +87,7 @@ if triton is not None:
         return i0, tl.minimum(i0 + 1, last), f - f0
 
     @triton.jit
-    def _out(v, out_ptr, ROUND: tl.constexpr):
+    def level(v, out_ptr, ROUND: tl.constexpr):
         """One channel's value in the output's dtype: rounded half up and clamped for uint8 (``ROUND``)."""
         if ROUND:
             v = tl.minimum(tl.maximum(tl.floor(v + 0.5), 0.0), 255.0)
@@ -139,9 +139,9 @@ if triton is not None:
                 acc2 += _bilinear(p00 + 2, p01 + 2, p10 + 2, p11 + 2, w00, w01, w10, w11, mask)
         inv = 1.0 / (k * k)
         dst = out_ptr + b.to(tl.int64) * stride_b + (idx // S) * stride_y + ox_i * stride_x
-        tl.store(dst, _out(acc0 * inv * scale0 + shift0, out_ptr, ROUND), mask=mask)
-        tl.store(dst + stride_c, _out(acc1 * inv * scale1 + shift1, out_ptr, ROUND), mask=mask)
-        tl.store(dst + 2 * stride_c, _out(acc2 * inv * scale2 + shift2, out_ptr, ROUND), mask=mask)
+        tl.store(dst, level(acc0 * inv * scale0 + shift0, out_ptr, ROUND), mask=mask)
+        tl.store(dst + stride_c, level(acc1 * inv * scale1 + shift1, out_ptr, ROUND), mask=mask)
+        tl.store(dst + 2 * stride_c, level(acc2 * inv * scale2 + shift2, out_ptr, ROUND), mask=mask)
 
 
 def resized_crop_triton(
