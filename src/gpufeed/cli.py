@@ -9,10 +9,10 @@ from pathlib import Path
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
-    from .synth import create_synthetic_dataset
+    from .synth import _classes, create_synthetic_dataset
 
     root = create_synthetic_dataset(args.dir, n=args.n, num_classes=args.classes, seed=args.seed)
-    print(f"{args.n} JPEGs in {args.classes} classes under {root}")
+    print(f"{args.n} JPEGs in {_classes(args.n, args.classes)} under {root}")
     return 0
 
 
@@ -249,10 +249,10 @@ def _bench_epilog() -> str:
 
     return columns_help() + """
 
-While it runs, the bench says what it does on standard error (the plan first, then each step); the table, CSV
-or JSON go to standard output. Each pipeline runs in a fresh process. Under torchrun (torchrun
---nproc_per_node=N -m gpufeed bench ...) every rank trains with DDP, pipelines run one after another in each
-rank's process, and images/s are summed over the ranks.
+While it runs, the bench says what it does on standard error (the plan first, then each step); the
+table, CSV or JSON go to standard output. Each pipeline runs in a fresh process. Under torchrun
+(torchrun --nproc_per_node=N -m gpufeed bench ...) every rank trains with DDP, pipelines run one
+after another in each rank's process, and images/s are summed over the ranks.
 """
 
 
@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="the usual DataLoader against gpufeed, in one run and one table",
                        description="Time the usual torchvision DataLoader and gpufeed on the same data, loader only "
-                                   "or training a model, and print one table.",
+                                   "or training a model,\nand print one table.",
                        epilog=_bench_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--data", help="an ImageFolder-layout folder, tar shards, Parquet files, or a URL of shards or "
                                   "Parquet files (s3://, gs://, az://, https://...{000..099}.tar); default: a cached "
