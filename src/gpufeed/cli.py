@@ -218,23 +218,25 @@ def _verify_shards(args: argparse.Namespace) -> int:
 
 
 class _ImageBar:
-    """Inputs done of all, as tqdm's bar with images/s and the ETA on stderr (off when not a TTY)."""
+    """Inputs done of all on stderr (``progress.Progress``): tqdm's bar with images/s and the ETA on a
+    terminal, else a plain line at each tenth of the inputs and at least every few seconds while they move."""
 
     def __init__(self) -> None:
-        from .progress import terminal_bar
-
-        self._bar = terminal_bar(desc="shards", unit="img", smoothing=0.1)
+        self._progress = None
 
     def __call__(self, done: int, total: int) -> None:
-        if self._bar is None:
-            return
-        if self._bar.total != total:
-            self._bar.total = total
-        self._bar.update(done - self._bar.n)
+        from .progress import Progress
+
+        if self._progress is not None and self._progress.total != max(total, 1):
+            self._progress.close()
+            self._progress = None
+        if self._progress is None:
+            self._progress = Progress("gpufeed shards", max(total, 1))
+        self._progress.update(done)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
+        if self._progress is not None:
+            self._progress.close()
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
