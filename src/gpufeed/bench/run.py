@@ -97,7 +97,7 @@ def dataset_root(cfg: BenchConfig, progress: Progress) -> str:
 
 # The synthetic data set, made in a process of its own (``make_synthetic``).
 _MAKE = ("import sys; from gpufeed.synth import create_synthetic_dataset as make; "
-         "make(sys.argv[1], n=int(sys.argv[2]), seed=0)")
+         "make(sys.argv[1], n=int(sys.argv[2]), seed=0, progress=False)")  # counted by the bench: one bar
 
 
 class SyntheticDataError(RuntimeError):
