@@ -362,8 +362,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _unknown_options(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> None:
+    """Exit (status 2) naming the arguments ``command`` does not take, with its usage, and for each that looks
+    like a misspelt option the option it is closest to."""
+    import difflib
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    options = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
+    meant = [close[0] for u in unknown if u.startswith("-")
+             for close in [difflib.get_close_matches(u.split("=", 1)[0], options, n=1, cutoff=0.75)] if close]
+    sub.error(f"unrecognized arguments: {' '.join(unknown)}"
+              + (f"; did you mean {' and '.join(meant)}?" if meant else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command's own parser, with its usage and the option meant where one is close
+        _unknown_options(parser, args.command, unknown)
     try:
         return args.fn(args)
     except (ValueError, OSError, ImportError) as e:  # each names its file or URL and the way out: one line
