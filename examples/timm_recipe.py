@@ -1,18 +1,25 @@
-"""timm's ImageNet training recipe fed by gpufeed: the augmentation written as a torchvision v2 Compose,
-Mixup/CutMix on each finished batch, a timm model. It needs timm (pip install timm); without it, the script
-says so and runs the same recipe with torchvision's model, MixUp/CutMix and AdamW.
+"""timm's ImageNet training recipe fed by gpufeed: the augmentation written as a torchvision v2
+Compose, Mixup/CutMix on each finished batch, a timm model. It needs timm (pip install timm);
+without it, the script says so and runs the same recipe with torchvision's model, MixUp/CutMix and
+AdamW.
 
     python examples/timm_recipe.py /data/imagenet/train --steps 1000
-    python examples/timm_recipe.py --synth 64 --steps 2 --device cpu --model resnet18 --image-size 64 --batch-size 8
+    python examples/timm_recipe.py --synth 64 --steps 2 --device cpu --model resnet18 \\
+        --image-size 64 --batch-size 8
 
-The recipe is timm's train.py ImageNet one (the ResNet Strikes Back family), as far as gpufeed runs it:
+The recipe is timm's train.py ImageNet one (the ResNet Strikes Back family), as far as gpufeed
+runs it:
 
-    timm                                            here
-    RandomResizedCrop(scale 0.08-1), hflip 0.5       v2.RandomResizedCrop, v2.RandomHorizontalFlip (bilinear)
-    RandAugment rand-m9-mstd0.5                      v2.TrivialAugmentWide (timm's "ta_wide"), per sample on the device
-    RandomErasing(0.25, mode "pixel")                v2.RandomErasing(0.25, value=0): constant fill (timm's "const")
-    Mixup(0.1) + CutMix(1.0), smoothing 0.1          timm.data.Mixup as batch_transform (else v2.MixUp / v2.CutMix)
-    SoftTargetCrossEntropy, LAMB, cosine             the same (without timm: the same loss, AdamW, cosine)
+    timm                                   here
+    RandomResizedCrop(scale 0.08-1),       v2.RandomResizedCrop, v2.RandomHorizontalFlip (bilinear)
+      hflip 0.5
+    RandAugment rand-m9-mstd0.5            v2.TrivialAugmentWide (timm's "ta_wide"), per sample on
+                                           the device
+    RandomErasing(0.25, mode "pixel")      v2.RandomErasing(0.25, value=0): constant fill (timm's
+                                           "const")
+    Mixup(0.1) + CutMix(1.0),              timm.data.Mixup as batch_transform (else v2.MixUp /
+      smoothing 0.1                        v2.CutMix)
+    SoftTargetCrossEntropy, LAMB, cosine   the same (without timm: the same loss, AdamW, cosine)
 
 ``--synth N`` trains on N generated ImageNet-like JPEGs in a temporary folder (CPU runs, tests).
 """

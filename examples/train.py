@@ -1,18 +1,19 @@
 """ImageNet-style training on gpufeed's ImageLoader: DDP, bf16 autocast, SGD + cosine, top-1/top-5,
 checkpoint and resume (the loader's position included), as jobs run on clusters.
 
-    python examples/train.py                                   # one GPU (or the CPU), synthetic data
+    python examples/train.py                         # one GPU (or the CPU), synthetic data
     torchrun --nproc_per_node=8 examples/train.py --data /data/imagenet --epochs 90
     torchrun --nproc_per_node=4 examples/train.py --data /data/imagenet --resume checkpoint.pt
 
-SIGTERM (how schedulers preempt a job) or Ctrl-C: every rank finishes its step, rank 0 saves a checkpoint,
-and the job exits cleanly; so does --max-steps. A checkpoint resumes on any number of processes: the rest
-of the epoch is sharded over the new ranks, each sample once. Each epoch reports its steady images/s (the
-first steps, which include start-up, left out) and the time per step spent waiting for data.
+SIGTERM (how schedulers preempt a job) or Ctrl-C: every rank finishes its step, rank 0 saves a
+checkpoint, and the job exits cleanly; so does --max-steps. A checkpoint resumes on any number of
+processes: the rest of the epoch is sharded over the new ranks, each sample once. Each epoch reports
+its steady images/s (the first steps, which include start-up, left out) and the time per step spent
+waiting for data.
 
-With no --data, a synthetic ImageNet-like dataset is generated once under ~/.cache/gpufeed. A progress bar
-is shown when attached to a terminal; otherwise plain log lines (so `nohup python examples/train.py >
-log.txt &` reads well).
+With no --data, a synthetic ImageNet-like dataset is generated once under ~/.cache/gpufeed. A
+progress bar is shown when attached to a terminal; otherwise plain log lines (so
+`nohup python examples/train.py > log.txt &` reads well).
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ from pathlib import Path
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
-    from .synth import create_synthetic_dataset
+    from .synth import _classes, create_synthetic_dataset
 
     root = create_synthetic_dataset(args.dir, n=args.n, num_classes=args.classes, seed=args.seed)
-    print(f"{args.n} JPEGs in {args.classes} classes under {root}")
+    print(f"{args.n} JPEGs in {_classes(args.n, args.classes)} under {root}")
     return 0
 
 
@@ -218,23 +218,25 @@ def _verify_shards(args: argparse.Namespace) -> int:
 
 
 class _ImageBar:
-    """Inputs done of all, as tqdm's bar with images/s and the ETA on stderr (off when not a TTY)."""
+    """Inputs done of all on stderr (``progress.Progress``): tqdm's bar with images/s and the ETA on a
+    terminal, else a plain line at each tenth of the inputs and at least every few seconds while they move."""
 
     def __init__(self) -> None:
-        from .progress import terminal_bar
-
-        self._bar = terminal_bar(desc="shards", unit="img", smoothing=0.1)
+        self._progress = None
 
     def __call__(self, done: int, total: int) -> None:
-        if self._bar is None:
-            return
-        if self._bar.total != total:
-            self._bar.total = total
-        self._bar.update(done - self._bar.n)
+        from .progress import Progress
+
+        if self._progress is not None and self._progress.total != max(total, 1):
+            self._progress.close()
+            self._progress = None
+        if self._progress is None:
+            self._progress = Progress("gpufeed shards", max(total, 1))
+        self._progress.update(done)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
+        if self._progress is not None:
+            self._progress.close()
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -249,10 +251,10 @@ def _bench_epilog() -> str:
 
     return columns_help() + """
 
-While it runs, the bench says what it does on standard error (the plan first, then each step); the table, CSV
-or JSON go to standard output. Each pipeline runs in a fresh process. Under torchrun (torchrun
---nproc_per_node=N -m gpufeed bench ...) every rank trains with DDP, pipelines run one after another in each
-rank's process, and images/s are summed over the ranks.
+While it runs, the bench says what it does on standard error (the plan first, then each step); the
+table, CSV or JSON go to standard output. Each pipeline runs in a fresh process. Under torchrun
+(torchrun --nproc_per_node=N -m gpufeed bench ...) every rank trains with DDP, pipelines run one
+after another in each rank's process, and images/s are summed over the ranks.
 """
 
 
@@ -278,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="the usual DataLoader against gpufeed, in one run and one table",
                        description="Time the usual torchvision DataLoader and gpufeed on the same data, loader only "
-                                   "or training a model, and print one table.",
+                                   "or training a model,\nand print one table.",
                        epilog=_bench_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--data", help="an ImageFolder-layout folder, tar shards, Parquet files, or a URL of shards or "
                                   "Parquet files (s3://, gs://, az://, https://...{000..099}.tar); default: a cached "
@@ -360,8 +362,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _unknown_options(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> None:
+    """Exit (status 2) naming the arguments ``command`` does not take, with its usage, and for each that looks
+    like a misspelt option the option it is closest to."""
+    import difflib
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    options = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
+    meant = [close[0] for u in unknown if u.startswith("-")
+             for close in [difflib.get_close_matches(u.split("=", 1)[0], options, n=1, cutoff=0.75)] if close]
+    sub.error(f"unrecognized arguments: {' '.join(unknown)}"
+              + (f"; did you mean {' and '.join(meant)}?" if meant else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command's own parser, with its usage and the option meant where one is close
+        _unknown_options(parser, args.command, unknown)
     try:
         return args.fn(args)
     except (ValueError, OSError, ImportError) as e:  # each names its file or URL and the way out: one line

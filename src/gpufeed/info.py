@@ -191,6 +191,12 @@ def _probe_ops_kernels() -> str:
                           f"level{'s' if largest > 1 else ''}")
 
 
-def format_info(info: dict[str, str]) -> str:
+def format_info(info: dict[str, str], columns: int = 100) -> str:
+    """One line per entry, the values in a column, each wrapped at its spaces to fit ``columns`` (a word longer
+    than the room, a path, stands whole on its own line)."""
+    import textwrap
+
     width = max(len(k) for k in info)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in info.items())
+    room = max(columns - width - 2, 20)
+    return "\n".join(f"{k:<{width}}  " + f"\n{'':<{width}}  ".join(
+        textwrap.wrap(v, room, break_long_words=False, break_on_hyphens=False) or [""]) for k, v in info.items())

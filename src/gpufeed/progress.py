@@ -4,6 +4,7 @@ is silent."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import TextIO
@@ -66,4 +67,11 @@ def terminal_bar(stream: TextIO | None = None, **kwargs):
         from tqdm.auto import tqdm
     except ImportError:
         return None
+    try:  # a terminal that reports no size (`docker run -t` without a terminal behind it, `script`): tqdm
+        size = os.get_terminal_size(stream.fileno())  # would draw nothing there, so give it 80 x 24
+        if size.columns == 0 or size.lines == 0:
+            kwargs.setdefault("ncols", size.columns or 80)
+            kwargs.setdefault("nrows", size.lines or 24)
+    except (OSError, ValueError, AttributeError):
+        pass
     return tqdm(file=stream, **kwargs)

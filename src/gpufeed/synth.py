@@ -123,7 +123,7 @@ def create_synthetic_dataset(
         try:
             if json.loads(marker.read_text()) == spec:
                 if progress:
-                    _say(f"{root} already holds these {n} JPEGs in {num_classes} classes (seed {seed}): reused")
+                    _say(f"{root} already holds these {n} JPEGs in {_classes(n, num_classes)} (seed {seed}): reused")
                 return root
         except (OSError, json.JSONDecodeError):
             pass
@@ -133,7 +133,7 @@ def create_synthetic_dataset(
     chunks = [(i, min(i + _CHUNK, n)) for i in range(0, n, _CHUNK)]
     workers = min(workers, len(chunks))
     if progress:
-        _say(f"writing {n} ImageNet-like JPEGs in {num_classes} classes under {root} (seed {seed}, "
+        _say(f"writing {n} ImageNet-like JPEGs in {_classes(n, num_classes)} under {root} (seed {seed}, "
              f"{workers} process{'es' if workers > 1 else ''})")
     with Progress("gpufeed synth", n, shown=progress) as bar:
         if workers <= 1:
@@ -148,6 +148,12 @@ def create_synthetic_dataset(
                     bar.update(bar.done + futures[f])
     marker.write_text(json.dumps(spec))
     return root
+
+
+def _classes(n: int, num_classes: int) -> str:
+    """How many class folders ``n`` images in ``num_classes`` classes fill: image i goes to class i % num_classes."""
+    return (f"{num_classes} classes" if n >= num_classes else
+            f"{n} class folder{'s' if n > 1 else ''} (of {num_classes} classes: one image each)")
 
 
 def _say(line: str) -> None:

@@ -55,9 +55,11 @@ COLUMNS = (
     Column("of its own rate", _percent("of_ceiling"), ".1f",
            "images/s over the model's own rate on one batch already on the GPU, measured in this run", "%"),
     Column("GPU busy", lambda r: r.get("gpu_busy"), ".0f",
-           "NVML utilisation, read every 50 ms in the monitored epochs by a sampler process", "%", gpu=True),
+           "NVML utilisation, read every 50 ms in the monitored epochs (the memory epoch where no epoch "
+           "is monitored) by a sampler process", "%", gpu=True),
     Column("cores busy", lambda r: r.get("cpu_cores_busy"), ".1f",
-           "CPU seconds of the pipeline's process tree over the wall time, in the monitored epochs"),
+           "CPU seconds of the pipeline's process tree over the wall time, in the monitored epochs (the "
+           "memory epoch where no epoch is monitored)"),
     Column("epoch 1 s", lambda r: r.get("first_epoch_s"), ".2f", "seconds of the warm-up epoch, start-up included"),
     Column("PSS added GB", _gb("added_pss_bytes"), ".2f",
            "host memory the pipeline added, shared pages split among its processes; read once, halfway through "

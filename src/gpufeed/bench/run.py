@@ -97,7 +97,7 @@ def dataset_root(cfg: BenchConfig, progress: Progress) -> str:
 
 # The synthetic data set, made in a process of its own (``make_synthetic``).
 _MAKE = ("import sys; from gpufeed.synth import create_synthetic_dataset as make; "
-         "make(sys.argv[1], n=int(sys.argv[2]), seed=0)")
+         "make(sys.argv[1], n=int(sys.argv[2]), seed=0, progress=False)")  # counted by the bench: one bar
 
 
 class SyntheticDataError(RuntimeError):
@@ -141,9 +141,16 @@ def measure(what: str, cfg: BenchConfig, root: str, report: EpochReport | None =
         except Exception as e:  # one pipeline failing must not lose the others' numbers
             if ranks()[1] > 1:
                 raise
-            return _failed(what, f"{type(e).__name__}: {str(e)[:120]}", traceback.format_exc())
+            return _failed(what, f"{type(e).__name__}: {_first_line(str(e))}", traceback.format_exc())
         row["nvml"], row["process"] = monitor.nvml, os.getpid()
         return row
+
+
+def _first_line(text: str, most: int = 300) -> str:
+    """An error's first line, cut at a space before ``most`` characters ("..." where it is cut): the reason
+    and the way out stay whole in the table's notes; the traceback follows the table."""
+    line = text.strip().split("\n", 1)[0]
+    return line if len(line) <= most else line[:most].rsplit(" ", 1)[0] + " ..."
 
 
 def _failed(what: str, why: str, detail: str) -> dict[str, Any]:
