@@ -207,3 +207,13 @@ def test_rows_whose_plain_epochs_overlap_are_said_within_their_spread_in_the_tab
     assert sum(line.startswith("- ") and "overlap" in line for line in out.splitlines()) == 1
     gpufeed = next(line for line in out.splitlines() if line.startswith("| gpufeed "))
     assert gpufeed.split("|")[3].strip() == "14.3%"  # 520 / 455 - 1
+
+
+def test_a_batch_larger_than_the_data_is_refused_before_anything_runs(synth_root, capsys):
+    """Every pipeline drops the ragged tail, so a batch over the images of --data would time empty epochs: one
+    line naming both sizes and the way out, exit 2, nothing run."""
+    assert main(["bench", "--data", str(synth_root), "--batch-size", "64", "--device", "cpu"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.out == ""
+    assert f"--batch-size 64 is more than its 40 images of --data {synth_root}" in captured.err
+    assert "give --batch-size 40 or less, or more images" in captured.err

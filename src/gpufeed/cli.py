@@ -87,6 +87,7 @@ def _bench(args: argparse.Namespace, storage_options: dict | None, data) -> int:
         pipelines=tuple(pipelines.split(",")), storage_options=storage_options, recipe=args.recipe,
         compile=args.compile,
     )
+    _check_batches(cfg, data)
     progress = Progress(quiet=rank != 0)  # rank 0 speaks for all
     described = (f"{_without_secrets(args.data, storage_options)}: {data.describe()}" if data is not None else
                  f"{cfg.n:,} synthetic ImageNet-like JPEGs (about 100 KB each) under {synthetic_root(cfg)}: made "
@@ -244,6 +245,20 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     print(format_info(collect_info(say=lambda line: print(f"gpufeed info: {line} ...", file=sys.stderr, flush=True))))
     return 0
+
+
+def _check_batches(cfg, data) -> None:
+    """A ValueError, before anything runs, where a rank's share of ``--data`` holds no whole batch (every
+    pipeline drops the ragged tail, so each epoch would yield nothing)."""
+    from .bench.ranks import ranks
+
+    world = ranks()[1]
+    if data is None or data.images // world >= cfg.batch_size:
+        return
+    each = f"the {data.images // world:,} images each of {world} ranks reads" if world > 1 else \
+        f"its {data.images:,} images"
+    raise ValueError(f"--batch-size {cfg.batch_size} is more than {each} of --data {cfg.data}: an epoch would hold "
+                     f"no batch; give --batch-size {max(1, data.images // world)} or less, or more images")
 
 
 def _bench_epilog() -> str:
