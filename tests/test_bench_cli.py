@@ -217,3 +217,9 @@ def test_a_batch_larger_than_the_data_is_refused_before_anything_runs(synth_root
     assert captured.err.count("\n") == 1 and captured.out == ""
     assert f"--batch-size 64 is more than its 40 images of --data {synth_root}" in captured.err
     assert "give --batch-size 40 or less, or more images" in captured.err
+
+
+def test_gpufeed_alone_lists_its_commands(capsys):
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: gpufeed") and all(c in err for c in ("synth", "bench", "shards", "info"))

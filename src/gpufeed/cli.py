@@ -392,6 +392,9 @@ def _unknown_options(parser: argparse.ArgumentParser, command: str, unknown: lis
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # a first try: what the commands are, not a missing argument
+        parser.print_help(sys.stderr)
+        return 2
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # said by the command's own parser, with its usage and the option meant where one is close
         _unknown_options(parser, args.command, unknown)
