@@ -237,6 +237,8 @@ def test_undecodable_file_raises_naming_it(tmp_path):
                 list(loader)
         message = str(e.value).split("\n")[0]
         assert "on_error='skip') skips such files" in message and " at 0x" not in message, message
+        last = str(e.value).rstrip().split("\n")[-1]  # under the worker's traceback, where a terminal ends
+        assert bad in last and "on_error='skip') skips such files" in last, last
 
 
 def test_dead_worker_is_reported_not_waited_on(synth_root):

@@ -235,9 +235,11 @@ class WorkerPool:
         failures = sorted(entry.failures)
         if failures and self._spec.raises:
             f = failures[0]
-            raise WorkerError(f"failed to load {f.path!r}: {f.reason} (ImageLoader(on_error='skip') skips such "
-                              f"files and lists them in loader.stats['skipped'])"
-                              + (f"\n\nworker traceback:\n{f.traceback}" if f.traceback else ""))
+            skip = "ImageLoader(on_error='skip') skips such files and lists them in loader.stats['skipped']"
+            # the way out last too, where a terminal shows it: under the worker's traceback
+            raise WorkerError(f"failed to load {f.path!r}: {f.reason} ({skip})"
+                              + (f"\n\nworker traceback:\n{f.traceback.rstrip()}\n\n{f.path!r}: {skip}"
+                                 if f.traceback else ""))
         return self._ring.at(entry.size).slot(entry.slot).head(entry.n), failures
 
     @property
