@@ -64,67 +64,79 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 class ImageLoader:
-    """Batches of augmented images on ``device``, from a folder, a file list, tar shards, Parquet files, URLs
-    of either (``s3://``, ``gs://``, ``az://``, ``https://``, brace ranges, lists; ``storage_options`` go to
-    fsspec) or a Source.
+    """Batches of augmented images on ``device``: ``for images, labels in loader``.
 
-    Yields ``(images, labels)``: images (B, 3, S, S) ``dtype`` on ``device``, normalised with
-    ``mean``/``std`` (ImageNet's by default; channels_last when asked); labels (B,) int64 on ``device``.
-    ``train=True`` (default; ``image_size`` 224):
-    RandomResizedCrop(``image_size``) and horizontal flip, a new order each epoch; ``train=False``: resize
-    the shorter side to ``resize_size``, centre-crop (torchvision's ``Resize`` + ``CenterCrop``: on the GPU path
-    decoded by the GPU decoders and the CPU workers together, resized on the device in Pillow's arithmetic,
-    ``augment.center_crop``), fixed order.
+    Yields ``(images, labels)``: images (B, 3, S, S) ``dtype`` on ``device``, normalised with ``mean``/``std``
+    (ImageNet's by default; channels_last when asked); labels (B,) int64 on ``device`` ((B, num_classes) float
+    after a MixUp/CutMix ``batch_transform``). ``loader.stats`` says what ran: each decoder's images, the CPU
+    share, skipped files, the ops on the device and in the workers.
 
-    ``decode``: "cpu" decodes in CPU worker processes; "gpu" decodes on the GPU: the NVJPG hardware
-    engines through nvJPEG's batched API, else nvImageCodec (engines, then its CUDA decoder), else
-    torchvision's nvJPEG; "nvjpeg", "nvimgcodec" or "torchvision" force one (an impossible choice raises);
-    "auto" (default) is the first of nvJPEG/nvImageCodec that works on a CUDA device, else the CPU
-    workers. ``loader.decode_backend`` says which was used, ``loader.decode_reason`` why, and
-    ``loader.stats`` how many images each decoder handled.
+    Args:
+        source: a folder (``DATA/<class>/<image>``), a ``path,label`` file list, tar shards, Parquet files,
+            URLs of either (``s3://``, ``gs://``, ``az://``, ``https://``, brace ranges, lists), or a Source.
+        storage_options: given to fsspec for URLs.
 
-    Epoch order is a function of (seed, epoch); sharding follows ``DistributedSampler`` (rank/world_size
-    from ``torch.distributed`` when initialised), except that shards read whole are dealt to ranks
-    (``sampling``). ``drop_last`` (default: True for training, False for validation) drops the ragged tail
-    both across ranks and in the last batch; False delivers every sample, the last batch smaller.
-    ``state_dict()`` records how many samples of the epoch were delivered; ``load_state_dict`` resumes with
-    exactly the rest, on any number of ranks.
+        batch_size: samples per batch on each rank.
+        train: True (default): RandomResizedCrop(``image_size``, 224 by default) and a horizontal flip, a new
+            order each epoch. False: torchvision's ``Resize(resize_size)`` + ``CenterCrop(image_size)`` in a
+            fixed order; on the GPU path the GPU decoders and the CPU workers decode together and the device
+            resizes in Pillow's arithmetic (``augment.center_crop``), giving torchvision's pixels.
+        image_size, resize_size: the output side S, and validation's resize of the shorter side.
+        transform: the torchvision ``Compose`` the script would give a Dataset, read for its settings in place
+            of ``train``, ``image_size``, ``resize_size``, ``mean`` and ``std`` (``augment.recipe``). The sizing
+            ops, flips, to-tensor ops and Normalize are gpufeed's; the per-sample ops with a device version run
+            on the device where their place lets them (``placement.ops``, ``loader.stats["ops_on_device"]``);
+            any other op, a user's own callable included, runs per sample in the CPU workers as torchvision's
+            own, said once in a warning and in ``loader.stats["ops_in_workers"]``.
+        batch_transform: torchvision's ``v2.MixUp``, ``v2.CutMix`` or a ``v2.RandomChoice`` of them, run on
+            each finished batch after the per-sample ops, drawn from the loader's seed (``augment.mix``: a
+            resumed epoch mixes as the first run did); any other ``batch_transform(images, labels)`` is called
+            on each finished batch on ``device``, on the consumer's stream, before it is yielded.
+        dtype, channels_last, mean, std: what the delivered images look like.
 
-    Bad input: ``on_error="raise"`` (default) stops at the first file that cannot be read or decoded,
-    with an error naming it; ``"skip"`` drops it, puts a good sample of the same batch in its place (so
-    every batch keeps its size and every rank its batch count; labels stay with their images), counts both
-    in ``loader.stats`` (``skipped_count``, ``repeated``) and logs one line per epoch; failures that are an
-    outage (over half the epoch, or ten batches in a row with nothing loaded: ``options.is_outage``) raise,
-    naming the first. ``max_pixels`` rejects images whose header claims more pixels, before any allocation;
-    ``max_bytes`` (256 MiB) files larger than that, before reading them; ``num_classes`` labels outside
-    [0, num_classes) (each is a bad sample, named). ``sample_timeout`` (seconds, 300 by default) bounds one
-    sample's read and decode (a worker over it is replaced), ``batch_timeout`` (600) a whole batch (the error
-    names the workers and the samples in flight); None lifts either. ``verify_checksums=True`` checks each
-    shard of a ``gpufeed shards`` folder against its manifest's sha256 on its first read in each process: a
-    changed shard fails its samples, naming it (skipped and counted under "skip"). ``exif_orientation=True`` applies EXIF
-    rotation (default: ignored, as torchvision does).
+        seed: with the epoch, the order (``sampling``). ``state_dict()`` records how many samples of the
+            epoch were delivered; ``load_state_dict`` resumes with exactly the rest, on any number of ranks.
+        rank, world_size: the shard (None: from ``torch.distributed`` or torchrun's environment); sharding
+            follows ``DistributedSampler``, except that shards read whole are dealt to ranks.
+        drop_last: drop the ragged tail, across ranks and in the last batch (default: True for training,
+            False for validation, whose last batch is smaller).
 
-    ``cpu_share`` (GPU decode only): the fraction of each batch that the CPU workers decode beside the GPU
-    decoders ("auto": ``placement.ShareControl``); ``loader.stats["cpu_share"]`` gives the current value.
-    On the GPU path the workers stay off a few physical cores (``loader.worker_cpus``;
-    ``placement.worker_cpus``), so that the threads feeding the GPU decoders and the training loop never
-    wait for a core. ``max_gpu_memory`` (bytes) caps what the loader holds on the GPU: its decode buffers and
-    output batches are sized at construction (``placement.gpu_memory``, ``loader.stats["gpu_memory_budget"]``)
-    and never grow; batches that need more go through in slices. ``batch_transform``: torchvision's
-    ``v2.MixUp``, ``v2.CutMix`` or ``v2.RandomChoice`` of them is read for its settings and run on each
-    finished batch after the per-sample ops (on CUDA in the loader's thread), drawn from the loader's seed
-    (``augment.mix``: a resumed epoch mixes as the first run did), labels coming back (B, num_classes) float;
-    any other ``batch_transform(images, labels)`` is called on each finished batch on ``device``, on the
-    consumer's stream, before it is yielded. ``transform``: the
-    torchvision ``Compose`` the script would give a Dataset, read for its settings in place of ``train``,
-    ``image_size``, ``resize_size``, ``mean`` and ``std`` (``augment.recipe``: RandomResizedCrop with its
-    scale and ratio or [Resize +] RandomCrop with its padding, RandomHorizontalFlip(p), Resize + CenterCrop,
-    to-tensor ops, Normalize, and the per-sample ops with a device version where their place lets them run
-    there (``placement.ops``; ``loader.stats["ops_on_device"]``), on the device; any other op, a user's own
-    callable included, runs per sample in the CPU workers as torchvision's own, said once in a warning and in
-    ``loader.stats["ops_in_workers"]``).
+        device: "auto" (CUDA when there is one), "cpu", "cuda" or "cuda:N".
+        decode: "auto" (default): the first of nvJPEG (the NVJPG hardware engines through its batched API)
+            and nvImageCodec that works on a CUDA device, else the CPU workers; "gpu": those, else
+            torchvision's nvJPEG; "nvjpeg", "nvimgcodec" or "torchvision" force one (an impossible choice
+            raises); "cpu": the CPU worker processes. ``loader.decode_backend`` says which was used and
+            ``loader.decode_reason`` why.
+        cpu_share: on the GPU path, the fraction of each batch the CPU workers decode beside the GPU decoders
+            ("auto": ``placement.ShareControl``; ``loader.stats["cpu_share"]`` gives the current value). There
+            the workers stay off a few physical cores (``loader.worker_cpus``, ``placement.worker_cpus``), so
+            the threads feeding the GPU decoders and the training loop never wait for a core.
+        num_workers: worker processes (None: this process's usable cores shared among the node's ranks).
+        prefetch_depth: batches on the device ahead of the training step.
+        max_gpu_memory: bytes the loader may hold on the GPU: its decode buffers and output batches are sized
+            at construction (``placement.gpu_memory``, ``loader.stats["gpu_memory_budget"]``) and never grow;
+            batches that need more go through in slices.
+        exif_orientation: apply EXIF rotation before cropping (default: ignored, as torchvision does).
+
+        on_error: "raise" (default) stops at the first file that cannot be read or decoded, with an error
+            naming it. "skip" drops it and counts it in ``loader.stats`` (``skipped_count``), logging one line
+            per epoch: in training a good sample of the same batch takes its place (``repeated``), so every
+            batch keeps its size and every rank its batch count, labels staying with their images; in
+            validation the batch is smaller, and one with no file left is not yielded. An outage (over half
+            the epoch, or ten batches in a row with nothing loaded: ``options.is_outage``) raises, naming the
+            first file.
+        max_pixels, max_bytes: images whose header claims more pixels are refused before any allocation,
+            files larger than ``max_bytes`` (256 MiB) before they are read.
+        num_classes: labels outside [0, num_classes) are bad samples, named.
+        sample_timeout, batch_timeout: seconds for one sample's read and decode (300; a worker over it is
+            replaced) and for a whole batch (600; the error names the workers and the samples in flight);
+            None lifts either.
+        verify_checksums: check each shard of a ``gpufeed shards`` folder against its manifest's sha256 on its
+            first read in each process; a changed shard fails its samples, naming it (skipped and counted
+            under "skip").
+
     The settings are kept, grouped and validated, in ``loader.augment`` (at the size in effect),
-    ``loader.normalize``, ``loader.decoding`` and ``loader.errors``.
+    ``loader.normalize``, ``loader.order``, ``loader.decoding`` and ``loader.errors``.
 
     Progressive resizing: ``loader.set_image_size(160)`` between epochs makes smaller batches from the next
     iteration on, up to ``image_size`` (``max_image_size``), with the same workers and memory;
