@@ -1,5 +1,5 @@
 """Shared fixtures: small generated datasets (nothing is downloaded). Under ``CI=true``: every part the test
-extra installs must be here, and no test may skip but those marked ``gpu`` (no CUDA here)."""
+dependency group installs must be here, and no test may skip but those marked ``gpu`` (no CUDA here)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from PIL import Image
 from gpufeed.synth import create_synthetic_dataset
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
-# the import name of each distribution of the test extra whose name is not its import name ("-" read as "_")
+# the import name of each distribution of the test group whose name is not its import name ("-" read as "_")
 IMPORT_NAMES = {"nvidia-ml-py": "pynvml"}
-# what the suite needs beyond the test extra's list: the C extension
+# what the suite needs beyond the test group's list: the C extension
 C_EXTENSION = "the cropped-decode C extension (python setup.py build_ext --inplace, or pip install -e .)"
 
 
@@ -26,22 +26,22 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
-def extra_requirements(pyproject: Path = PYPROJECT) -> list[str]:
-    """The requirement strings of pyproject.toml's ``test`` extra."""
+def group_requirements(pyproject: Path = PYPROJECT) -> list[str]:
+    """The requirement strings of pyproject.toml's ``test`` dependency group."""
     try:
         import tomllib
     except ImportError:  # Python 3.10: pytest itself depends on tomli there
         import tomli as tomllib
-    return tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["test"]
+    return tomllib.loads(pyproject.read_text())["dependency-groups"]["test"]
 
 
 def required_modules(pyproject: Path = PYPROJECT) -> dict[str, str]:
-    """Import name -> the part it stands for: each distribution of the test extra."""
+    """Import name -> the part it stands for: each distribution of the test dependency group."""
     from packaging.requirements import Requirement  # a dependency of pytest's
 
-    reqs = [Requirement(r) for r in extra_requirements(pyproject)]
+    reqs = [Requirement(r) for r in group_requirements(pyproject)]
     names = {r.name.lower() for r in reqs if r.marker is None or r.marker.evaluate()}  # this platform's
-    modules = {IMPORT_NAMES.get(n, n.replace("-", "_").replace(".", "_")): f"{n} (the test extra)" for n in names}
+    modules = {IMPORT_NAMES.get(n, n.replace("-", "_").replace(".", "_")): f"{n} (the test group)" for n in names}
     return modules
 
 
@@ -68,12 +68,12 @@ def pytest_configure(config):
     missing = missing_parts()
     if missing:
         raise pytest.UsageError("CI=true and parts the suite needs are missing, so their tests would only skip:\n  "
-                                + "\n  ".join(missing) + "\ninstall them: pip install -e '.[test]'")
+                                + "\n  ".join(missing) + "\ninstall them: pip install -e . --group test")
 
 
 def _ci_skip_failure(reason: str) -> str:
     return (f"CI=true: skipped ({reason}). Under CI only tests marked gpu may skip (no CUDA here); any other skip "
-            "means a part the test extra installs is missing or broken: pip install -e '.[test]' (and build the "
+            "means a part the test dependency group installs is missing or broken: pip install -e . --group test (and build the "
             "C extension)")
 
 

@@ -1,5 +1,5 @@
 """CI cannot pass by accident: ``.ci/run`` fails when the README has no test command for it, and under
-``CI=true`` a part the test extra installs that is missing fails the run instead of skipping its tests."""
+``CI=true`` a part the test dependency group installs that is missing fails the run instead of skipping its tests."""
 
 import os
 import shutil
@@ -133,7 +133,7 @@ def _pytest(args, cwd, *, ci: bool, hide: str | None = None) -> subprocess.Compl
 
 
 @pytest.mark.parametrize("hide, tests, missing", [
-    ("pyarrow", "tests/test_parquet.py", "pyarrow (the test extra): cannot import 'pyarrow'"),
+    ("pyarrow", "tests/test_parquet.py", "pyarrow (the test group): cannot import 'pyarrow'"),
     ("gpufeed.decode._turbo_crop", "tests/test_cropped_decode.py", "the cropped-decode C extension"),
 ])
 def test_a_missing_part_fails_the_run_under_ci_and_only_skips_without(hide, tests, missing):
@@ -239,17 +239,17 @@ def test_the_repository_s_expected_failures_are_strict():
     assert options["xfail_strict"] is True
 
 
-def test_the_parts_checked_are_the_test_extra_s(tmp_path):
-    """Each distribution of pyproject.toml's test extra by its import name (Triton included, which PyTorch's
-    CPU-only build lacks); a distribution added to the extra is checked without another change."""
+def test_the_parts_checked_are_the_test_groups(tmp_path):
+    """Each distribution of pyproject.toml's test dependency group by its import name (Triton included, which
+    PyTorch's CPU-only build lacks); a distribution added to the group is checked without another change."""
     modules = required_modules()
     for module in ("pyarrow", "s3fs", "moto", "flask_cors", "lightning", "timm", "pynvml", "psutil", "triton"):
         assert module in modules, (module, sorted(modules))
     other = tmp_path / "pyproject.toml"
-    other.write_text('[project]\nname = "x"\n\n[project.optional-dependencies]\n'
+    other.write_text('[project]\nname = "x"\n\n[dependency-groups]\n'
                      'test = ["pytest>=7", "gpufeed-no-such-part[x]>=1", "nvidia-ml-py>=12", '
                      '"triton>=3.0; sys_platform == \'linux\'"]\n')
-    assert required_modules(other) == {"pytest": "pytest (the test extra)", "pynvml": "nvidia-ml-py (the test extra)",
-                                       "gpufeed_no_such_part": "gpufeed-no-such-part (the test extra)",
-                                       "triton": "triton (the test extra)"}
-    assert "gpufeed-no-such-part (the test extra): cannot import 'gpufeed_no_such_part'" in missing_parts(other)
+    assert required_modules(other) == {"pytest": "pytest (the test group)", "pynvml": "nvidia-ml-py (the test group)",
+                                       "gpufeed_no_such_part": "gpufeed-no-such-part (the test group)",
+                                       "triton": "triton (the test group)"}
+    assert "gpufeed-no-such-part (the test group): cannot import 'gpufeed_no_such_part'" in missing_parts(other)
