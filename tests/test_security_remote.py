@@ -541,8 +541,9 @@ def test_what_is_retried_and_what_is_not():
 def test_pyarrow_is_pinned_past_cve_2023_47248():
     tomllib = pytest.importorskip("tomllib")
     with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
-        extras = tomllib.load(f)["project"]["optional-dependencies"]
-    for extra in ("parquet", "test"):
-        assert [d for d in extras[extra] if d.startswith("pyarrow")] == ["pyarrow>=14.0.1"], extra
+        project = tomllib.load(f)
+    for name, deps in (("the parquet extra", project["project"]["optional-dependencies"]["parquet"]),
+                       ("the test group", project["dependency-groups"]["test"])):
+        assert [d for d in deps if d.startswith("pyarrow")] == ["pyarrow>=14.0.1"], name
     pa = pytest.importorskip("pyarrow")
     assert tuple(int(p) for p in re.findall(r"\d+", pa.__version__)[:3]) >= (14, 0, 1)
