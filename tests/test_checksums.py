@@ -153,3 +153,29 @@ def test_a_change_anywhere_in_a_shard_of_several_megabytes_is_found(tmp_path):
                 checks.check(str(path), fd)
         finally:
             os.close(fd)
+
+
+def test_a_shard_changed_in_place_with_its_mtime_put_back_is_hashed_again(tmp_path):
+    """An answer is kept per file, but a rewrite of the same length whose mtime is set back (`touch -r`,
+    `rsync --inplace -t`) is not taken for the file already checked."""
+    import hashlib
+    import os
+    import time
+
+    from gpufeed.sources.checksums import ShardChecksums
+
+    data = bytes(range(256)) * 4096
+    shard = tmp_path / "shard-000000.tar"
+    shard.write_bytes(data)
+    checks = ShardChecksums({shard.name: hashlib.sha256(data).hexdigest()}, str(tmp_path / "manifest.json"))
+    st = os.stat(shard)
+    with open(shard, "rb") as f:
+        checks.check(str(shard), f.fileno())  # as written: remembered
+    time.sleep(0.01)  # a later ctime on file systems that keep it coarse
+    with open(shard, "r+b") as f:  # the same inode and length, one byte changed
+        f.seek(1000)
+        f.write(bytes([data[1000] ^ 1]))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(shard).st_mtime_ns == st.st_mtime_ns and os.stat(shard).st_ino == st.st_ino
+    with open(shard, "rb") as f, pytest.raises(OSError, match="its sha256 is not the one"):
+        checks.check(str(shard), f.fileno())

@@ -460,6 +460,8 @@ def test_retries_end_when_the_next_would_start_past_the_retry_deadline(tmp_path)
         server.stop()
     with pytest.raises(ValueError, match="deadline must be > 0 seconds or None, got 0"):
         RetryPolicy(deadline=0)
+    with pytest.raises(ValueError, match="deadline must be > 0 seconds or None, got True"):
+        RetryPolicy(deadline=True)  # not 1 s
 
 
 @pytest.mark.parametrize("path, message", [("/endless/shard.tar", "more than the cap of 1048576 bytes"),

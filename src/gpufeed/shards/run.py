@@ -59,6 +59,9 @@ def write_shards(source: "str | os.PathLike | list[str] | Source", dest: str | o
             engine.close()
 
 
+NAMED = 10  # changed shards a rerun's warning names, so that one over thousands stays a line a person reads
+
+
 def _convert(src, source, plan, destination: Destination, engine, options: ShardOptions, described: str,
              progress: Callable[[int, int], None] | None, hold) -> dict[str, Any]:
     """The plan's shards into a destination this process holds (``hold.check()`` raises once it does not):
@@ -67,9 +70,10 @@ def _convert(src, source, plan, destination: Destination, engine, options: Shard
     if state.manifest is not None:  # done already: nothing read or written again
         return state.manifest
     if state.changed:
+        named = "; ".join(state.changed[:NAMED]) + (f"; and {len(state.changed) - NAMED} more (`gpufeed shards "
+                                                     f"--verify` lists them)" if len(state.changed) > NAMED else "")
         warnings.warn(f"gpufeed shards: {redact(destination.root)}: {len(state.changed)} shard(s) of the finished "
-                      f"conversion are not as its manifest lists them, so they are made anew: "
-                      + "; ".join(state.changed), stacklevel=3)
+                      f"conversion are not as its manifest lists them, so they are made anew: {named}", stacklevel=3)
     hold.check()  # planning may have taken long
     destination.prepare()
     destination.remove(state.stale)

@@ -39,7 +39,8 @@ class ShardChecksums:
         """OSError naming ``shard`` (a path or URL) unless the file open at ``fd`` has the manifest's sha256;
         reads each file through once per process (``os.pread``: ``fd``'s position is left alone)."""
         name, st = shard_name(shard), os.fstat(fd)
-        key = (name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)  # a copy fetched again is checked again
+        # a copy fetched again is checked again; ctime too, which no one sets back as `touch -r` does mtime
+        key = (name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if key not in self._answers:
             self._answers[key] = self._judge(name, shard, fd)
         why = self._answers[key]

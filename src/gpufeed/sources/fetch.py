@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import secrets
 import socket
 import threading
 import time
@@ -180,8 +181,10 @@ def fsspec_get(fs: Any, url: str, path: str, limits: FetchLimits = FetchLimits()
     """``fs.get_file(url, path)`` under ``limits``, as ``http_get`` applies them: run in a daemon thread writing
     beside ``path``, watched from here by the size of what it wrote, moved to ``path`` once complete. A transfer
     past the deadline or under the low-speed rule raises ``TimeoutError``, one over the byte cap ``TooLarge``;
-    either way it is given up at once (its thread, blocked in the client, deletes its file when it ends)."""
-    partial = f"{path}.fsspec"
+    either way it is given up at once. Its thread, blocked in the client, runs on until the client's own
+    timeouts end it and then deletes its file; each attempt writes a file of its own, so such a thread never
+    touches a later attempt's."""
+    partial = f"{path}.{secrets.token_hex(6)}.fsspec"
     done, given_up = threading.Event(), threading.Event()
     failure: list[BaseException] = []
 

@@ -72,7 +72,8 @@ class RetryPolicy:
             raise ValueError(f"attempts must be >= 1, got {self.attempts}")
         if self.backoff < 0 or self.max_wait < 0:
             raise ValueError(f"backoff and max_wait must be >= 0 seconds, got {self.backoff}, {self.max_wait}")
-        if self.deadline is not None and not (isinstance(self.deadline, (int, float)) and self.deadline > 0):
+        if self.deadline is not None and (isinstance(self.deadline, bool) or not (
+                isinstance(self.deadline, (int, float)) and self.deadline > 0)):
             raise ValueError(f"deadline must be > 0 seconds or None, got {self.deadline!r}")
 
     def wait(self, attempt: int) -> float:
