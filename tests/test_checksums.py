@@ -179,3 +179,23 @@ def test_a_shard_changed_in_place_with_its_mtime_put_back_is_hashed_again(tmp_pa
     assert os.stat(shard).st_mtime_ns == st.st_mtime_ns and os.stat(shard).st_ino == st.st_ino
     with open(shard, "rb") as f, pytest.raises(OSError, match="its sha256 is not the one"):
         checks.check(str(shard), f.fileno())
+
+
+def test_a_manifest_that_is_a_fifo_or_too_large_is_refused_naming_it_not_waited_on(tmp_path, monkeypatch):
+    """A local manifest.json is read only as a regular file under the cap: a FIFO there (which a plain open
+    would wait on forever) and an oversized file each raise naming it and the way out."""
+    import os
+
+    from gpufeed.sources import manifest
+
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "manifest.json")
+    with pytest.raises(OSError, match=r"manifest.json: the shard manifest is there but cannot be read \(not a "
+                                      r"regular file\).*move it away"):
+        manifest.read_manifest(tmp_path / "fifo")
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "manifest.json").write_bytes(b" " * 2048)
+    monkeypatch.setattr(manifest, "MANIFEST_BYTES", 1024)
+    with pytest.raises(OSError, match=r"2048 bytes, over the cap of 1024"):
+        manifest.read_manifest(tmp_path / "big")
+    assert manifest.read_manifest(tmp_path / "none") is None  # no manifest: shards read without one

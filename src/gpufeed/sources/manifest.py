@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,8 @@ PROGRESS = ".gpufeed-progress"
 PLAN_RECORD = f"{PROGRESS}/plan.json"
 
 _log = logging.getLogger("gpufeed")
-MANIFEST_BYTES = 1 << 30  # a manifest lists each shard in about 200 bytes: millions of shards fit
+# a manifest lists each shard in about 200 bytes: over a million shards fit, and json.loads of it stays a few GB
+MANIFEST_BYTES = 256 << 20
 MANIFEST_RETRY = RetryPolicy(attempts=3, backoff=0.5)  # one small file: a store that keeps failing is said soon
 
 
@@ -83,8 +85,7 @@ def read_manifest(folder: str | os.PathLike, storage_options: dict[str, Any] | N
             fs = filesystem(where, storage_options)
             text = with_retries(lambda: _read_all(fs, where), where, MANIFEST_RETRY, "read the shard manifest")
         else:
-            with open(where, "rb") as f:
-                text = f.read()
+            text = _read_local(where)
     except FileNotFoundError:
         return None
     except PermissionError:  # no credentials (a URL), or a file this user may not read: said as it is
@@ -97,6 +98,22 @@ def read_manifest(folder: str | os.PathLike, storage_options: dict[str, Any] | N
     except (ValueError, TypeError, KeyError) as e:
         _log.warning("gpufeed: ignoring the shard manifest %s: %s", where, e)
         return None
+
+
+def _read_local(where: str) -> bytes:
+    """The local manifest: a regular file of at most ``MANIFEST_BYTES`` (opened without waiting, so a FIFO
+    named so is refused rather than read forever)."""
+    fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError("not a regular file")
+        if info.st_size > MANIFEST_BYTES:
+            raise OSError(f"{info.st_size} bytes, over the cap of {MANIFEST_BYTES}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MANIFEST_BYTES + 1)
+    finally:
+        os.close(fd)
 
 
 def _read_all(fs, where: str) -> bytes:
