@@ -60,3 +60,20 @@ def torchvision_ops(ops: list, image: np.ndarray, seed: int, epoch: int, index: 
     for op in ops:
         x = op(x)
     return np.asarray(x)
+
+
+def tinted_classes(root, colours, sizes, seed_step: int, quality: int):
+    """``root``/c<k>/<i>.jpg: one class per colour, each a tint over texture (``textured``) at each of
+    ``sizes`` (width, height), image i of class k seeded ``seed_step * k + i``; returns ``root``."""
+    for c, colour in enumerate(colours):
+        (root / f"c{c}").mkdir()
+        for i, (w, h) in enumerate(sizes):
+            textured(w, h, seed_step * c + i, colour).save(root / f"c{c}" / f"{i:02d}.jpg", quality=quality)
+    return root
+
+
+def denormalised_uint8(x: torch.Tensor, mean, std) -> np.ndarray:
+    """Normalised (B, 3, H, W) images back on the 0-255 scale, as a float numpy array on the host."""
+    m = torch.tensor(mean, device=x.device).view(1, 3, 1, 1)
+    s = torch.tensor(std, device=x.device).view(1, 3, 1, 1)
+    return ((x.float() * s + m) * 255).cpu().numpy()

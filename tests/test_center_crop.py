@@ -21,7 +21,7 @@ from gpufeed.decode.cpu import CpuDecoder
 from gpufeed.records import KernelRow
 from gpufeed.ring import KIND_BYTES, KIND_PIXELS, Meta
 from gpufeed.stage.refused import settle_dropped
-from tests.helpers import psnr, textured
+from tests.helpers import psnr, textured, tinted_classes
 from gpufeed.sources import folder_source
 from gpufeed.stage.gpu import GpuDecodeAugment
 from gpufeed.workers import PipelineSpec, WorkerPool
@@ -184,13 +184,8 @@ def test_max_taps_covers_every_sample():
 @pytest.fixture()
 def shapes(tmp_path):
     """Two classes, each a colour over texture, JPEGs of varied sizes and aspect ratios."""
-    colours = [(220, 40, 40), (40, 40, 220)]
     sizes = [(300, 200), (200, 300), (260, 260), (520, 390), (150, 120), (700, 240)]
-    for c, colour in enumerate(colours):
-        (tmp_path / f"c{c}").mkdir()
-        for i, (w, h) in enumerate(sizes):
-            textured(w, h, 10 * c + i, colour).save(tmp_path / f"c{c}" / f"{i}.jpg", quality=95)
-    return tmp_path
+    return tinted_classes(tmp_path, [(220, 40, 40), (40, 40, 220)], sizes, 10, 95)
 
 
 def _reference_crops(root):
@@ -227,7 +222,7 @@ def test_the_stage_gives_torchvisions_validation_crops_with_their_labels(shapes,
     resize and crop them themselves); the stage decodes, resizes and crops the rest: torchvision's pixels,
     level for level, whichever path each image took (the device's kernel, the workers' share, one refused
     JPEG finished on the CPU), each with its label."""
-    refuse = {(shapes / "c1" / "3.jpg").read_bytes()}
+    refuse = {(shapes / "c1" / "03.jpg").read_bytes()}
     images, labels, stage, kinds, _ = _stage_output(shapes, CpuStandIn(refuse), cpu_rows)
     assert set(kinds.tolist()) == ({KIND_BYTES, KIND_PIXELS} if cpu_rows else {KIND_BYTES})
     assert stage.decoded_by["cpu"] == cpu_rows + 1 and stage.decoded_by["gpu:standin"] == 11 - cpu_rows
@@ -324,12 +319,12 @@ class _FailingCpu(CpuDecoder):
 
 
 def test_a_file_neither_the_gpu_nor_the_cpu_decodes_leaves_its_validation_batch(shapes):
-    bad = (shapes / "c0" / "2.jpg").read_bytes()
+    bad = (shapes / "c0" / "02.jpg").read_bytes()
     skips = SkipLog()
     images, labels, _, _, indices = _stage_output(shapes, CpuStandIn({bad}), 0, skips=skips, cpu=_FailingCpu(bad))
     assert images.shape == (11, 3, S, S) and labels.tolist() == [0] * 5 + [1] * 6
     assert indices == [i for i in range(12) if i != 2] and skips.repeated == 0
-    assert [p for p, _ in skips.listed] == [str(shapes / "c0" / "2.jpg")]
+    assert [p for p, _ in skips.listed] == [str(shapes / "c0" / "02.jpg")]
     want = _reference_crops(shapes)
     kept = [w for i, w in enumerate(want) if i != 2]
     assert all(np.array_equal(images[i].permute(1, 2, 0).numpy(), kept[i]) for i in range(11))

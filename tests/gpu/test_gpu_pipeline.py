@@ -12,7 +12,7 @@ from gpufeed import ImageLoader, placement
 from gpufeed.augment.fused import normalize_constants, resized_crop_reference, resized_crop_triton
 from gpufeed.decode.base import DecodeJob
 from gpufeed.synth import create_synthetic_dataset
-from tests.helpers import psnr
+from tests.helpers import denormalised_uint8, psnr
 
 pytestmark = pytest.mark.gpu
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -20,9 +20,7 @@ ENGINE_PATHS = ["nvimgcodec", "nvjpeg"]  # nvJPEG's batched hardware decode call
 
 
 def _uint8(x):
-    m = torch.tensor(MEAN, device=x.device).view(1, 3, 1, 1)
-    s = torch.tensor(STD, device=x.device).view(1, 3, 1, 1)
-    return ((x.float() * s + m) * 255).cpu().numpy()
+    return denormalised_uint8(x, MEAN, STD)
 
 
 @pytest.fixture(scope="module")

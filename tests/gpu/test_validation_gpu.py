@@ -11,7 +11,7 @@ from PIL import Image
 from gpufeed import ImageLoader
 from gpufeed.augment.center_crop import center_crop_reference, center_crop_triton, max_taps
 from gpufeed.augment.params import AugmentSpec
-from tests.helpers import psnr, textured
+from tests.helpers import denormalised_uint8, psnr, textured, tinted_classes
 
 pytestmark = pytest.mark.gpu
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -20,21 +20,14 @@ SIZES = [(500, 375), (375, 500), (333, 500), (640, 427), (256, 256), (1000, 683)
 
 
 def _uint8(x):
-    m = torch.tensor(MEAN, device=x.device).view(1, 3, 1, 1)
-    s = torch.tensor(STD, device=x.device).view(1, 3, 1, 1)
-    return ((x.float() * s + m) * 255).cpu().numpy()
+    return denormalised_uint8(x, MEAN, STD)
 
 
 @pytest.fixture(scope="module")
 def classes(tmp_path_factory):
     """Three classes, each a colour over texture (the mean colour names the class), in varied sizes."""
-    root = tmp_path_factory.mktemp("val")
     colours = [(220, 40, 40), (40, 220, 40), (40, 40, 220)]
-    for c, colour in enumerate(colours):
-        (root / f"c{c}").mkdir()
-        for i, (w, h) in enumerate(SIZES):
-            textured(w, h, 100 * c + i, colour).save(root / f"c{c}" / f"{i:02d}.jpg", quality=92)
-    return root
+    return tinted_classes(tmp_path_factory.mktemp("val"), colours, SIZES, 100, 92)
 
 
 def _torchvision(paths):
