@@ -105,9 +105,9 @@ def test_break_then_iterate_again(synth_root):
 
 def test_a_later_iteration_ends_the_live_one_and_no_batch_is_mislabelled(coloured_root):
     """``peek = iter(loader); next(peek)`` kept while a training loop iterates the loader: the loop takes
-    over from where peek's batch left the epoch, every image comes once with its own label (flat colours:
-    the pixels tell the label), and peek raises if used again."""
-    with make(coloured_root, train=False, drop_last=False, batch_size=5) as loader:
+    over from where peek's batch left the epoch, every image comes once with its own label (each class its
+    colour: the pixels tell the label), and peek raises if used again."""
+    with make(coloured_root, drop_last=False, batch_size=5) as loader:
         peek = iter(loader)
         images, labels = next(peek)
         assert torch.equal(_colour_labels(images), labels)
@@ -119,6 +119,29 @@ def test_a_later_iteration_ends_the_live_one_and_no_batch_is_mislabelled(coloure
         with pytest.raises(RuntimeError, match="ended by a later iter"):
             next(peek)
         assert sum(len(y) for _, y in loader) == len(loader.source)  # the next epoch, whole
+
+
+def test_every_validation_iteration_is_a_whole_pass_unless_a_state_placed_it(coloured_root):
+    """A peek (``next(iter(loader))``) or a ``break`` before a validation pass would otherwise score part of
+    the set; a state loaded mid-pass is where the next pass goes on."""
+    with make(coloured_root, train=False, drop_last=False, batch_size=5) as loader:
+        next(iter(loader))
+        seen = []
+        for images, labels in loader:
+            assert torch.equal(_colour_labels(images), labels)
+            seen += loader.batch_indices
+        assert seen == list(range(len(loader.source)))
+        for i, _ in enumerate(loader):
+            if i == 2:
+                state = loader.state_dict()
+                break
+        assert sum(len(y) for _, y in loader) == len(loader.source)
+        loader.load_state_dict(state)
+        rest = []
+        for _ in loader:
+            rest += loader.batch_indices
+        assert rest == list(range(15, len(loader.source)))
+        assert sum(len(y) for _, y in loader) == len(loader.source)  # placed once: the next pass is whole
 
 
 def test_a_loader_live_in_one_thread_is_refused_to_another(coloured_root):
@@ -578,3 +601,14 @@ def test_validation_under_skip_leaves_a_bad_image_out_instead_of_repeating_a_goo
     with ImageLoader(tmp_path, train=True, **kw) as train:
         sizes = [len(images) for images, _ in train]
         assert sizes == [4, 4] and train.stats["repeated"] == 1  # training keeps its batches full
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"image_size": (128, 96)}, r"image_size must be one integer \(the loader makes square images\), got \(128, 96\): "
+                                r"give one side, e.g. image_size=128"),
+    ({"image_size": "224"}, r"image_size must be one integer .* got '224'$"),
+    ({"resize_size": 256.0}, r"resize_size must be one integer .* got 256.0$"),
+])
+def test_a_size_that_is_not_one_integer_is_named(coloured_root, kw, message):
+    with pytest.raises(TypeError, match=message):
+        make(coloured_root, **kw)

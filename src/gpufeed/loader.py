@@ -200,6 +200,7 @@ class ImageLoader:
         self._skips, self._share, self._per_sample = pipeline.skips, pipeline.share, pipeline.per_sample
         self._stage, self._scheduler, self._prefetcher = pipeline.stage, pipeline.scheduler, pipeline.prefetcher
         self._iterations = OneAtATime("this ImageLoader")
+        self._placed = False  # load_state_dict set the position the next iteration starts from
         self._gpu_stage = getattr(self._stage, "decode", None)  # the GPU path's decode, for stats and tests
         self.decode_backend = self._stage.name
         self.batch_indices: list[int] = []  # the source indices of the batch last yielded
@@ -281,13 +282,19 @@ class ImageLoader:
         except BaseException:
             self.augment = previous
             raise
+        self._placed = True
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This epoch's batches from where it stands (``iteration``: one iteration at a time; a later
-        ``iter()`` in the same thread ends a live one, from another thread it raises)."""
+        """This epoch's batches from where it stands; validation's from the start of its pass, unless
+        ``load_state_dict`` placed it (``iteration``: one iteration at a time; a later ``iter()`` in the same
+        thread ends a live one, from another thread it raises)."""
         return self._iterations.begin(self._batches)
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # a validation pass cut short (a peek with next(iter(loader)), a break) would score part of the set
+        if not self.augment.train and not self._placed:
+            self.sampler.restart()
+        self._placed = False
         self._skips.epoch = 0
         # the stream the batches are read on: a reused output batch waits for the work queued there
         self._stage.read_on(torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None)

@@ -259,7 +259,12 @@ class ShardedSampler:
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning (a resumed position is kept if it is the same epoch)."""
         if epoch != self.epoch:
-            self.epoch, self.position, self.start, self.order_world_size, self.begun = epoch, 0, 0, None, None
+            self.restart(epoch)
+
+    def restart(self, epoch: int | None = None) -> None:
+        """``epoch`` (default: the current one) from its beginning, whatever position it stood at."""
+        self.epoch = self.epoch if epoch is None else epoch
+        self.position, self.start, self.order_world_size, self.begun = 0, 0, None, None
 
     @property
     def at_epoch_start(self) -> bool:
