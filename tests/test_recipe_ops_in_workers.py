@@ -222,6 +222,33 @@ def test_an_op_defined_in_the_training_script_reaches_the_workers(synth_root, tm
     assert names == "['Darken'" and float(top) <= 127 / 255 + 1e-6  # halved in the workers
 
 
+
+def test_a_script_without_the_main_guard_is_told_to_add_it(synth_root, tmp_path):
+    """The same script with its loader at the top level: each worker, importing it, would start workers of its
+    own; multiprocessing stops it, and the error says which script and the guard it needs."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import torch
+        from torchvision.transforms import v2
+        from gpufeed import ImageLoader
+
+        class Darken:
+            def __call__(self, image):
+                return image // 2
+
+        recipe = v2.Compose([v2.Resize(20), v2.CenterCrop(16), v2.ToImage(), Darken(),
+                             v2.ToDtype(torch.float32, scale=True)])
+        with ImageLoader(sys.argv[1], transform=recipe, batch_size=8, device="cpu", num_workers=1) as loader:
+            next(iter(loader))
+    """))
+    done = subprocess.run([sys.executable, str(script), str(synth_root)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode != 0
+    last = done.stderr.rstrip().splitlines()[-1]
+    assert "WorkerError" in last and f"the workers import the training script {str(script)!r}" in last, last
+    assert "must run under if __name__ == '__main__':" in last, last
+
 @pytest.mark.gpu
 def test_a_cuda_loader_takes_such_a_recipe_through_the_cpu_workers(synth_root):
     recipe = v2.Compose(_to_float(v2.RandomResizedCrop(32), v2.RandomPerspective(p=1.0), PaintRow()))

@@ -83,3 +83,32 @@ def test_read_file_returns_whole_files_and_names_a_missing_one(tmp_path):
         read_file(str(tmp_path / "missing.jpg"))
     with open("/proc/version", "rb") as f:  # stat gives 0 bytes: read until the end all the same
         assert read_file("/proc/version") == f.read() != b""
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, r"is a JPEG image, not a data set: give a folder of class folders"),
+    (b"img.jpg,1\n\xff\xfe,2\n", r"is not a text file list \(byte 10 is not UTF-8\): give a folder of class folders"),
+])
+def test_a_file_that_is_no_list_is_named_with_what_is_taken(tmp_path, content, message):
+    """An image's path, or a binary, given where a data set goes: a ValueError naming it, not a decode error."""
+    path = tmp_path / "given.jpg"
+    if content is None:
+        Image.new("RGB", (8, 8), (200, 10, 10)).save(path)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=message) as e:
+        create_source(str(path))
+    assert str(path) in str(e.value)
+
+
+def test_a_data_sets_parent_folder_is_said_to_hold_splits_not_classes(tmp_path, caplog):
+    for split in ("train", "val"):
+        (tmp_path / split / "cat").mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / split / "cat" / "0.jpg")
+    with caplog.at_level("WARNING", logger="gpufeed"):
+        assert folder_source(tmp_path).classes == ["train", "val"]  # still ImageFolder's reading
+    assert f"give the split's folder, e.g. {str(tmp_path / 'train')!r}" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gpufeed"):
+        folder_source(tmp_path / "train")
+    assert "splits" not in caplog.text

@@ -58,6 +58,11 @@ def read_settings(transform: Any, *, train: bool | None, image_size: int | None,
     """The settings from a torchvision ``transform`` (read for its parameters, in place of ``train``, the sizes,
     ``mean`` and ``std``: giving one of them beside it with another value raises, naming both), or from those
     arguments and their defaults (training, 224, ``round(224 x 256 / 224)``, ImageNet's constants)."""
+    for name, value in (("image_size", image_size), ("resize_size", resize_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            pair = isinstance(value, (tuple, list)) and value and all(isinstance(v, int) for v in value)
+            raise TypeError(f"{name} must be one integer (the loader makes square images), got {value!r}"
+                            + (f": give one side, e.g. {name}={max(value)}" if pair else ""))
     recipe = None
     if transform is not None:
         recipe = read_transform(transform)

@@ -21,7 +21,7 @@ def filelist_source(list_file: str | os.PathLike, *, root: str | os.PathLike | N
     if not list_file.is_file():
         raise FileNotFoundError(f"file list {str(list_file)!r} does not exist")
     base = Path(root) if root is not None else list_file.parent
-    text = list_file.read_text()
+    text = _text(list_file)
     dialect = "excel-tab" if "\t" in text.split("\n", 1)[0] else "excel"
     paths: list[str] = []
     labels: list[int] = []
@@ -45,3 +45,22 @@ def filelist_source(list_file: str | os.PathLike, *, root: str | os.PathLike | N
     if missing is not None:
         raise FileNotFoundError(f"file list {str(list_file)!r} names a missing file: {missing!r}")
     return FileSource(paths=paths, labels=labels)
+
+
+# the first bytes of the image formats a path to one image would hold, which is no list
+_IMAGE_MAGIC = {b"\xff\xd8\xff": "a JPEG", b"\x89PNG": "a PNG", b"GIF8": "a GIF", b"RIFF": "a WebP", b"BM": "a BMP"}
+_SOURCES = ("a folder of class folders, a file list of 'path,label' lines, a .tar shard, a .parquet file or a "
+            "URL of them")
+
+
+def _text(list_file: Path) -> str:
+    """The list's text; a file that is not UTF-8 text (an image, a binary) raises naming it and what is taken."""
+    data = list_file.read_bytes()
+    kind = next((k for magic, k in _IMAGE_MAGIC.items() if data.startswith(magic)), None)
+    if kind is not None:
+        raise ValueError(f"{str(list_file)!r} is {kind} image, not a data set: give {_SOURCES}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{str(list_file)!r} is not a text file list (byte {e.start} is not UTF-8): give "
+                         f"{_SOURCES}") from None

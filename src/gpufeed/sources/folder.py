@@ -9,6 +9,7 @@ from pathlib import Path
 from .base import IMG_EXTENSIONS, FileSource
 
 _log = logging.getLogger("gpufeed")
+_SPLITS = {"train", "training", "val", "valid", "validation", "test", "testing"}
 
 
 def folder_source(root: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXTENSIONS) -> FileSource:
@@ -28,6 +29,10 @@ def folder_source(root: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
     if not classes:
         raise ValueError(f"dataset folder {str(root)!r} has no class sub-folders (expected root/<class>/<image>)")
+    splits = [c for c in classes if c.lower() in _SPLITS]
+    if len(splits) >= 2:  # a data set's parent: its splits would be learned as classes
+        _log.warning("gpufeed: %r has the class folders %s, which name splits of a data set, not classes: give the "
+                     "split's folder, e.g. %r", str(root), ", ".join(map(repr, classes)), str(root / splits[0]))
     paths: list[str] = []
     labels: list[int] = []
     seen: set[tuple[int, int]] = set()

@@ -310,6 +310,10 @@ class WorkerPool:
             else:
                 why = (f"exited unexpectedly with code {w.exitcode()} (a negative code is the signal that killed "
                        "it, e.g. -9 for the out-of-memory killer)")
+                if w.exitcode() == 1 and self._spec.needs_main:  # multiprocessing's bootstrapping error, most often
+                    why += (f"; the workers import the training script {_main_file()!r}, where the recipe's op or the "
+                            "source is defined: its code that makes loaders must run under if __name__ == "
+                            "'__main__': (its traceback is printed above)")
             where = f" while loading {path!r}" if path else ""
             if self._spec.raises or entry is None:
                 self.close()
@@ -390,3 +394,8 @@ def check_source_importable(source: Source) -> None:
 def _default_context() -> mp.context.BaseContext:
     methods = mp.get_all_start_methods()
     return mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def _main_file() -> str:
+    """The training script's file, as the workers import it."""
+    return str(getattr(sys.modules.get("__main__"), "__file__", None) or "__main__")
