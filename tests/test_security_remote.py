@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import gc
 import http.server as http_server
+import io
 import ipaddress
 import json
 import os
@@ -17,6 +18,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -245,6 +247,43 @@ def test_bad_labels_in_a_remote_shard_fail_alone_naming_url_and_member(tmp_path,
         assert skipped == [f"{k:06d}.jpg" for k in (2, 3, 4, 6)] and len(labels) == 8 and set(labels) <= {0, 1, 2}
     finally:
         server.stop()
+
+
+def test_links_devices_and_fifos_in_a_remote_shard_are_left_out_and_counted_as_a_local_tars_are(tmp_path, caplog):
+    """A remote shard's symlink, hard link, device and FIFO members named like images are never read, and the
+    loader's stats count and list each as left out (not as skipped samples), once however many epochs read
+    the shard, with one warning naming the URL and the first."""
+    from tests.corpus import jpeg
+
+    root = tmp_path / "www"
+    root.mkdir()
+    with tarfile.open(root / "s.tar", "w") as tf:
+        for name, data in (("a.jpg", jpeg(32, 24, seed=1)), ("a.cls", b"3")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        for name, kind in (("sym.jpg", tarfile.SYMTYPE), ("hard.jpg", tarfile.LNKTYPE), ("dev.jpg", tarfile.CHRTYPE),
+                           ("fifo.jpg", tarfile.FIFOTYPE)):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, "a.jpg"
+            tf.addfile(info)
+    server = HttpServer(root)
+    try:
+        source = remote_tar_source([f"{server.url}/s.tar"], samples_per_shard=1, spool_dir=str(tmp_path / "spool"))
+        with caplog.at_level("WARNING", logger="gpufeed"):
+            with ImageLoader(source, batch_size=1, image_size=16, device="cpu", num_workers=1, train=False) as loader:
+                for _ in range(2):
+                    assert [y.tolist() for _, y in loader] == [[3]]
+                stats = loader.stats
+    finally:
+        server.stop()
+    assert stats["left_out_count"] == 4 and stats["skipped_count"] == 0 and stats["skipped"] == []
+    assert [p for p, _ in stats["left_out"]] == [f"{server.url}/s.tar:{n}" for n in ("sym.jpg", "hard.jpg", "dev.jpg",
+                                                                                       "fifo.jpg")]
+    assert all("links, devices and FIFOs are never read" in why for _, why in stats["left_out"])
+    said = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(said) == 1 and f"4 members of {server.url}/s.tar with image names are left out" in said[0], said
+    assert "'sym.jpg'" in said[0] and "loader.stats['left_out']" in said[0]
 
 
 # ---- secrets -------------------------------------------------------------------------------------

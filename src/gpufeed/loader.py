@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from .augment.mix import BatchMix, read_batch_transform
-from .decode.base import DEFAULT_MAX_PIXELS
+from .decode.base import DEFAULT_MAX_PIXELS, SkipLog
 from .iteration import OneAtATime
 from .options import (DEFAULT_BATCH_TIMEOUT, DEFAULT_MAX_BYTES, DEFAULT_SAMPLE_TIMEOUT, DecodeOptions, ErrorPolicy,
                       OrderOptions)
@@ -329,7 +329,8 @@ class ImageLoader:
         device, and those among them; ``placement.ops``); under ``on_error="skip"``
         the number of skipped samples, (path, reason) for the first 10,000, and how many samples stood in for
         them (``repeated``); under either policy, a tar's members named like images that are never read (links,
-        devices, FIFOs) are counted and listed there too."""
+        devices, FIFOs), which are no samples: ``left_out_count``, and (path, reason) of the first 10,000 in
+        ``left_out`` (a remote shard's once its copy is fetched)."""
         by = dict(self._stage.decoded_by)
         pool = self._scheduler.pool
         return {"decode_backend": self.decode_backend, "decode_reason": self.decode_reason, "decoded_by": by,
@@ -341,7 +342,8 @@ class ImageLoader:
                 "ops_on_device": list(self.sample_ops.names),
                 "ops_in_workers": list(self.spec.worker_ops.names) if self.spec.worker_ops is not None else [],
                 "skipped_count": self._skips.total, "skipped": list(self._skips.listed),
-                "repeated": self._skips.repeated, "shards": getattr(self.source, "shard_options", None)}
+                "repeated": self._skips.repeated, "shards": getattr(self.source, "shard_options", None),
+                **_left_out(self.source)}
 
     def __enter__(self) -> "ImageLoader":
         return self
@@ -353,6 +355,13 @@ class ImageLoader:
     def worker_pids(self) -> list[int]:
         pool = self._scheduler.pool
         return pool.pids if pool is not None else []
+
+
+def _left_out(source: Any) -> dict[str, Any]:
+    """A tar source's members never read (links, devices, FIFOs named like images): their count and the first
+    ``SkipLog.LISTED`` (path, reason)."""
+    left_out = list(getattr(source, "left_out", ()))
+    return {"left_out_count": len(left_out), "left_out": left_out[: SkipLog.LISTED]}
 
 
 def _check_batch_transform(transform: Any) -> None:

@@ -151,8 +151,6 @@ def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions,
                         normalize=normalize.for_workers() if workers_normalise else None, worker_ops=worker_ops)
     worker_cpus = placement.worker_cpus(gpu_path, local_ranks)
     skips = SkipLog()
-    for path, why in getattr(src, "left_out", ()):  # a tar's links and devices, never samples: listed once, here
-        skips.record(path, why)
     share = placement.ShareControl(decoding.cpu_share if gpu_path else 1.0,
                                    training_cores_kept=worker_cpus is not None)
     per_sample = PerSample(settings.sample_ops, normalize)

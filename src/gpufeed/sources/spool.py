@@ -97,6 +97,10 @@ class Spool:
         self._live = {self.session}  # sessions seen alive from this process
         self._users: collections.Counter[str] = collections.Counter()  # main process: readaheads wanting a file
         self._queue: queue.SimpleQueue | None = None  # URLs for the fetch threads, made on the first readahead
+        # main process, set by the source: an item a fetch thread made or found, open (url, descriptor, path) ...
+        self.on_ready: Callable[[str, int, str], None] | None = None
+        # ... and a copy about to be deleted (url, path); what they do is the source's, never the fetch's concern
+        self.on_drop: Callable[[str, str], None] | None = None
 
     def __getstate__(self) -> dict:
         return {"storage_options": self.storage_options, "retry": self.retry, "root": self.root,
@@ -239,6 +243,8 @@ class Spool:
         fetch that waits on the removed lock file and one that makes it anew may both fetch; each writes its
         own part file and renames it whole, so either copy is complete."""
         path = self.path_of(url)
+        if self.on_drop is not None:
+            _quietly(self.on_drop, url, path)
         # the copy after its index: a reader that sees it finds its index
         for leftover in (path + ".members", path, path + ".meta", path + ".failed", path + ".lock"):
             try:
@@ -290,10 +296,28 @@ class Spool:
             if url not in self._users:
                 return
         try:
-            self.local(url, make)
+            path = self.local(url, make)
         except Exception:  # the worker that reads it fetches again and reports the error with the sample
             pass
+        else:
+            if self.on_ready is not None:
+                _quietly(self._ready, url, path)
         self.drop_unless_wanted(url)
+
+    def _ready(self, url: str, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            self.on_ready(url, fd, path)
+        finally:
+            os.close(fd)
+
+
+def _quietly(fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)``; a failure is the worker's to meet and report (it reads the same item), not a fetch thread's."""
+    try:
+        fn(*args)
+    except Exception:
+        pass
 
 
 def _end(session: Session, root: str | None) -> None:
