@@ -180,7 +180,8 @@ def _verify_checksums(src: Any, source: Any) -> None:
         raise ValueError(f"verify_checksums=True checks shards against the manifest.json `gpufeed shards` writes "
                          f"beside them, and {str(shown)!r} has none: give the folder `gpufeed shards` wrote, or "
                          "verify_checksums=False")
-    src.checksums = checksums
+    spool = getattr(src, "spool", None)  # remote shards, Parquet: answers kept in their spool; else a folder of its own
+    src.checksums = checksums.shared(spool.root if spool is not None else None)
 
 
 def _check_storage_options(source: Any, storage_options: dict[str, Any] | None) -> None:

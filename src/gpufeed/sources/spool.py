@@ -41,15 +41,15 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .fetch import Fetcher, FetchLimits, version_of
-from .private import (Session, create_file, open_file, private_dir, read_json, sweep_spools, user_base,
-                      with_missing_ok, write_file, write_json)
+from .private import (LOG_BYTES, Session, append_log, create_file, open_file, private_dir, read_json, read_log,
+                      sweep_spools, user_base, with_missing_ok, write_file, write_json)
 from .retry import RetryPolicy, single_attempt, single_attempt_fs, with_retries
 from .urls import filesystem, scrub, unsigned
 
 FETCH_THREADS = 4  # items (whole files, extracted row groups) made at once, per loader
 FAILED_TTL = 10.0  # seconds a failed fetch is remembered (retries already waited before it was declared)
 MADE_LOG = "made.log"  # in the folder: one line per item made, by any process
-MADE_LOG_BYTES = 1 << 20  # then it becomes made.log.1 (the one before is dropped): a kept spool_dir stays small
+MADE_LOG_BYTES = LOG_BYTES  # then it becomes made.log.1 (the one before is dropped): a kept spool_dir stays small
 SPOOL_PREFIX = "spool-"  # default spools: <temporary folder>/gpufeed-<uid>/spool-<pid>-<random>
 
 Make = Callable[[str], None]  # writes an item's whole content to the path it is given
@@ -200,31 +200,13 @@ class Spool:
             return None
 
     def _log(self, name: str) -> None:
-        log = os.path.join(self.root, MADE_LOG)
-        try:  # one short append: whole lines, whichever processes write at once
-            fd = open_file(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            try:
-                if os.fstat(fd).st_size > MADE_LOG_BYTES:
-                    os.replace(log, log + ".1")  # this line ends the old log; the next write starts a new one
-                os.write(fd, (scrub(name).replace("\n", " ") + "\n").encode("utf-8", "surrogateescape"))
-            finally:
-                os.close(fd)
-        except OSError:  # the log is for diagnosis: a full disk fails the next item, not this one
-            pass
+        append_log(os.path.join(self.root, MADE_LOG), scrub(name), MADE_LOG_BYTES)
 
     def made(self) -> collections.Counter[str]:
         """How many times each item was made (fetched or extracted) in this folder, by any process, as far
         back as the log keeps (about ``MADE_LOG_BYTES`` to twice that). More than once in an epoch: it was
         deleted while still wanted."""
-        counts: collections.Counter[str] = collections.Counter()
-        for name in (MADE_LOG + ".1", MADE_LOG):
-            try:
-                fd = os.open(os.path.join(self.root, name), os.O_RDONLY | os.O_NOFOLLOW)
-            except OSError:  # missing, or a link: not a log this spool wrote
-                continue
-            with open(fd, encoding="utf-8", errors="surrogateescape") as f:
-                counts.update(line.rstrip("\n") for line in f)
-        return counts
+        return read_log(os.path.join(self.root, MADE_LOG))
 
     def open(self, url: str, make: Make | None = None) -> tuple[int, str]:
         """A read-only descriptor of the item ``url`` (``local``), and its path (made again if the main
