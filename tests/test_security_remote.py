@@ -503,6 +503,31 @@ def test_retries_end_when_the_next_would_start_past_the_retry_deadline(tmp_path)
         RetryPolicy(deadline=True)  # not 1 s
 
 
+def test_a_url_retried_by_several_workers_is_said_in_one_warning(tmp_path, src, caplog):
+    """Three workers (pickled copies of the source, as the loader's workers get it) each fetch a shard whose
+    first GET answers 503, the copy deleted behind the order between them: each retries, and the user sees one
+    warning for that URL, the other retries at DEBUG level; another URL still gets its own warning."""
+    server = shards_over_http(tmp_path / "www", src)
+    try:
+        source = remote_tar_source(server.pattern, samples_per_shard=5, retry=FAST, spool_dir=str(tmp_path / "spool"))
+        workers = [pickle.loads(pickle.dumps(source)) for _ in range(3)]
+        with caplog.at_level("DEBUG", logger="gpufeed"):
+            for worker in workers:
+                server.fail("/shard-000.tar", 1)
+                source.spool.drop(source.urls[0])  # as the readahead deletes it once the order has passed it
+                assert worker.read(0) == src.read(0)
+            server.fail("/shard-001.tar", 1)
+            assert workers[0].read(5) == src.read(5)
+        assert server.requests.count("/shard-000.tar") == 6 and server.requests.count("/shard-001.tar") == 2
+        retries = [(r.levelname, r.getMessage()) for r in caplog.records if "attempt 2 of 2" in r.getMessage()]
+        said = [m for level, m in retries if level == "WARNING"]
+        assert len(retries) == 4 and len(said) == 2, retries
+        assert "/shard-000.tar: cannot fetch the file (HTTPError: HTTP Error 503" in said[0]
+        assert "/shard-001.tar" in said[1] and "further retries are logged at DEBUG level" in said[1]
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("path, message", [("/endless/shard.tar", "more than the cap of 1048576 bytes"),
                                            ("/huge/shard.tar", f"{1 << 40} bytes, over the cap of 1048576 bytes")])
 def test_a_body_over_the_byte_cap_fails_once_naming_the_url_and_leaves_no_file(hostile, tmp_path, path, message):

@@ -51,6 +51,7 @@ FAILED_TTL = 10.0  # seconds a failed fetch is remembered (retries already waite
 MADE_LOG = "made.log"  # in the folder: one line per item made, by any process
 MADE_LOG_BYTES = LOG_BYTES  # then it becomes made.log.1 (the one before is dropped): a kept spool_dir stays small
 SPOOL_PREFIX = "spool-"  # default spools: <temporary folder>/gpufeed-<uid>/spool-<pid>-<random>
+RETRIED = ".retried-"  # <folder>/.retried-<session>/<item key>: an item whose retry a process of the session said
 
 Make = Callable[[str], None]  # writes an item's whole content to the path it is given
 
@@ -82,6 +83,7 @@ class Spool:
         else:
             root = private_dir(os.fspath(root), "spool_dir")
             Session.sweep(root)
+            _sweep_retried(root)
         self.root = root
         session = Session(root)  # held by this process only: workers carry its token
         self.session = session.token
@@ -132,7 +134,26 @@ class Spool:
         """Write the whole of ``url`` to ``path`` (OSError naming the URL when that fails after the retries);
         the object's version as the GET saw it (``fetch.version_of``), if it gave one."""
         filesystem = functools.partial(self.filesystem, url)  # made only if the fetch needs fsspec
-        return with_retries(lambda: self._fetcher.get(filesystem, url, path), url, self.retry, "fetch the file")
+        return with_retries(lambda: self._fetcher.get(filesystem, url, path), url, self.retry, "fetch the file",
+                            functools.partial(self._first_retry, url))
+
+    def _first_retry(self, url: str) -> bool:
+        """Whether no process of this session (the loader's, its workers') has said a retry of ``url`` yet;
+        from now on one has. A marker file made exclusively decides it."""
+        folder = os.path.join(self.root, RETRIED + self.session)
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:  # the marker cannot be made: said, as without one
+            return True
+        try:
+            os.close(create_file(os.path.join(folder, _key(url))))
+        except FileExistsError:
+            return False
+        except OSError:
+            return True
+        return True
 
     def local(self, url: str, make: Make | None = None) -> str:
         """The path of the complete item ``url``, made now if no process has (or if the one found cannot be
@@ -195,7 +216,8 @@ class Spool:
     def _remote(self, url: str) -> dict | None:
         """What the store says of the object at ``url`` (size, ETag, ...), or None when it cannot say."""
         try:
-            return with_retries(lambda: self.filesystem(url).info(url), url, self.retry, "look the file up")
+            return with_retries(lambda: self.filesystem(url).info(url), url, self.retry, "look the file up",
+                                functools.partial(self._first_retry, url))
         except OSError:
             return None
 
@@ -304,8 +326,16 @@ def _quietly(fn: Callable[..., None], *args: Any) -> None:
 
 def _end(session: Session, root: str | None) -> None:
     session.close()
+    shutil.rmtree(os.path.join(session.folder, RETRIED + session.token), True)
     if root is not None:
         shutil.rmtree(root, True)
+
+
+def _sweep_retried(root: str) -> None:
+    """Remove the retry markers (``RETRIED``) of sessions whose process is gone."""
+    for name in os.listdir(root):
+        if name.startswith(RETRIED) and not Session.alive(root, name[len(RETRIED):]):
+            shutil.rmtree(os.path.join(root, name), True)
 
 
 def _recent_failure(marker: str) -> str | None:
