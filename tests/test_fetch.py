@@ -131,3 +131,21 @@ def test_an_fsspec_transfer_given_up_at_its_deadline_stops_reading_from_the_serv
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_a_sync_fsspec_filesystem_is_copied_through_its_open_file(tmp_path):
+    """A filesystem without an event loop (fsspec's memory one stands in for sftp, ftp, webhdfs) is copied
+    chunk by chunk through the file it opens, the file the waiting side closes to cancel it: the bytes arrive
+    whole, a missing object raises its own error, and no attempt's file is left."""
+    import fsspec
+
+    from gpufeed.sources.fetch import fsspec_get
+
+    fs = fsspec.filesystem("memory", skip_instance_cache=True)
+    data = bytes(range(256)) * 12_289  # more than two 1 MB chunks, not a whole number of them
+    fs.pipe("/bucket/shard.tar", data)
+    fsspec_get(fs, "memory://bucket/shard.tar", str(tmp_path / "shard.tar"))
+    assert (tmp_path / "shard.tar").read_bytes() == data
+    with pytest.raises(FileNotFoundError):
+        fsspec_get(fs, "memory://bucket/missing.tar", str(tmp_path / "missing.tar"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard.tar"]
