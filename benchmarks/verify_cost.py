@@ -1,6 +1,6 @@
 """What ``verify_checksums=True`` costs: a loader's first epoch over a `gpufeed shards` folder, with the check
-and without, each in a fresh process (the check is paid once per process and shard, so a fresh process is
-where it shows), alternating round by round.
+and without, each in a fresh process (the check is paid once per machine and shard, in a folder of answers each
+loader makes afresh, so a fresh process is where it shows), alternating round by round.
 
     python benchmarks/verify_cost.py SHARDS [--rounds 3] [--batch-size 64] [--image-size 64] [--workers 2]
 

@@ -81,6 +81,49 @@ def test_under_skip_exactly_the_changed_shards_samples_are_skipped_and_counted(t
     assert all("shard-000001.tar" in path and "sha256" in why for path, why in stats["skipped"])
 
 
+def test_each_shard_is_hashed_once_however_many_workers_read_it(tar_shards):
+    """Two workers read samples of every shard over two epochs: each shard is hashed once on this machine (the
+    first process to open it hashes it, the others take its answer), as loader.stats["shards_hashed"] counts."""
+    with ImageLoader(tar_shards, verify_checksums=True, **KW) as loader:
+        for _ in range(2):
+            assert sorted(_delivered(loader)[0]) == list(range(40))
+        stats = loader.stats
+        hashed = loader.source.checksums.hashed()
+    assert stats["shards_hashed"] == 3 and hashed == {f"shard-{s:06d}.tar": 1 for s in range(3)}
+    with ImageLoader(tar_shards, **KW) as loader:
+        assert loader.stats["shards_hashed"] is None  # not asked for
+
+
+def test_processes_sharing_answers_hash_a_file_once_and_a_changed_one_again(tmp_path):
+    """Checksums shared through a folder (``shared``), pickled as the workers get them: the second process
+    takes the first one's answer for the same file; a rewrite of that file is hashed again and refused,
+    naming the shard and the way out."""
+    import hashlib
+    import os
+    import pickle
+
+    from gpufeed.sources.checksums import ShardChecksums
+
+    data = bytes(range(256)) * 4096
+    shard = tmp_path / "shard-000000.tar"
+    shard.write_bytes(data)
+    folder = tmp_path / "answers"
+    folder.mkdir(mode=0o700)
+    checks = ShardChecksums({shard.name: hashlib.sha256(data).hexdigest()},
+                            str(tmp_path / "manifest.json")).shared(str(folder))
+    workers = [pickle.loads(pickle.dumps(checks)) for _ in range(3)]
+    for worker in workers:
+        with open(shard, "rb") as f:
+            worker.check(str(shard), f.fileno())
+    assert checks.hashed() == {shard.name: 1}
+    shard.write_bytes(data[:-1] + b"x")
+    for worker in workers:
+        with open(shard, "rb") as f, pytest.raises(OSError, match=r"shard-000000\.tar: its sha256 is not the one .*"
+                                                                  r"verify_checksums=False"):
+            worker.check(str(shard), f.fileno())
+    assert checks.hashed() == {shard.name: 2}
+
+
 def test_parquet_shards_are_verified_too(synth_root, tmp_path):
     pytest.importorskip("pyarrow")
     dest = tmp_path / "pq"
@@ -111,6 +154,7 @@ def test_shards_read_from_s3_are_verified_after_their_fetch(synth_root, tmp_path
             indices, _ = _delivered(loader)
             stats = loader.stats
         assert len(indices) == 32 and stats["skipped_count"] == 8, stats["skipped"]
+        assert stats["shards_hashed"] == 3  # each copy once, by the fetch threads or the first worker to open it
         assert all("s3://verified/train/shard-000002.tar" in path for path, _ in stats["skipped"])
     finally:
         server.stop()

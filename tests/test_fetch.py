@@ -81,3 +81,71 @@ def test_a_body_of_exactly_the_cap_arrives_and_one_byte_more_is_refused(server, 
     assert path.read_bytes() == b"e" * 4096
     with pytest.raises(TooLarge, match="4097 bytes, over the cap of 4096 bytes"):
         http_get(f"{server}/exact-4097", str(path), FetchLimits(max_bytes=4096))
+
+
+class _Dripping(http_server.BaseHTTPRequestHandler):
+    """A byte every 0.05 s of a declared megabyte, for at most 30 s; ``server.served`` counts the bytes written,
+    ``server.ended`` is set once the client has gone (a write failed) or the drip ran out."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(1 << 20))
+        self.end_headers()
+        try:
+            for _ in range(600):
+                self.wfile.write(b"d")
+                self.wfile.flush()
+                self.server.served += 1
+                time.sleep(0.05)
+        except OSError:  # the client closed the connection
+            pass
+        finally:
+            self.server.ended.set()
+
+
+def test_an_fsspec_transfer_given_up_at_its_deadline_stops_reading_from_the_server(tmp_path):
+    """Through fsspec's HTTP client (aiohttp, as s3fs and gcsfs are): at the 1 s deadline the transfer is
+    cancelled, not left running: the client closes the connection, so the server's drip fails within a few of
+    its writes instead of being read for its 30 s, and the attempt's file is gone."""
+    pytest.importorskip("aiohttp")
+    import fsspec
+
+    from gpufeed.sources.fetch import fsspec_get
+
+    httpd = http_server.ThreadingHTTPServer(("127.0.0.1", 0), _Dripping)
+    httpd.daemon_threads, httpd.served, httpd.ended = True, 0, threading.Event()
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        fs = fsspec.filesystem("http", skip_instance_cache=True)
+        with pytest.raises(TimeoutError, match=r"not complete within the deadline of 1 s \(\d+ bytes came\)"):
+            fsspec_get(fs, f"http://127.0.0.1:{httpd.server_address[1]}/shard.tar", str(tmp_path / "shard.tar"),
+                       FetchLimits(deadline=1.0, low_speed=0))
+        at_deadline = httpd.served
+        assert httpd.ended.wait(5), f"still served after the deadline: {httpd.served - at_deadline} more bytes"
+        assert httpd.served - at_deadline < 20  # a few writes into the socket's buffers, not the drip's 30 s
+        time.sleep(0.3)  # the cancelled task's cleanup runs on the client's loop
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_sync_fsspec_filesystem_is_copied_through_its_open_file(tmp_path):
+    """A filesystem without an event loop (fsspec's memory one stands in for sftp, ftp, webhdfs) is copied
+    chunk by chunk through the file it opens, the file the waiting side closes to cancel it: the bytes arrive
+    whole, a missing object raises its own error, and no attempt's file is left."""
+    import fsspec
+
+    from gpufeed.sources.fetch import fsspec_get
+
+    fs = fsspec.filesystem("memory", skip_instance_cache=True)
+    data = bytes(range(256)) * 12_289  # more than two 1 MB chunks, not a whole number of them
+    fs.pipe("/bucket/shard.tar", data)
+    fsspec_get(fs, "memory://bucket/shard.tar", str(tmp_path / "shard.tar"))
+    assert (tmp_path / "shard.tar").read_bytes() == data
+    with pytest.raises(FileNotFoundError):
+        fsspec_get(fs, "memory://bucket/missing.tar", str(tmp_path / "missing.tar"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard.tar"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 
 import pytest
 import torch
@@ -259,3 +260,52 @@ def test_the_spools_log_of_made_items_stays_bounded(tmp_path, monkeypatch):
     made = spool.made()
     assert set(made) <= set(names) and names[-1] in made and all(v == 1 for v in made.values())
     assert 200 // 32 <= sum(made.values()) < len(names)  # the newest lines kept, the oldest dropped
+
+
+def test_a_parquet_file_is_read_through_the_descriptor_it_was_checked_on(synth_root, tmp_path):
+    """A local file is checked (a regular file, the manifest's sha256) on one descriptor and pyarrow reads that
+    same descriptor: another file renamed into its place once the check passed is not what gets read; a FIFO
+    named like a Parquet file is refused naming it, never waited on for a writer."""
+    import hashlib
+    import threading
+
+    from gpufeed.sources.checksums import ShardChecksums
+
+    src = folder_source(synth_root)
+    folder = _write(src, tmp_path / "pq", files=2, row_group_size=20)  # one row group: one extraction per file
+    path = folder / "train-00000.parquet"
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"image": pa.array([src.read(i) for i in range(20)], pa.binary()),
+                             "label": pa.array([src.label(i) + 1 for i in range(20)], pa.int64())}), other)
+
+    class SwappedOnceChecked(ShardChecksums):
+        """The swap a writer racing the read makes, at the worst moment: right after the check passed."""
+
+        def check(self, shard, fd):
+            super().check(shard, fd)
+            if other.exists():
+                os.replace(other, path)
+
+    table = parquet_source(folder)
+    table.checksums = SwappedOnceChecked({p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                                          for p in folder.iterdir()}, str(folder / "manifest.json"))
+    assert [table.label(i) for i in range(20)] == [src.label(i) for i in range(20)]
+    assert not other.exists()  # the swap happened, and the checked file was read all the same
+
+    fifo = tmp_path / "fifo.parquet"
+    os.mkfifo(fifo)
+    table = parquet_source([str(fifo)], rows=[[20]])
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            table.read(0)
+        except BaseException as e:
+            failed.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(20)
+    assert not reader.is_alive(), "waiting on the FIFO for a writer"
+    assert len(failed) == 1 and re.search(r"fifo\.parquet: not a regular file \(a FIFO\): give the path of a "
+                                          r"Parquet file", str(failed[0])), failed

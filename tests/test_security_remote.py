@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import gc
 import http.server as http_server
+import io
 import ipaddress
 import json
 import os
@@ -17,6 +18,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -247,6 +249,43 @@ def test_bad_labels_in_a_remote_shard_fail_alone_naming_url_and_member(tmp_path,
         server.stop()
 
 
+def test_links_devices_and_fifos_in_a_remote_shard_are_left_out_and_counted_as_a_local_tars_are(tmp_path, caplog):
+    """A remote shard's symlink, hard link, device and FIFO members named like images are never read, and the
+    loader's stats count and list each as left out (not as skipped samples), once however many epochs read
+    the shard, with one warning naming the URL and the first."""
+    from tests.corpus import jpeg
+
+    root = tmp_path / "www"
+    root.mkdir()
+    with tarfile.open(root / "s.tar", "w") as tf:
+        for name, data in (("a.jpg", jpeg(32, 24, seed=1)), ("a.cls", b"3")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        for name, kind in (("sym.jpg", tarfile.SYMTYPE), ("hard.jpg", tarfile.LNKTYPE), ("dev.jpg", tarfile.CHRTYPE),
+                           ("fifo.jpg", tarfile.FIFOTYPE)):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, "a.jpg"
+            tf.addfile(info)
+    server = HttpServer(root)
+    try:
+        source = remote_tar_source([f"{server.url}/s.tar"], samples_per_shard=1, spool_dir=str(tmp_path / "spool"))
+        with caplog.at_level("WARNING", logger="gpufeed"):
+            with ImageLoader(source, batch_size=1, image_size=16, device="cpu", num_workers=1, train=False) as loader:
+                for _ in range(2):
+                    assert [y.tolist() for _, y in loader] == [[3]]
+                stats = loader.stats
+    finally:
+        server.stop()
+    assert stats["left_out_count"] == 4 and stats["skipped_count"] == 0 and stats["skipped"] == []
+    assert [p for p, _ in stats["left_out"]] == [f"{server.url}/s.tar:{n}" for n in ("sym.jpg", "hard.jpg", "dev.jpg",
+                                                                                       "fifo.jpg")]
+    assert all("links, devices and FIFOs are never read" in why for _, why in stats["left_out"])
+    said = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(said) == 1 and f"4 members of {server.url}/s.tar with image names are left out" in said[0], said
+    assert "'sym.jpg'" in said[0] and "loader.stats['left_out']" in said[0]
+
+
 # ---- secrets -------------------------------------------------------------------------------------
 
 
@@ -462,6 +501,31 @@ def test_retries_end_when_the_next_would_start_past_the_retry_deadline(tmp_path)
         RetryPolicy(deadline=0)
     with pytest.raises(ValueError, match="deadline must be > 0 seconds or None, got True"):
         RetryPolicy(deadline=True)  # not 1 s
+
+
+def test_a_url_retried_by_several_workers_is_said_in_one_warning(tmp_path, src, caplog):
+    """Three workers (pickled copies of the source, as the loader's workers get it) each fetch a shard whose
+    first GET answers 503, the copy deleted behind the order between them: each retries, and the user sees one
+    warning for that URL, the other retries at DEBUG level; another URL still gets its own warning."""
+    server = shards_over_http(tmp_path / "www", src)
+    try:
+        source = remote_tar_source(server.pattern, samples_per_shard=5, retry=FAST, spool_dir=str(tmp_path / "spool"))
+        workers = [pickle.loads(pickle.dumps(source)) for _ in range(3)]
+        with caplog.at_level("DEBUG", logger="gpufeed"):
+            for worker in workers:
+                server.fail("/shard-000.tar", 1)
+                source.spool.drop(source.urls[0])  # as the readahead deletes it once the order has passed it
+                assert worker.read(0) == src.read(0)
+            server.fail("/shard-001.tar", 1)
+            assert workers[0].read(5) == src.read(5)
+        assert server.requests.count("/shard-000.tar") == 6 and server.requests.count("/shard-001.tar") == 2
+        retries = [(r.levelname, r.getMessage()) for r in caplog.records if "attempt 2 of 2" in r.getMessage()]
+        said = [m for level, m in retries if level == "WARNING"]
+        assert len(retries) == 4 and len(said) == 2, retries
+        assert "/shard-000.tar: cannot fetch the file (HTTPError: HTTP Error 503" in said[0]
+        assert "/shard-001.tar" in said[1] and "further retries are logged at DEBUG level" in said[1]
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("path, message", [("/endless/shard.tar", "more than the cap of 1048576 bytes"),

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from .augment.mix import BatchMix, read_batch_transform
-from .decode.base import DEFAULT_MAX_PIXELS
+from .decode.base import DEFAULT_MAX_PIXELS, SkipLog
 from .iteration import OneAtATime
 from .options import (DEFAULT_BATCH_TIMEOUT, DEFAULT_MAX_BYTES, DEFAULT_SAMPLE_TIMEOUT, DecodeOptions, ErrorPolicy,
                       OrderOptions)
@@ -131,9 +131,10 @@ class ImageLoader:
         sample_timeout, batch_timeout: seconds for one sample's read and decode (300; a worker over it is
             replaced) and for a whole batch (600; the error names the workers and the samples in flight);
             None lifts either.
-        verify_checksums: check each shard of a ``gpufeed shards`` folder against its manifest's sha256 on its
-            first read in each process; a changed shard fails its samples, naming it (skipped and counted
-            under "skip").
+        verify_checksums: check each shard of a ``gpufeed shards`` folder against its manifest's sha256, hashed
+            once per machine (a remote shard as soon as its copy is fetched, a local one on its first read;
+            ``loader.stats["shards_hashed"]``); a changed shard fails its samples, naming it (skipped and
+            counted under "skip").
 
     The settings are kept, grouped and validated, in ``loader.augment`` (at the size in effect),
     ``loader.normalize``, ``loader.order``, ``loader.decoding`` and ``loader.errors``.
@@ -336,7 +337,10 @@ class ImageLoader:
         device, and those among them; ``placement.ops``); under ``on_error="skip"``
         the number of skipped samples, (path, reason) for the first 10,000, and how many samples stood in for
         them (``repeated``); under either policy, a tar's members named like images that are never read (links,
-        devices, FIFOs) are counted and listed there too."""
+        devices, FIFOs), which are no samples: ``left_out_count``, and (path, reason) of the first 10,000 in
+        ``left_out`` (a remote shard's once its copy is fetched); under ``verify_checksums``, how many times a
+        shard was hashed (``shards_hashed``: once per shard and machine, again for a copy fetched again; None
+        otherwise)."""
         by = dict(self._stage.decoded_by)
         pool = self._scheduler.pool
         return {"decode_backend": self.decode_backend, "decode_reason": self.decode_reason, "decoded_by": by,
@@ -348,7 +352,8 @@ class ImageLoader:
                 "ops_on_device": list(self.sample_ops.names),
                 "ops_in_workers": list(self.spec.worker_ops.names) if self.spec.worker_ops is not None else [],
                 "skipped_count": self._skips.total, "skipped": list(self._skips.listed),
-                "repeated": self._skips.repeated, "shards": getattr(self.source, "shard_options", None)}
+                "repeated": self._skips.repeated, "shards": getattr(self.source, "shard_options", None),
+                **_left_out(self.source), "shards_hashed": _shards_hashed(self.source)}
 
     def __enter__(self) -> "ImageLoader":
         return self
@@ -360,6 +365,19 @@ class ImageLoader:
     def worker_pids(self) -> list[int]:
         pool = self._scheduler.pool
         return pool.pids if pool is not None else []
+
+
+def _left_out(source: Any) -> dict[str, Any]:
+    """A tar source's members never read (links, devices, FIFOs named like images): their count and the first
+    ``SkipLog.LISTED`` (path, reason)."""
+    left_out = list(getattr(source, "left_out", ()))
+    return {"left_out_count": len(left_out), "left_out": left_out[: SkipLog.LISTED]}
+
+
+def _shards_hashed(source: Any) -> int | None:
+    """How many times the source's shards were hashed for ``verify_checksums`` (None when it is off)."""
+    checksums = getattr(source, "checksums", None)
+    return sum(checksums.hashed().values()) if checksums is not None else None
 
 
 def _check_batch_transform(transform: Any) -> None:

@@ -156,8 +156,6 @@ def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions,
                         normalize=normalize.for_workers() if workers_normalise else None, worker_ops=worker_ops)
     worker_cpus = placement.worker_cpus(gpu_path, local_ranks)
     skips = SkipLog()
-    for path, why in getattr(src, "left_out", ()):  # a tar's links and devices, never samples: listed once, here
-        skips.record(path, why)
     share = placement.ShareControl(decoding.cpu_share if gpu_path else 1.0,
                                    training_cores_kept=worker_cpus is not None)
     per_sample = PerSample(settings.sample_ops, normalize)
@@ -187,7 +185,8 @@ def _verify_checksums(src: Any, source: Any) -> None:
         raise ValueError(f"verify_checksums=True checks shards against the manifest.json `gpufeed shards` writes "
                          f"beside them, and {str(shown)!r} has none: give the folder `gpufeed shards` wrote, or "
                          "verify_checksums=False")
-    src.checksums = checksums
+    spool = getattr(src, "spool", None)  # remote shards, Parquet: answers kept in their spool; else a folder of its own
+    src.checksums = checksums.shared(spool.root if spool is not None else None)
 
 
 def _check_storage_options(source: Any, storage_options: dict[str, Any] | None) -> None:

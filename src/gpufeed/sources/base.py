@@ -20,8 +20,8 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 LABEL_MAX = (1 << 63) - 1  # labels travel as int64
 LABEL_TEXT_MAX = 64  # a label's text (a .cls member, a list's column): a longer one is not parsed, since
 # int() of a huge digit string is slow
-_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+FILE_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+              stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
 
 
 class TooLarge(OSError):
@@ -67,7 +67,7 @@ def read_file(path: str, max_bytes: int | None = None) -> bytes:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
+            kind = FILE_KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
             raise OSError(errno.EINVAL, f"not a regular file ({kind})", path)
         if max_bytes is not None and info.st_size > max_bytes:
             raise TooLarge(errno.EFBIG, f"{info.st_size} bytes, over max_bytes={max_bytes}: refused unread", path)

@@ -15,13 +15,14 @@ Every transfer, a plain GET or fsspec's, has a low-speed rule, an overall deadli
 ``--speed-limit``/``--speed-time``) or past the deadline fails as a passing failure (retried), a body over the
 cap as a permanent one, instead of holding a fetch thread for the deadline or forever, or filling the disk. A
 stalled server thus fails an attempt within a minute by default, while a slow but steady one finishes. An
-fsspec transfer runs in a thread of its own, watched by the caller through the size of the file it writes
-(``fsspec_get``): a transfer given up stops being waited for at once, and its thread ends when its client's own
-timeout does, deleting what it wrote. A body over the cap is never handed over to fsspec.
+fsspec transfer is watched by the caller through the size of the file it writes (``fsspec_get``): one given up
+is cancelled at once (an async client's task on its loop, a sync client's file closed under it), so the
+server is no longer read from, and what it wrote is deleted. A body over the cap is never handed over to fsspec.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import os
 import secrets
@@ -175,35 +176,22 @@ def http_get(url: str, path: str, limits: FetchLimits = FetchLimits()) -> str | 
 
 
 _WATCH = 0.25  # seconds between looks at an fsspec transfer's progress
+_CANCEL_WAIT = 2.0  # seconds a cancelled async transfer is given to close its file, so it is deleted here
 
 
 def fsspec_get(fs: Any, url: str, path: str, limits: FetchLimits = FetchLimits()) -> None:
-    """``fs.get_file(url, path)`` under ``limits``, as ``http_get`` applies them: run in a daemon thread writing
-    beside ``path``, watched from here by the size of what it wrote, moved to ``path`` once complete. A transfer
+    """``fs.get_file(url, path)`` under ``limits``, as ``http_get`` applies them: the transfer writes beside
+    ``path`` and is watched from here by the size of what it wrote, moved to ``path`` once complete. A transfer
     past the deadline or under the low-speed rule raises ``TimeoutError``, one over the byte cap ``TooLarge``;
-    either way it is given up at once. Its thread, blocked in the client, runs on until the client's own
-    timeouts end it and then deletes its file; each attempt writes a file of its own, so such a thread never
-    touches a later attempt's."""
+    either way it is cancelled at once (``_Transfer``), so the client stops reading from the server, and what it
+    wrote is deleted. Each attempt writes a file of its own, so a cancelled transfer never touches a later
+    attempt's."""
     partial = f"{path}.{secrets.token_hex(6)}.fsspec"
-    done, given_up = threading.Event(), threading.Event()
-    failure: list[BaseException] = []
-
-    def transfer() -> None:
-        try:
-            fs.get_file(url, partial)
-        except BaseException as e:  # handed to the caller, which raises it
-            failure.append(e)
-        finally:
-            done.set()
-            if given_up.is_set():  # nobody waits for it: what it wrote goes
-                _unlink(partial)
-
-    thread = threading.Thread(target=transfer, daemon=True, name="gpufeed-fsspec-get")
+    transfer = _Transfer(fs, url, partial)
     shown, start = redact(url), time.monotonic()
     window, window_got = start, 0  # the low-speed rule's current window
-    thread.start()
     try:
-        while not done.wait(_WATCH):
+        while not transfer.wait(_WATCH):
             now, got = time.monotonic(), _size(partial)
             if got > limits.max_bytes:
                 raise TooLarge(f"{shown}: more than the cap of {limits.max_bytes} bytes per request")
@@ -216,16 +204,97 @@ def fsspec_get(fs: Any, url: str, path: str, limits: FetchLimits = FetchLimits()
                                        f"({got} bytes came)")
                 window, window_got = now, got
     except BaseException:
-        given_up.set()
-        _unlink(partial)
+        transfer.cancel()
         raise
-    if failure:
+    if transfer.failure is not None:
         _unlink(partial)
-        raise failure[0]
+        raise transfer.failure
     if _size(partial) > limits.max_bytes:
         _unlink(partial)
         raise TooLarge(f"{shown}: more than the cap of {limits.max_bytes} bytes per request")
     os.replace(partial, path)
+
+
+class _Transfer:
+    """One ``get_file`` of ``url`` into ``partial``, started at once and cancellable from the waiting thread. An
+    async filesystem's (s3fs, gcsfs, adlfs, fsspec's HTTP) runs as a task on the filesystem's own loop, which
+    ``cancel`` cancels: its response is closed, the connection with it. A sync one's is copied here chunk by
+    chunk from ``fs.open`` in a thread of its own, which ``cancel`` stops at the next chunk and whose file object
+    it closes. A local filesystem's copy has nothing remote to stop and runs as ``get_file``. A cancelled
+    transfer deletes what it wrote when it ends."""
+
+    def __init__(self, fs: Any, url: str, partial: str) -> None:
+        self.partial, self.failure = partial, None
+        self._done, self._given_up = threading.Event(), threading.Event()
+        self._started, self._ended = threading.Event(), threading.Event()  # an async transfer's task ran, and ended
+        self._future: Any = None
+        self._source: Any = None  # a sync filesystem's open remote file
+        if getattr(fs, "async_impl", False) and hasattr(fs, "_get_file"):
+            self._future = asyncio.run_coroutine_threadsafe(self._get_async(fs, url), fs.loop)
+            self._future.add_done_callback(lambda _: self._done.set())
+        else:
+            threading.Thread(target=self._get_sync, args=(fs, url), daemon=True, name="gpufeed-fsspec-get").start()
+
+    async def _get_async(self, fs: Any, url: str) -> None:
+        self._started.set()
+        try:
+            await fs._get_file(url, self.partial)
+        except asyncio.CancelledError:
+            _unlink(self.partial)  # the file is closed by now: the client's own `finally` ran first
+            raise
+        except BaseException as e:  # handed to the caller, which raises it
+            self.failure = e
+        finally:
+            self._ended.set()
+
+    def _get_sync(self, fs: Any, url: str) -> None:
+        try:
+            if _local(fs):
+                fs.get_file(url, self.partial)
+            else:
+                self._copy(fs, url)
+        except BaseException as e:  # handed to the caller, which raises it (unless it gave up)
+            self.failure = e
+        finally:
+            self._done.set()
+            if self._given_up.is_set():  # nobody waits for it: what it wrote goes
+                _unlink(self.partial)
+
+    def _copy(self, fs: Any, url: str) -> None:
+        with fs.open(url, "rb") as source:
+            self._source = source
+            if self._given_up.is_set():  # cancelled while it opened
+                return
+            with os.fdopen(open_file(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as out:
+                while not self._given_up.is_set() and (chunk := source.read(_CHUNK)):
+                    out.write(chunk)
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the transfer ended (either way) within ``timeout`` seconds."""
+        return self._done.wait(timeout)
+
+    def cancel(self) -> None:
+        """Stop the transfer now: the async task cancelled on its loop, or the sync copy's file closed under it."""
+        self._given_up.set()
+        if self._future is not None:
+            self._future.cancel()
+            if self._started.is_set():  # a task cancelled before it ran never opened the file
+                self._ended.wait(_CANCEL_WAIT)  # its client closes the file as the cancellation unwinds it
+            _unlink(self.partial)
+            return
+        source = self._source
+        if source is not None:
+            try:
+                source.close()  # a read under way fails, or the next one does
+            except Exception:  # a client that cannot close from another thread: the copy stops at its next chunk
+                pass
+        if self._done.is_set():
+            _unlink(self.partial)
+
+
+def _local(fs: Any) -> bool:
+    protocol = getattr(fs, "protocol", ())
+    return bool({"file", "local"} & set((protocol,) if isinstance(protocol, str) else protocol))
 
 
 def _size(path: str) -> int:

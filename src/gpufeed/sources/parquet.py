@@ -29,13 +29,14 @@ import functools
 import json
 import os
 import re
+import stat
 import struct
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from .base import LABEL_MAX, Groups, digest, refuse_over, relative
+from .base import FILE_KINDS, LABEL_MAX, Groups, digest, refuse_over, relative
 from .checksums import ShardChecksums
 from .fetch import FetchLimits
 from .retry import RetryPolicy, with_retries
@@ -212,21 +213,33 @@ class ParquetSource:
         try:
             if local != url:
                 self.spool.fetch(url, local)
-            if self.checksums is not None:
-                fd = os.open(local, os.O_RDONLY)
+            # pyarrow reads the file checked here, through its descriptor: a file put in its place since is not read
+            with open(self._checked(local, url, shown), "rb") as f:
                 try:
-                    self.checksums.check(url, fd)
-                finally:
-                    os.close(fd)
-            try:
-                pf = pa.parquet.ParquetFile(local)
-            except Exception as e:  # pyarrow's errors for a missing, corrupt or cut-short file
-                raise OSError(f"{shown}: cannot open the Parquet file ({type(e).__name__}: {e})") from None
-            with pf, open(part, "wb") as out:
-                self._write_groups(pf, groups, shown, out)
+                    pf = pa.parquet.ParquetFile(f)
+                except Exception as e:  # pyarrow's errors for a corrupt or cut-short file
+                    raise OSError(f"{shown}: cannot open the Parquet file ({type(e).__name__}: {e})") from None
+                with pf, open(part, "wb") as out:
+                    self._write_groups(pf, groups, shown, out)
         finally:
             if local != url and os.path.exists(local):
                 os.unlink(local)
+
+    def _checked(self, local: str, url: str, shown: str) -> int:
+        """A descriptor of the regular file at ``local`` (the file ``url`` names, or its fetched copy), checked
+        against the manifest's sha256 when ``checksums`` is set; OSError naming ``shown`` otherwise."""
+        fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, to be refused below
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise OSError(f"{shown}: not a regular file ({FILE_KINDS.get(stat.S_IFMT(mode), 'of another kind')}): "
+                              "give the path of a Parquet file")
+            if self.checksums is not None:
+                self.checksums.check(url, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def _write_groups(self, pf, groups: range, url: str, out) -> None:
         """Row groups ``groups`` of the open file ``pf`` (from ``url``, as shown) as an item, into ``out``. A row

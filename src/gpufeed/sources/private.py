@@ -15,6 +15,7 @@ held lock counts only while its owner still runs.
 
 from __future__ import annotations
 
+import collections
 import errno
 import fcntl
 import json
@@ -31,6 +32,7 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_
 SESSION_PREFIX = ".session-"
 _TOKEN = re.compile(r"[0-9a-f]{16}")  # secrets.token_hex(8)
 YOUNG_S = 60.0  # a default spool without a session file younger than this may be one just being made
+LOG_BYTES = 1 << 20  # then a log becomes <log>.1 (the one before is dropped): a kept folder stays small
 
 
 def check_private(path: str, what: str) -> None:
@@ -124,6 +126,34 @@ def read_json(path: str, limit: int = 64 << 20) -> Any:
 
 def write_json(path: str, value: Any) -> None:
     write_file(path, json.dumps(value, separators=(",", ":")).encode())
+
+
+def append_log(log: str, line: str, limit: int = LOG_BYTES) -> None:
+    """One line appended to the log at ``log`` (whole lines, whichever processes write at once); past
+    ``limit`` bytes it becomes ``<log>.1``. A failure is passed over: a log is for counting and diagnosis."""
+    try:
+        fd = open_file(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            if os.fstat(fd).st_size > limit:
+                os.replace(log, log + ".1")  # this line ends the old log; the next write starts a new one
+            os.write(fd, (line.replace("\n", " ") + "\n").encode("utf-8", "surrogateescape"))
+        finally:
+            os.close(fd)
+    except OSError:  # a full disk fails the next item, not this one
+        pass
+
+
+def read_log(log: str) -> collections.Counter[str]:
+    """How many times each line is in the log at ``log`` and the one before it (``append_log``)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for name in (log + ".1", log):
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # missing, or a link: not a log gpufeed wrote
+            continue
+        with open(fd, encoding="utf-8", errors="surrogateescape") as f:
+            counts.update(line.rstrip("\n") for line in f)
+    return counts
 
 
 def with_missing_ok(fn, path: str) -> None:

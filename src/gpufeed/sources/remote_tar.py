@@ -20,6 +20,8 @@ import hashlib
 import logging
 import mmap
 import os
+import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
@@ -30,7 +32,7 @@ from .fetch import FetchLimits
 from .private import private_dir, read_json, write_json
 from .retry import ONCE, RetryPolicy, with_retries
 from .spool import Readahead, Spool
-from .tar import CLS_BYTES, cls_label, split_labels
+from .tar import CLS_BYTES, LEFT_OUT, cls_label, split_labels
 from .urls import expand_braces, filesystem, join, redact, scheme, unsigned
 
 _log = logging.getLogger("gpufeed")
@@ -42,7 +44,8 @@ _OPEN_SHARDS = 8  # per worker: local copies held open (an evicted copy stays re
 @dataclass(frozen=True)
 class Members:
     """A shard's images in tar order: names, data offsets and sizes, labels (-1: none); lists, which index
-    faster than arrays one element at a time. ``bad``: image position -> why its ``.cls`` gives no label."""
+    faster than arrays one element at a time. ``bad``: image position -> why its ``.cls`` gives no label;
+    ``left_out``: the names of its links, devices and FIFOs named like images, never read (``LEFT_OUT``)."""
 
     names: list[str]
     offsets: list[int]
@@ -50,6 +53,7 @@ class Members:
     labels: list[int]
     complete: bool  # False: the tar ended early (a truncated shard)
     bad: dict[int, str] = field(default_factory=dict)
+    left_out: list[str] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, value: Any, size: int) -> "Members | None":
@@ -58,11 +62,13 @@ class Members:
         if not isinstance(value, dict) or set(value) != {f.name for f in cls.__dataclass_fields__.values()}:
             return None
         names, offsets, sizes, labels = (value[k] for k in ("names", "offsets", "sizes", "labels"))
-        bad, complete = value["bad"], value["complete"]
+        bad, complete, left_out = value["bad"], value["complete"], value["left_out"]
         lists = (names, offsets, sizes, labels)
         if not all(isinstance(x, list) and len(x) == len(names) for x in lists) or not isinstance(complete, bool):
             return None
         if not all(isinstance(n, str) for n in names) or not isinstance(bad, dict):
+            return None
+        if not isinstance(left_out, list) or not all(isinstance(n, str) for n in left_out):
             return None
         numbers = (offsets, sizes, labels)
         if not all(type(v) is int for x in numbers for v in x) or not all(l >= -1 for l in labels):
@@ -73,7 +79,7 @@ class Members:
             bad = {int(k): str(v) for k, v in bad.items()}
         except ValueError:
             return None
-        return cls(names, offsets, sizes, labels, complete, bad)
+        return cls(names, offsets, sizes, labels, complete, bad, left_out)
 
 
 def parse_members(path: str | int, extensions: tuple[str, ...] = IMG_EXTENSIONS) -> Members:
@@ -85,6 +91,7 @@ def parse_members(path: str | int, extensions: tuple[str, ...] = IMG_EXTENSIONS)
     """
     images: list[tuple[str, int, int]] = []
     cls_of: dict[str, int | str] = {}  # a label, or why the .cls holds none
+    left_out: list[str] = []
     with open(path, "rb", closefd=not isinstance(path, int)) as f:
         total = os.fstat(f.fileno()).st_size
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if total else b""
@@ -111,6 +118,8 @@ def parse_members(path: str | int, extensions: tuple[str, ...] = IMG_EXTENSIONS)
             name = long_name or _header_name(hdr)
             long_name = None
             if kind not in (b"0", b"\0", b"7"):
+                if kind in _NOT_FILES and name.lower().endswith(extensions):
+                    left_out.append(name)
                 continue
             if name.lower().endswith(extensions):
                 images.append((name, data, size))
@@ -123,7 +132,10 @@ def parse_members(path: str | int, extensions: tuple[str, ...] = IMG_EXTENSIONS)
             mm.close()
     labels, bad = split_labels([cls_of.get(os.path.splitext(n)[0], -1) for n, _, _ in images])
     return Members([n for n, _, _ in images], [o for _, o, _ in images], [s for _, _, s in images], labels,
-                   complete, bad)
+                   complete, bad, left_out)
+
+
+_NOT_FILES = (b"1", b"2", b"3", b"4", b"6")  # hard link, symbolic link, character and block device, FIFO
 
 
 def _number(field: bytes) -> int | None:
@@ -204,11 +216,50 @@ class RemoteTarSource:
         self.counts = self._groups.sizes
         self._open: collections.OrderedDict[int, tuple[int, Members]] = collections.OrderedDict()
         self.checksums: ShardChecksums | None = None  # set: each shard's copy checked on its first read here
+        # main process: (url:member, why) of the links, devices and FIFOs named like images in the shards seen
+        self.left_out: list[tuple[str, str]] = []
+        self._seen: set[str] = set()  # shards whose members left out are counted
+        self._seen_lock = threading.Lock()
+        self._shard_of = {u: s for s, u in enumerate(self.urls)}
+        ref = weakref.WeakMethod  # the spool outlives no source it is given to; no cycle through it
+        spool.on_ready, spool.on_drop = _weakly(ref(self._ready)), _weakly(ref(self._passed))
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_open"] = collections.OrderedDict()
+        state.update(_open=collections.OrderedDict(), left_out=[], _seen=set(), _seen_lock=None)
         return state
+
+    def _ready(self, url: str, fd: int, local: str) -> None:
+        """Main process, a fetch thread: the copy of ``url`` is complete, open at ``fd``: checked against the
+        manifest now (once per machine: ``checksums``), before a worker waits on it, and its members counted."""
+        if self.checksums is not None and self.checksums.answer(url, fd) is not None:
+            return  # changed: the workers refuse it, naming it; its members are not looked at
+        self._count_left_out(url, _members(fd, local))
+
+    def _passed(self, url: str, local: str) -> None:
+        """Main process: the copy of ``url`` is about to be deleted; its members are counted if they were not
+        (a worker fetched it first), from the index the workers left beside it."""
+        if url in self._seen or url not in self._shard_of:
+            return
+        try:
+            members = Members.from_json(read_json(local + ".members"), os.stat(local).st_size)
+        except OSError:  # gone already
+            return
+        if members is not None:
+            self._count_left_out(url, members)
+
+    def _count_left_out(self, url: str, members: Members) -> None:
+        """Each shard's links, devices and FIFOs named like images, once: listed, and said in one warning."""
+        with self._seen_lock:
+            if url in self._seen:
+                return
+            self._seen.add(url)
+            shown = self.shown[self._shard_of[url]]
+            self.left_out += [(f"{shown}:{name}", LEFT_OUT) for name in members.left_out]
+        if members.left_out:
+            _log.warning("gpufeed: %d members of %s with image names are left out: %s (first: %r); "
+                         "loader.stats['left_out'] lists them", len(members.left_out), shown, LEFT_OUT,
+                         members.left_out[0])
 
     @property
     def groups(self) -> tuple[int, ...]:
@@ -290,6 +341,15 @@ class RemoteTarSource:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _weakly(method: weakref.WeakMethod):
+    """A call of ``method`` while its object lives, nothing after."""
+    def call(*args) -> None:
+        bound = method()
+        if bound is not None:
+            bound(*args)
+    return call
 
 
 def write_index_entry(path: str | None, url: str, size: int, count: int) -> None:

@@ -59,8 +59,9 @@ _SCHEME_FAMILY = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az", "https"
 class RetryPolicy:
     """``attempts`` tries in all; the wait before try k+1 is ``backoff * 2**k`` seconds (+- 25% jitter),
     capped at ``max_wait``; no try starts once the wait before it would end past ``deadline`` seconds from the
-    first (None: no such bound). Each retry is said in one warning naming the URL. The defaults ride out about
-    15 s of an unreachable server, and give up on a call within ``deadline`` plus one attempt's own bound."""
+    first (None: no such bound). A retry is said in a warning naming the URL (``with_retries``). The defaults
+    ride out about 15 s of an unreachable server, and give up on a call within ``deadline`` plus one attempt's
+    own bound."""
 
     attempts: int = 6
     backoff: float = 0.5
@@ -165,9 +166,12 @@ def _bad_certificate(e: BaseException) -> bool:
             or "CERTIFICATE_VERIFY_FAILED" in str(e))
 
 
-def with_retries(fn: Callable[[], T], url: str, policy: RetryPolicy, what: str = "read") -> T:
-    """``fn()``, retried under ``policy`` (a warning naming ``url`` for each retry); the last failure as an
-    OSError whose text names ``url`` (redacted, as is the failure's own text)."""
+def with_retries(fn: Callable[[], T], url: str, policy: RetryPolicy, what: str = "read",
+                 first: Callable[[], bool] | None = None) -> T:
+    """``fn()``, retried under ``policy``; the last failure as an OSError whose text names ``url`` (redacted, as
+    is the failure's own text). Each retry is said in a warning naming ``url``; with ``first`` (whether no
+    process has said a retry of ``url`` yet: ``spool.Spool``), only the first, the others at DEBUG level, so
+    a URL that several workers fetch is said once, not once per worker."""
     start = time.monotonic()
     for attempt in range(policy.attempts):
         try:
@@ -192,7 +196,9 @@ def with_retries(fn: Callable[[], T], url: str, policy: RetryPolicy, what: str =
             if policy.deadline is not None and spent + wait >= policy.deadline:
                 raise OSError(f"{redact(url)}: cannot {what} after {attempt + 1} attempt(s) in {spent:.1f} s: another "
                               f"would start past the retry deadline of {policy.deadline:g} s ({why})") from None
-            _log.warning("gpufeed: %s: cannot %s (%s); attempt %d of %d in %.1f s", redact(url), what, why,
-                         attempt + 2, policy.attempts, wait)
+            said = first is None or first()
+            _log.log(logging.WARNING if said else logging.DEBUG, "gpufeed: %s: cannot %s (%s); attempt %d of %d in "
+                     "%.1f s%s", redact(url), what, why, attempt + 2, policy.attempts, wait,
+                     "" if first is None or not said else "; its further retries are logged at DEBUG level")
             time.sleep(wait)
     raise AssertionError("unreachable")

@@ -41,16 +41,17 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .fetch import Fetcher, FetchLimits, version_of
-from .private import (Session, create_file, open_file, private_dir, read_json, sweep_spools, user_base,
-                      with_missing_ok, write_file, write_json)
+from .private import (LOG_BYTES, Session, append_log, create_file, open_file, private_dir, read_json, read_log,
+                      sweep_spools, user_base, with_missing_ok, write_file, write_json)
 from .retry import RetryPolicy, single_attempt, single_attempt_fs, with_retries
 from .urls import filesystem, scrub, unsigned
 
 FETCH_THREADS = 4  # items (whole files, extracted row groups) made at once, per loader
 FAILED_TTL = 10.0  # seconds a failed fetch is remembered (retries already waited before it was declared)
 MADE_LOG = "made.log"  # in the folder: one line per item made, by any process
-MADE_LOG_BYTES = 1 << 20  # then it becomes made.log.1 (the one before is dropped): a kept spool_dir stays small
+MADE_LOG_BYTES = LOG_BYTES  # then it becomes made.log.1 (the one before is dropped): a kept spool_dir stays small
 SPOOL_PREFIX = "spool-"  # default spools: <temporary folder>/gpufeed-<uid>/spool-<pid>-<random>
+RETRIED = ".retried-"  # <folder>/.retried-<session>/<item key>: an item whose retry a process of the session said
 
 Make = Callable[[str], None]  # writes an item's whole content to the path it is given
 
@@ -82,6 +83,7 @@ class Spool:
         else:
             root = private_dir(os.fspath(root), "spool_dir")
             Session.sweep(root)
+            _sweep_retried(root)
         self.root = root
         session = Session(root)  # held by this process only: workers carry its token
         self.session = session.token
@@ -97,6 +99,10 @@ class Spool:
         self._live = {self.session}  # sessions seen alive from this process
         self._users: collections.Counter[str] = collections.Counter()  # main process: readaheads wanting a file
         self._queue: queue.SimpleQueue | None = None  # URLs for the fetch threads, made on the first readahead
+        # main process, set by the source: an item a fetch thread made or found, open (url, descriptor, path) ...
+        self.on_ready: Callable[[str, int, str], None] | None = None
+        # ... and a copy about to be deleted (url, path); what they do is the source's, never the fetch's concern
+        self.on_drop: Callable[[str, str], None] | None = None
 
     def __getstate__(self) -> dict:
         return {"storage_options": self.storage_options, "retry": self.retry, "root": self.root,
@@ -128,7 +134,26 @@ class Spool:
         """Write the whole of ``url`` to ``path`` (OSError naming the URL when that fails after the retries);
         the object's version as the GET saw it (``fetch.version_of``), if it gave one."""
         filesystem = functools.partial(self.filesystem, url)  # made only if the fetch needs fsspec
-        return with_retries(lambda: self._fetcher.get(filesystem, url, path), url, self.retry, "fetch the file")
+        return with_retries(lambda: self._fetcher.get(filesystem, url, path), url, self.retry, "fetch the file",
+                            functools.partial(self._first_retry, url))
+
+    def _first_retry(self, url: str) -> bool:
+        """Whether no process of this session (the loader's, its workers') has said a retry of ``url`` yet;
+        from now on one has. A marker file made exclusively decides it."""
+        folder = os.path.join(self.root, RETRIED + self.session)
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:  # the marker cannot be made: said, as without one
+            return True
+        try:
+            os.close(create_file(os.path.join(folder, _key(url))))
+        except FileExistsError:
+            return False
+        except OSError:
+            return True
+        return True
 
     def local(self, url: str, make: Make | None = None) -> str:
         """The path of the complete item ``url``, made now if no process has (or if the one found cannot be
@@ -191,36 +216,19 @@ class Spool:
     def _remote(self, url: str) -> dict | None:
         """What the store says of the object at ``url`` (size, ETag, ...), or None when it cannot say."""
         try:
-            return with_retries(lambda: self.filesystem(url).info(url), url, self.retry, "look the file up")
+            return with_retries(lambda: self.filesystem(url).info(url), url, self.retry, "look the file up",
+                                functools.partial(self._first_retry, url))
         except OSError:
             return None
 
     def _log(self, name: str) -> None:
-        log = os.path.join(self.root, MADE_LOG)
-        try:  # one short append: whole lines, whichever processes write at once
-            fd = open_file(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            try:
-                if os.fstat(fd).st_size > MADE_LOG_BYTES:
-                    os.replace(log, log + ".1")  # this line ends the old log; the next write starts a new one
-                os.write(fd, (scrub(name).replace("\n", " ") + "\n").encode("utf-8", "surrogateescape"))
-            finally:
-                os.close(fd)
-        except OSError:  # the log is for diagnosis: a full disk fails the next item, not this one
-            pass
+        append_log(os.path.join(self.root, MADE_LOG), scrub(name), MADE_LOG_BYTES)
 
     def made(self) -> collections.Counter[str]:
         """How many times each item was made (fetched or extracted) in this folder, by any process, as far
         back as the log keeps (about ``MADE_LOG_BYTES`` to twice that). More than once in an epoch: it was
         deleted while still wanted."""
-        counts: collections.Counter[str] = collections.Counter()
-        for name in (MADE_LOG + ".1", MADE_LOG):
-            try:
-                fd = os.open(os.path.join(self.root, name), os.O_RDONLY | os.O_NOFOLLOW)
-            except OSError:  # missing, or a link: not a log this spool wrote
-                continue
-            with open(fd, encoding="utf-8", errors="surrogateescape") as f:
-                counts.update(line.rstrip("\n") for line in f)
-        return counts
+        return read_log(os.path.join(self.root, MADE_LOG))
 
     def open(self, url: str, make: Make | None = None) -> tuple[int, str]:
         """A read-only descriptor of the item ``url`` (``local``), and its path (made again if the main
@@ -239,6 +247,8 @@ class Spool:
         fetch that waits on the removed lock file and one that makes it anew may both fetch; each writes its
         own part file and renames it whole, so either copy is complete."""
         path = self.path_of(url)
+        if self.on_drop is not None:
+            _quietly(self.on_drop, url, path)
         # the copy after its index: a reader that sees it finds its index
         for leftover in (path + ".members", path, path + ".meta", path + ".failed", path + ".lock"):
             try:
@@ -290,16 +300,42 @@ class Spool:
             if url not in self._users:
                 return
         try:
-            self.local(url, make)
+            path = self.local(url, make)
         except Exception:  # the worker that reads it fetches again and reports the error with the sample
             pass
+        else:
+            if self.on_ready is not None:
+                _quietly(self._ready, url, path)
         self.drop_unless_wanted(url)
+
+    def _ready(self, url: str, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            self.on_ready(url, fd, path)
+        finally:
+            os.close(fd)
+
+
+def _quietly(fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)``; a failure is the worker's to meet and report (it reads the same item), not a fetch thread's."""
+    try:
+        fn(*args)
+    except Exception:
+        pass
 
 
 def _end(session: Session, root: str | None) -> None:
     session.close()
+    shutil.rmtree(os.path.join(session.folder, RETRIED + session.token), True)
     if root is not None:
         shutil.rmtree(root, True)
+
+
+def _sweep_retried(root: str) -> None:
+    """Remove the retry markers (``RETRIED``) of sessions whose process is gone."""
+    for name in os.listdir(root):
+        if name.startswith(RETRIED) and not Session.alive(root, name[len(RETRIED):]):
+            shutil.rmtree(os.path.join(root, name), True)
 
 
 def _recent_failure(marker: str) -> str | None:

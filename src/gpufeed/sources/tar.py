@@ -21,6 +21,7 @@ from .checksums import ShardChecksums
 from .base import IMG_EXTENSIONS, LABEL_TEXT_MAX, digest, parse_label, refuse_over, relative
 
 CLS_BYTES = LABEL_TEXT_MAX  # a .cls member holds a number: a longer one is not read
+LEFT_OUT = "a tar's links, devices and FIFOs are never read, only its regular files"  # why, in loader.stats
 
 
 class TarSource:
@@ -108,10 +109,9 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
                                                                       f"{shard}:{name}")
         except tarfile.TarError as e:
             raise ValueError(f"cannot read tar shard {str(shard)!r}: {e}") from None
-    why_left_out = "a tar's links, devices and FIFOs are never read, only its regular files"
     if not_files:
-        warnings.warn(f"{len(not_files)} members of {str(path)!r} with image names are left out: {why_left_out} "
-                      f"(first: {not_files[0]!r}); loader.stats['skipped'] lists them", stacklevel=2)
+        warnings.warn(f"{len(not_files)} members of {str(path)!r} with image names are left out: {LEFT_OUT} "
+                      f"(first: {not_files[0]!r}); loader.stats['left_out'] lists them", stacklevel=2)
     if not images:
         raise ValueError(f"no images with an extension in {extensions} in {str(path)!r}")
     folders = sorted({os.path.dirname(n) for _, _, _, n in images})
@@ -136,7 +136,7 @@ def tar_source(path: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXT
         folders if not cls_of else [],
         bad,
     )
-    source.left_out = [(name, why_left_out) for name in not_files]
+    source.left_out = [(name, LEFT_OUT) for name in not_files]
     return source
 
 
