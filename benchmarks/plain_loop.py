@@ -25,6 +25,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -57,6 +58,30 @@ def make_step(name: str, device: torch.device, compile: bool):
         opt.step()
 
     return step
+
+
+class CoreClock:
+    """Idle cores of this process's CPUs since the last call, from /proc/stat (what the share's rule reads,
+    read here on its own, so the curve shows what the machine had free); None where it cannot be read."""
+
+    def __init__(self) -> None:
+        self._cpus = {f"cpu{c}" for c in os.sched_getaffinity(0)}
+        self._last = self._read()
+
+    def _read(self) -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                rows = [l.split() for l in f if l.startswith("cpu") and l.split()[0] in self._cpus]
+        except OSError:
+            return None
+        values = [[int(v) for v in r[1:9]] for r in rows]
+        return sum(v[3] + v[4] for v in values), sum(sum(v) for v in values)
+
+    def idle(self) -> float | None:
+        last, self._last = self._last, self._read()
+        if last is None or self._last is None or self._last[1] <= last[1]:
+            return None
+        return round(len(self._cpus) * (self._last[0] - last[0]) / (self._last[1] - last[1]), 2)
 
 
 def ceiling(step, batch_size: int, device: torch.device, seconds: float = 5.0) -> float:
@@ -150,10 +175,15 @@ def main() -> int:
         print(result["unsupported"], file=sys.stderr)
         _write(result, args.json)
         return 0
+    result["idle_cores"], result["cpu_shares"] = [], []  # per epoch: the machine's idle cores, the share at its end
+    cores = CoreClock()
     with loader:
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
+            cores.idle()
             result["epochs"].append(plain_epoch(loader, step, device))
+            result["idle_cores"].append(cores.idle())
+            result["cpu_shares"].append(loader.stats.get("cpu_share"))
             if device.type == "cuda":
                 least_free = min(least_free, torch.cuda.mem_get_info(device)[0])
         stats = loader.stats
@@ -171,7 +201,9 @@ def main() -> int:
           + ", ".join(f"{r:,.0f}" for r in result["epochs"]) + " images/s by epoch; "
           + (f"{100 * result['of_ceiling']:.1f}% of its own rate {result['ceiling']:,.0f}"
              if result["ceiling"] else "loader only") + f"; {result['decode_backend']}, CPU share {result['cpu_share']}"
-          + (f"; device memory added {result['memory_added'] / 1e9:.2f} GB" if "memory_added" in result else ""))
+          + (f"; device memory added {result['memory_added'] / 1e9:.2f} GB" if "memory_added" in result else "")
+          + "; idle cores by epoch " + ", ".join("-" if c is None else f"{c:.1f}" for c in result["idle_cores"])
+          + "; CPU share by epoch " + ", ".join("-" if c is None else f"{c:.2f}" for c in result["cpu_shares"]))
     _write(result, args.json)
     return 0
 

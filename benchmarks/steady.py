@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from harness import fresh_run
-from plain_loop import ceiling, make_step, plain_epoch
+from plain_loop import CoreClock, ceiling, make_step, plain_epoch
 
 from gpufeed import ImageLoader
 
@@ -79,7 +79,7 @@ class _Windows:
     def __init__(self, loader, device) -> None:
         self.loader, self.device, self.rows, self.t0 = loader, device, [], time.perf_counter()
         self._n, self._start, self.hog = 0, self.t0, False
-        self._cores = _CoreClock()
+        self._cores = CoreClock()
 
     def restart(self) -> None:
         """At an epoch's start: the partial window of the last epoch is dropped (the time between epochs,
@@ -94,30 +94,6 @@ class _Windows:
             self.rows.append({"t": round(now - self.t0, 2), "images_per_s": self._n / (now - self._start),
                               "cpu_share": share, "hog": self.hog, "idle_cores": self._cores.idle()})
             self._n, self._start = 0, now
-
-
-class _CoreClock:
-    """Idle cores of this process's CPUs since the last call, from /proc/stat (what the share's rule reads,
-    read here on its own, so the curve shows what the machine had free); None where it cannot be read."""
-
-    def __init__(self) -> None:
-        self._cpus = {f"cpu{c}" for c in os.sched_getaffinity(0)}
-        self._last = self._read()
-
-    def _read(self) -> tuple[int, int] | None:
-        try:
-            with open("/proc/stat") as f:
-                rows = [l.split() for l in f if l.startswith("cpu") and l.split()[0] in self._cpus]
-        except OSError:
-            return None
-        values = [[int(v) for v in r[1:9]] for r in rows]
-        return sum(v[3] + v[4] for v in values), sum(sum(v) for v in values)
-
-    def idle(self) -> float | None:
-        last, self._last = self._last, self._read()
-        if last is None or self._last is None or self._last[1] <= last[1]:
-            return None
-        return round(len(self._cpus) * (self._last[0] - last[0]) / (self._last[1] - last[1]), 2)
 
 
 def run_scenario(name: str, args) -> dict:
