@@ -15,6 +15,7 @@ CHILD = """
 import sys, time
 from gpufeed.bench.progress import EpochPipe
 pipe = EpochPipe(int(sys.argv[1]))
+time.sleep(0.6)
 pipe.ended(1.5, 100.0)
 time.sleep(1.0)
 pipe.ended(0.5, 200.0)
@@ -39,6 +40,9 @@ def test_follow_shows_each_epoch_a_child_reports_and_that_it_is_at_work_in_betwe
         os.close(read_end)
     lines = capsys.readouterr().err.splitlines()
     first = lines.index("  gpufeed epoch 1/2 (warm-up): 1.5 s, 100 images/s")
+    # before the first epoch's end the clock counts the child's start too, and says so
+    assert lines[:first] and all(line.startswith("  gpufeed: starting, then epoch 1/2 (warm-up) running, ")
+                                 for line in lines[:first])
     last = lines.index("  gpufeed epoch 2/2 (plain): 0.5 s, 200 images/s")
     between = lines[first + 1:last]
     assert between and all(line.startswith("  gpufeed: epoch 2/2 (plain) running, ") for line in between)

@@ -126,7 +126,8 @@ class EpochBar:
             text = f"running, {seconds:.0f} s so far"
         elif self._done < len(self._kinds):
             epoch = f"epoch {self._done + 1}/{len(self._kinds)} ({self._kinds[self._done]})"
-            text = f"{epoch} running, {seconds:.0f} s so far"
+            # the first epoch's own time, reported as it ends, leaves out the process's start counted here
+            text = f"{'starting, then ' if not self._done else ''}{epoch} running, {seconds:.0f} s so far"
         else:
             text = f"all epochs done; ending (readings, the loader closing), {seconds:.0f} s since the last"
         self._progress.say(f"  {self._name}: {text}")
