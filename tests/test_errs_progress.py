@@ -43,6 +43,28 @@ def test_synth_says_what_it_makes_then_how_far_it_got_then_that_it_reuses_it(tmp
     assert {p: p.stat().st_mtime_ns for p in files} == written  # reused, not written again
 
 
+def test_synth_refuses_a_folder_holding_another_data_set_and_finishes_its_own_unfinished_run(tmp_path):
+    """Written into a folder a loader would read whole, another data set's images would join this one's."""
+    root = tmp_path / "d"
+    assert _gpufeed("synth", str(root), "--n", "12", "--classes", "3").returncode == 0
+    other = _gpufeed("synth", str(root), "--n", "6", "--classes", "3")
+    assert other.returncode != 0
+    assert (f"{str(root)!r} holds another synthetic data set (n=12, classes=3, seed=0), which a loader would read "
+            "with this one: give another folder, or delete it first") in other.stderr
+    marker = next(p for p in root.iterdir() if p.is_file())
+    marker.unlink()  # as a run killed before its end leaves it
+    smaller = _gpufeed("synth", str(root), "--n", "6", "--classes", "3")
+    assert smaller.returncode != 0 and f"{str(root)!r} holds 'class_000/img_000006.jpg', which this data set does not " \
+        "hold" in smaller.stderr, smaller.stderr
+    finished = _gpufeed("synth", str(root), "--n", "12", "--classes", "3")  # the same data set: written over
+    assert finished.returncode == 0, finished.stderr
+    assert len(list(root.glob("class_*/img_*.jpg"))) == 12
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("x")
+    foreign = _gpufeed("synth", str(tmp_path / "mine"), "--n", "3")
+    assert foreign.returncode != 0 and "holds 'notes.txt'" in foreign.stderr
+
+
 def test_a_library_caller_that_asks_for_quiet_gets_no_output(tmp_path, capfd):
     from gpufeed.synth import create_synthetic_dataset
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -121,12 +122,21 @@ def create_synthetic_dataset(
     marker = root / _MARKER
     if marker.exists():
         try:
-            if json.loads(marker.read_text()) == spec:
-                if progress:
-                    _say(f"{root} already holds these {n} JPEGs in {_classes(n, num_classes)} (seed {seed}): reused")
-                return root
+            held = json.loads(marker.read_text())
         except (OSError, json.JSONDecodeError):
-            pass
+            held = None
+        if held == spec:
+            if progress:
+                _say(f"{root} already holds these {n} JPEGs in {_classes(n, num_classes)} (seed {seed}): reused")
+            return root
+        if isinstance(held, dict) and {"n", "num_classes", "seed"} <= held.keys():
+            raise FileExistsError(f"{str(root)!r} holds another synthetic data set (n={held['n']}, "
+                                  f"classes={held['num_classes']}, seed={held['seed']}), which a loader would read "
+                                  "with this one: give another folder, or delete it first")
+    foreign = _foreign(root, n, num_classes)
+    if foreign is not None:
+        raise FileExistsError(f"{str(root)!r} holds {foreign!r}, which this data set does not hold: a loader would read "
+                              "it with the images written here; give an empty or new folder")
     for c in range(min(num_classes, n)):
         (root / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
     workers = workers or min(len(os.sched_getaffinity(0)), 32)
@@ -148,6 +158,24 @@ def create_synthetic_dataset(
                     bar.update(bar.done + futures[f])
     marker.write_text(json.dumps(spec))
     return root
+
+
+def _foreign(root: Path, n: int, num_classes: int) -> str | None:
+    """The first entry of ``root`` that this run (``n`` images in ``num_classes`` classes) does not write (None:
+    there is none; an unfinished run of the same data set is written over, image for image)."""
+    if not root.is_dir():
+        return None
+    for entry in sorted(root.iterdir()):
+        if entry.name == _MARKER:
+            continue
+        folder = re.fullmatch(r"class_(\d{3,})", entry.name)
+        if not (entry.is_dir() and folder and int(folder[1]) < min(n, num_classes)):
+            return entry.name
+        for f in sorted(entry.iterdir()):
+            image = re.fullmatch(r"img_(\d{6,})\.jpg", f.name)
+            if not (image and int(image[1]) < n and int(image[1]) % num_classes == int(folder[1])):
+                return f"{entry.name}/{f.name}"
+    return None
 
 
 def _classes(n: int, num_classes: int) -> str:
