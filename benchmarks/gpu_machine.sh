@@ -18,7 +18,8 @@
 # AB_BUDGET (no a/b round begun that would end past it), AB_LIMIT (seconds before the a/b step is killed; both
 # default to what is left of CALL_S, 590, the seconds of the whole call),
 # CEILING_S (seconds each a/b run times the model alone), INFO=0 (no `gpufeed info`, which tries every decoder).
-# Packages that machine lacks (simplejpeg, nvImageCodec, nvJPEG) are installed from .whl/ when it is there.
+# Packages that machine lacks (simplejpeg, nvImageCodec, nvJPEG) are installed from .whl/ when it is there: make it
+# with `../shared/tools/device-wheels.sh simplejpeg` (its default leaves simplejpeg out) and carry [".whl"].
 set -uo pipefail
 OUT=${OUT:-/tmp/gpufeed-out}; mkdir -p "$OUT"
 J=/tmp/gpufeed-json; mkdir -p $J  # every --json; packed into $OUT/json.tgz at the end (few files come back)
