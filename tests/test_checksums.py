@@ -352,3 +352,55 @@ def test_each_loader_counts_its_own_hashings_in_a_folder_it_shares(synth_root, t
     with ImageLoader(source, verify_checksums=True, **KW) as second:
         assert sorted(_delivered(second)[0]) == list(range(40))
         assert second.stats["shards_hashed"] == 3
+
+
+def _check_at_once(pickled: bytes, shard: str, barrier) -> None:
+    """A worker process: its copy of the checksums, then the shard checked the moment every worker is ready."""
+    import os
+    import pickle
+
+    checks = pickle.loads(pickled)
+    fd = os.open(shard, os.O_RDONLY)
+    barrier.wait(30)
+    checks.check(shard, fd)
+
+
+def test_processes_opening_a_shard_at_once_hash_it_once(tmp_path):
+    """Four processes, released together by a barrier, open the same 32 MB shard (tens of milliseconds to hash,
+    so without its lock each would hash it): one hashes, the others wait for it and take its answer."""
+    import hashlib
+    import multiprocessing
+    import pickle
+
+    from gpufeed.sources.checksums import ShardChecksums
+
+    data = hashlib.sha256(b"seed").digest() * (1 << 20)
+    shard = tmp_path / "shard-000000.tar"
+    shard.write_bytes(data)
+    checks = ShardChecksums({shard.name: hashlib.sha256(data).hexdigest()}, str(tmp_path / "manifest.json")).shared()
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(4)
+    workers = [context.Process(target=_check_at_once, args=(pickle.dumps(checks), str(shard), barrier))
+               for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert [w.exitcode for w in workers] == [0] * 4
+    assert checks.hashed() == {shard.name: 1}
+
+
+def test_each_process_keeps_its_newest_answers_only(tmp_path):
+    """A copy fetched again every epoch is a new file each time: a long run's answers do not pile up in memory
+    (the newest ANSWERS_KEPT are kept)."""
+    import hashlib
+
+    from gpufeed.sources.checksums import ANSWERS_KEPT, ShardChecksums
+
+    shard = tmp_path / "shard-000000.tar"
+    checks = ShardChecksums({shard.name: hashlib.sha256(b"x").hexdigest()}, str(tmp_path / "manifest.json"))
+    for size in range(1, ANSWERS_KEPT + 50):
+        shard.write_bytes(b"x" * size)  # another size: another file to the checks
+        with open(shard, "rb") as f:
+            checks.answer(str(shard), f.fileno())
+    assert len(checks._answers) == ANSWERS_KEPT
