@@ -182,9 +182,12 @@ def test_a_slow_steady_link_through_a_sync_fsspec_client_passes_the_low_speed_ru
     """fsspec's sync HTTP client (requests, streaming) stands in for sftp, ftp, webhdfs: a link at 80 KB/s shows
     its bytes in every 1.5 s window of a 1 KB/s rule, read in small chunks, and the file arrives whole."""
     pytest.importorskip("requests")
-    from fsspec.implementations.http_sync import HTTPFileSystem
+    from fsspec.implementations import http_sync
 
     from gpufeed.sources.fetch import fsspec_get
+
+    http_sync.unregister()  # its import made it fsspec's http:// filesystem, the other tests' too: used here alone
+    HTTPFileSystem = http_sync.HTTPFileSystem
 
     httpd = http_server.ThreadingHTTPServer(("127.0.0.1", 0), _Steady)
     httpd.daemon_threads = True
