@@ -243,3 +243,164 @@ def test_a_manifest_that_is_a_fifo_or_too_large_is_refused_naming_it_not_waited_
     with pytest.raises(OSError, match=r"2048 bytes, over the cap of 1024"):
         manifest.read_manifest(tmp_path / "big")
     assert manifest.read_manifest(tmp_path / "none") is None  # no manifest: shards read without one
+
+
+def _one_shard(tmp_path: Path, folder: str | None = None):
+    """A shard and its checksums shared through ``folder`` (None: a fresh private one), as a worker gets them."""
+    import hashlib
+    import pickle
+
+    from gpufeed.sources.checksums import ShardChecksums
+
+    data = bytes(range(256)) * 64
+    shard = tmp_path / "shard-000000.tar"
+    shard.write_bytes(data)
+    checks = ShardChecksums({shard.name: hashlib.sha256(data).hexdigest()}, str(tmp_path / "manifest.json"))
+    checks = checks.shared(folder)
+    return shard, checks, pickle.loads(pickle.dumps(checks))
+
+
+def test_a_shared_folder_that_fails_stops_the_sharing_not_the_check(tmp_path):
+    """The folder the answers are shared through is gone (a temporary-files cleaner, a deleted spool): a shard
+    as written still passes, hashed by the process reading it, and a changed one is still refused by name."""
+    import shutil
+
+    shard, checks, worker = _one_shard(tmp_path)
+    shutil.rmtree(checks.folder)
+    with open(shard, "rb") as f:
+        worker.check(str(shard), f.fileno())
+    shard.write_bytes(shard.read_bytes()[:-1] + b"x")
+    with open(shard, "rb") as f, pytest.raises(OSError, match=r"shard-000000\.tar: its sha256 is not the one"):
+        worker.check(str(shard), f.fileno())
+
+
+def test_a_shard_lock_held_for_ever_is_waited_on_until_its_deadline_only(tmp_path):
+    """A process that holds a shard's lock and never lets go (a child forked while its parent hashed keeps the
+    lock): another process reading the shard waits a few seconds at most (LOCK_WAIT), then hashes it itself."""
+    import fcntl
+    import os
+    import threading
+    import time
+
+    shard, checks, worker = _one_shard(tmp_path)
+    with open(shard, "rb") as f:
+        checks.check(str(shard), f.fileno())  # the shard's lock file is made
+    shard.write_bytes(shard.read_bytes())  # the same bytes, a new ctime: hashed again, under the lock
+    held = [os.open(os.path.join(checks.folder, n), os.O_RDWR) for n in os.listdir(checks.folder)
+            if n.endswith(".lock")]
+    assert held
+    for fd in held:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: the same process conflicts with it as another would
+    outcome: list = []
+
+    def read() -> None:
+        with open(shard, "rb") as f:
+            try:
+                outcome.append(worker.answer(str(shard), f.fileno()))
+            except BaseException as e:
+                outcome.append(e)
+
+    try:
+        start = time.monotonic()
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(20)
+        waited = time.monotonic() - start
+        assert not reader.is_alive(), f"still waiting on the lock after {waited:.1f} s"
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert outcome == [None] and 1 <= waited < 15
+
+
+def test_a_second_loader_over_the_same_source_leaves_the_first_ones_answers_folder(tar_shards):
+    """Two loaders over one Source object (training, then validation), the first mid-epoch when the second is
+    made: the first still reads every sample, through the folder both now share."""
+    import gc
+
+    source = create_source(tar_shards)
+    first = ImageLoader(source, verify_checksums=True, **KW)
+    try:
+        batches = iter(first)
+        next(batches)
+        indices = list(first.batch_indices)
+        second = ImageLoader(source, verify_checksums=True, **KW)
+        gc.collect()
+        for _ in batches:
+            indices += first.batch_indices
+        assert sorted(indices) == list(range(40))
+        assert sorted(_delivered(second)[0]) == list(range(40))
+        second.close()
+    finally:
+        first.close()
+
+
+def test_each_loader_counts_its_own_hashings_in_a_folder_it_shares(synth_root, tmp_path):
+    """Two loaders over one Parquet Source, one after the other, share its spool's folder: the second, reading
+    the files after a rewrite (a new ctime each: hashed again), counts its own three hashings, not the first
+    loader's too."""
+    pytest.importorskip("pyarrow")
+    dest = tmp_path / "pq"
+    manifest = write_shards(synth_root, dest, ShardOptions(**OPTIONS, format="parquet"))
+    source = create_source(dest)
+    with ImageLoader(source, verify_checksums=True, **KW) as first:
+        assert sorted(_delivered(first)[0]) == list(range(40))
+        assert first.stats["shards_hashed"] == len(manifest["shards"]) == 3
+    for entry in manifest["shards"]:
+        path = dest / entry["name"]
+        path.write_bytes(path.read_bytes())
+    with ImageLoader(source, verify_checksums=True, **KW) as second:
+        assert sorted(_delivered(second)[0]) == list(range(40))
+        assert second.stats["shards_hashed"] == 3
+
+
+def _check_at_once(pickled: bytes, shard: str, barrier) -> None:
+    """A worker process: its copy of the checksums, then the shard checked the moment every worker is ready."""
+    import os
+    import pickle
+
+    checks = pickle.loads(pickled)
+    fd = os.open(shard, os.O_RDONLY)
+    barrier.wait(30)
+    checks.check(shard, fd)
+
+
+def test_processes_opening_a_shard_at_once_hash_it_once(tmp_path):
+    """Four processes, released together by a barrier, open the same 32 MB shard (tens of milliseconds to hash,
+    so without its lock each would hash it): one hashes, the others wait for it and take its answer."""
+    import hashlib
+    import multiprocessing
+    import pickle
+
+    from gpufeed.sources.checksums import ShardChecksums
+
+    data = hashlib.sha256(b"seed").digest() * (1 << 20)
+    shard = tmp_path / "shard-000000.tar"
+    shard.write_bytes(data)
+    checks = ShardChecksums({shard.name: hashlib.sha256(data).hexdigest()}, str(tmp_path / "manifest.json")).shared()
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(4)
+    workers = [context.Process(target=_check_at_once, args=(pickle.dumps(checks), str(shard), barrier))
+               for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert [w.exitcode for w in workers] == [0] * 4
+    assert checks.hashed() == {shard.name: 1}
+
+
+def test_each_process_keeps_its_newest_answers_only(tmp_path):
+    """A copy fetched again every epoch is a new file each time: a long run's answers do not pile up in memory
+    (the newest ANSWERS_KEPT are kept)."""
+    import hashlib
+
+    from gpufeed.sources.checksums import ANSWERS_KEPT, ShardChecksums
+
+    shard = tmp_path / "shard-000000.tar"
+    checks = ShardChecksums({shard.name: hashlib.sha256(b"x").hexdigest()}, str(tmp_path / "manifest.json"))
+    for size in range(1, ANSWERS_KEPT + 50):
+        shard.write_bytes(b"x" * size)  # another size: another file to the checks
+        with open(shard, "rb") as f:
+            checks.answer(str(shard), f.fileno())
+    assert len(checks._answers) == ANSWERS_KEPT

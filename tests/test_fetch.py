@@ -149,3 +149,81 @@ def test_a_sync_fsspec_filesystem_is_copied_through_its_open_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         fsspec_get(fs, "memory://bucket/missing.tar", str(tmp_path / "missing.tar"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shard.tar"]
+
+
+class _Steady(http_server.BaseHTTPRequestHandler):
+    """160,000 bytes, 8 KB every 0.1 s (80 KB/s: slow, steady, well above a 1 KB/s rule), no Content-Length in a
+    GET, so a sync client streams it; HEAD gives the size."""
+
+    SIZE = 160_000
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(self.SIZE))
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Connection", "close")
+        self.end_headers()
+        try:
+            for at in range(0, self.SIZE, 8000):
+                self.wfile.write(b"s" * 8000)
+                self.wfile.flush()
+                time.sleep(0.1)
+        except OSError:
+            pass
+
+
+def test_a_slow_steady_link_through_a_sync_fsspec_client_passes_the_low_speed_rule(tmp_path):
+    """fsspec's sync HTTP client (requests, streaming) stands in for sftp, ftp, webhdfs: a link at 80 KB/s shows
+    its bytes in every 1.5 s window of a 1 KB/s rule, read in small chunks, and the file arrives whole."""
+    pytest.importorskip("requests")
+    from fsspec.implementations import http_sync
+
+    from gpufeed.sources.fetch import fsspec_get
+
+    http_sync.unregister()  # its import made it fsspec's http:// filesystem, the other tests' too: used here alone
+    HTTPFileSystem = http_sync.HTTPFileSystem
+
+    httpd = http_server.ThreadingHTTPServer(("127.0.0.1", 0), _Steady)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        fs = HTTPFileSystem(block_size=0, skip_instance_cache=True)  # a stream: each read waits for its bytes
+        fsspec_get(fs, f"http://127.0.0.1:{httpd.server_address[1]}/shard.tar", str(tmp_path / "shard.tar"),
+                   FetchLimits(deadline=30.0, low_speed=1000, low_speed_time=1.5))
+        assert (tmp_path / "shard.tar").read_bytes() == b"s" * _Steady.SIZE
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["shard.tar"]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_an_async_client_that_writes_after_it_was_given_up_leaves_no_file(tmp_path):
+    """An async client slow to stop: cancelled at the deadline, it writes its file after the cancellation's wait
+    and ends with an error of its own, not the cancellation. What it wrote is deleted all the same."""
+    import asyncio
+
+    from fsspec.asyn import AsyncFileSystem
+
+    from gpufeed.sources.fetch import _CANCEL_WAIT, fsspec_get
+
+    class SlowToStop(AsyncFileSystem):
+        async def _get_file(self, rpath, lpath, **kwargs):
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                await asyncio.sleep(_CANCEL_WAIT + 0.5)
+                with open(lpath, "wb") as f:
+                    f.write(b"partial")
+                raise OSError("transfer aborted") from None
+
+    fs = SlowToStop(skip_instance_cache=True)
+    with pytest.raises(TimeoutError, match="deadline of 1 s"):
+        fsspec_get(fs, "slow://bucket/shard.tar", str(tmp_path / "shard.tar"), FetchLimits(deadline=1.0, low_speed=0))
+    time.sleep(1.5)  # past the client's late write
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -446,3 +446,33 @@ def test_a_manifest_that_is_there_but_cannot_be_read_raises_naming_its_url(http,
     (http.root / "manifest.json").unlink()
     http.fail("/manifest.json", 0)
     assert len(create_source(http.url + "/")) == 40
+
+
+def test_a_urls_retry_is_said_once_then_again_after_ten_minutes(http, caplog):
+    """The first retry of a URL is one warning for the whole session (its workers' retries at DEBUG), until 10
+    minutes have passed since that warning: an outage later in a long run is said again."""
+    import glob
+
+    from gpufeed.sources.spool import Spool
+
+    spool = Spool(None, None, RetryPolicy(attempts=2, backoff=0.01))
+    url = f"{http.url}/shard-003.tar"
+
+    def said() -> int:
+        caplog.clear()
+        http.fail("/shard-003.tar", 1)
+        with caplog.at_level("DEBUG", logger="gpufeed"):
+            spool.local(url)
+        spool.drop(url)
+        retries = [r for r in caplog.records if "attempt 2 of 2" in r.getMessage()]
+        assert len(retries) == 1 and "shard-003.tar" in retries[0].getMessage()
+        return sum(r.levelname == "WARNING" for r in retries)
+
+    assert said() == 1
+    assert said() == 0  # the same outage, or a worker's retry of it: at DEBUG
+    markers = glob.glob(os.path.join(spool.root, ".retried-*", "*"))
+    assert markers
+    for marker in markers:  # that warning 11 minutes old
+        os.utime(marker, (time.time() - 660, time.time() - 660))
+    assert said() == 1
+    assert said() == 0

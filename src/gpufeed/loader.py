@@ -132,9 +132,9 @@ class ImageLoader:
             replaced) and for a whole batch (600; the error names the workers and the samples in flight);
             None lifts either.
         verify_checksums: check each shard of a ``gpufeed shards`` folder against its manifest's sha256, hashed
-            once per machine (a remote shard as soon as its copy is fetched, a local one on its first read;
-            ``loader.stats["shards_hashed"]``); a changed shard fails its samples, naming it (skipped and
-            counted under "skip").
+            at most once per loader on each machine (a remote shard as soon as its copy is fetched, a local one on
+            its first read; ``loader.stats["shards_hashed"]``); a changed shard fails its samples, naming it
+            (skipped and counted under "skip").
 
     The settings are kept, grouped and validated, in ``loader.augment`` (at the size in effect),
     ``loader.normalize``, ``loader.order``, ``loader.decoding`` and ``loader.errors``.
@@ -200,6 +200,7 @@ class ImageLoader:
         self.gpu_memory, self.worker_cpus = pipeline.gpu_memory, pipeline.worker_cpus
         self._skips, self._share, self._per_sample = pipeline.skips, pipeline.share, pipeline.per_sample
         self._stage, self._scheduler, self._prefetcher = pipeline.stage, pipeline.scheduler, pipeline.prefetcher
+        self._checksums = pipeline.checksums
         self._iterations = OneAtATime("this ImageLoader")
         self._placed = False  # load_state_dict set the position the next iteration starts from
         self._gpu_stage = getattr(self._stage, "decode", None)  # the GPU path's decode, for stats and tests
@@ -338,9 +339,9 @@ class ImageLoader:
         the number of skipped samples, (path, reason) for the first 10,000, and how many samples stood in for
         them (``repeated``); under either policy, a tar's members named like images that are never read (links,
         devices, FIFOs), which are no samples: ``left_out_count``, and (path, reason) of the first 10,000 in
-        ``left_out`` (a remote shard's once its copy is fetched); under ``verify_checksums``, how many times a
-        shard was hashed (``shards_hashed``: once per shard and machine, again for a copy fetched again; None
-        otherwise)."""
+        ``left_out`` (a remote shard's once its copy is fetched); under ``verify_checksums``, how many times this
+        loader hashed a shard (``shards_hashed``: at most once per shard on each machine, again for a copy fetched
+        again; None otherwise)."""
         by = dict(self._stage.decoded_by)
         pool = self._scheduler.pool
         return {"decode_backend": self.decode_backend, "decode_reason": self.decode_reason, "decoded_by": by,
@@ -353,7 +354,7 @@ class ImageLoader:
                 "ops_in_workers": list(self.spec.worker_ops.names) if self.spec.worker_ops is not None else [],
                 "skipped_count": self._skips.total, "skipped": list(self._skips.listed),
                 "repeated": self._skips.repeated, "shards": getattr(self.source, "shard_options", None),
-                **_left_out(self.source), "shards_hashed": _shards_hashed(self.source)}
+                **_left_out(self.source), "shards_hashed": _shards_hashed(self._checksums)}
 
     def __enter__(self) -> "ImageLoader":
         return self
@@ -374,9 +375,8 @@ def _left_out(source: Any) -> dict[str, Any]:
     return {"left_out_count": len(left_out), "left_out": left_out[: SkipLog.LISTED]}
 
 
-def _shards_hashed(source: Any) -> int | None:
-    """How many times the source's shards were hashed for ``verify_checksums`` (None when it is off)."""
-    checksums = getattr(source, "checksums", None)
+def _shards_hashed(checksums: Any) -> int | None:
+    """How many times this loader's shards were hashed for ``verify_checksums`` (None when it is off)."""
     return sum(checksums.hashed().values()) if checksums is not None else None
 
 

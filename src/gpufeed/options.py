@@ -90,8 +90,8 @@ class ErrorPolicy:
     in [0, num_classes) (None: any integer >= 0). ``sample_timeout``: seconds one sample's read and decode
     may take before its worker is replaced; ``batch_timeout``: seconds a batch may take in all before the
     loader raises, naming the workers and the samples in flight (None: no limit, for either).
-    ``verify_checksums``: check each shard against the sha256 its ``gpufeed shards`` manifest lists, hashed once
-    per machine (``sources.checksums``); a changed shard fails its samples, naming it.
+    ``verify_checksums``: check each shard against the sha256 its ``gpufeed shards`` manifest lists, hashed at most
+    once per loader on each machine (``sources.checksums``); a changed shard fails its samples, naming it.
     """
 
     on_error: OnError = "raise"

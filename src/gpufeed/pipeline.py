@@ -109,6 +109,7 @@ class Pipeline:
     stage: GpuStage | HostStage
     scheduler: Scheduler
     prefetcher: Prefetcher
+    checksums: Any = None  # verify_checksums: this loader's copy of the source's (``_verify_checksums``)
 
 
 def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions, errors: ErrorPolicy,
@@ -119,8 +120,7 @@ def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions,
     augment, normalize, batch = settings.augment, settings.normalize, order.batch_size
     src = create_source(source, storage_options=storage_options)
     check_source_importable(src)
-    if errors.verify_checksums:
-        _verify_checksums(src, source)
+    checksums = _verify_checksums(src, source) if errors.verify_checksums else None
     rank, world_size = resolve_rank(order.rank, order.world_size)
     sampler = ShardedSampler(len(src), shuffle=augment.train, seed=order.seed, rank=rank, world_size=world_size,
                              drop_last=order.drop_last, groups=getattr(src, "groups", None),  # a grouped order
@@ -174,11 +174,12 @@ def create_pipeline(source: Any, *, settings: Settings, decoding: DecodeOptions,
     prefetcher = Prefetcher(device=device, depth=decoding.prefetch_depth, transform=stage, on_issued=stage.issued,
                             on_take=share.taken, timeout=timeout)
     return Pipeline(src, sampler, num_workers, reason, memory, spec, worker_cpus, skips, share, per_sample, stage,
-                    scheduler, prefetcher)
+                    scheduler, prefetcher, checksums)
 
 
-def _verify_checksums(src: Any, source: Any) -> None:
-    """Turn on ``src``'s check of each shard against its manifest's sha256; ValueError when it has none."""
+def _verify_checksums(src: Any, source: Any) -> Any:
+    """Turn on ``src``'s check of each shard against its manifest's sha256, and return this loader's checks;
+    ValueError when it has none."""
     checksums = getattr(src, "manifest_checksums", None)
     if checksums is None or not hasattr(src, "checksums"):
         shown = source if isinstance(source, (str, os.PathLike)) else type(source).__name__
@@ -186,7 +187,9 @@ def _verify_checksums(src: Any, source: Any) -> None:
                          f"beside them, and {str(shown)!r} has none: give the folder `gpufeed shards` wrote, or "
                          "verify_checksums=False")
     spool = getattr(src, "spool", None)  # remote shards, Parquet: answers kept in their spool; else a folder of its own
-    src.checksums = checksums.shared(spool.root if spool is not None else None)
+    # another loader over the same Source may be reading through the folder its copy holds: kept, not replaced
+    src.checksums = checksums.shared(spool.root if spool is not None else None, like=src.checksums)
+    return src.checksums
 
 
 def _check_storage_options(source: Any, storage_options: dict[str, Any] | None) -> None:

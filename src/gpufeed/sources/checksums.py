@@ -1,13 +1,17 @@
 """Shards checked against their manifest's sha256 as the loader reads them (``verify_checksums=True``).
 
-A shard is hashed once per machine, not once per worker: the answer (the sha256 of one file, keyed by its
-device, inode, size, mtime and ctime) is kept in a private folder every process of the loader shares (the
-spool's, for remote shards and Parquet files; a fresh one for local tar shards), under a per-shard lock, so
-the workers that open a shard together wait for one hashing and take its answer. A remote shard is hashed
-by the loader's fetch threads as soon as its copy lands, ahead of the workers; a local one by the first
-process to open it. A file changed since (a copy fetched again, a rewrite, even one with its mtime set back)
-has another key and is hashed again. ``hashed()`` counts the hashings (``loader.stats["shards_hashed"]``):
-a read-through each, cheap beside decoding (BENCHMARKS.md#robustness-costs). A shard whose bytes are not
+A shard is hashed at most once per loader on each machine, not once per worker: the answer (the sha256 of
+one file, keyed by its device, inode, size, mtime and ctime) is kept in a private folder every process of the
+loader shares (the spool's, for remote shards and Parquet files; for local tar shards one of its own, shared
+with the other loaders over the same source object), under a per-shard lock, so the workers that open a shard
+together wait for one hashing and take its answer. A lock held past ``LOCK_WAIT`` seconds (a hung holder, a
+forked child that kept it) is not waited on further: the shard is hashed without it. A folder that fails (gone,
+full, out of descriptors) stops the sharing, never the check: the shard is hashed by the process reading it. A
+remote shard is hashed by the loader's fetch threads as soon as its copy lands, ahead of the workers; a local
+one by the first process to open it. A file changed since (a copy fetched again, a rewrite, even one with its
+mtime set back) has another key and is hashed again. ``hashed()`` counts one loader's hashings
+(``loader.stats["shards_hashed"]``): a read-through each, cheap beside decoding
+(BENCHMARKS.md#robustness-costs). A shard whose bytes are not
 the ones ``gpufeed shards`` wrote fails every sample read from it, with an error naming the shard, the
 manifest and the ways out; under ``on_error="skip"`` those samples are skipped and counted like any other
 bad sample.
@@ -19,13 +23,19 @@ import collections
 import fcntl
 import hashlib
 import os
+import secrets
+import time
+import weakref
 from typing import Mapping
 
 from .private import append_log, open_file, read_json, read_log, write_json
 from .urls import redact, unsigned
 
 _CHUNK = 1 << 20
-HASHED_LOG = "hashed.log"  # in the shared folder: one line per shard hashed, by any process
+HASHED_LOG = "hashed.log"  # in the shared folder, <HASHED_LOG>-<token>: one line per shard hashed for a loader
+SESSION_LOG_BYTES = 1 << 40  # a loader's own log is never rotated, so its count never goes down
+LOCK_WAIT = 5.0  # seconds a process waits on another's hashing of a shard before hashing the shard itself
+ANSWERS_KEPT = 4096  # answers each process keeps in memory, the newest
 
 
 def shard_name(path: str) -> str:
@@ -40,23 +50,27 @@ class ShardChecksums:
 
     def __init__(self, expected: Mapping[str, str], manifest: str, folder: str | None = None) -> None:
         self.expected, self.manifest, self.folder = dict(expected), manifest, folder
-        self._answers: dict[tuple, str | None] = {}  # a shard's file -> None (as written) or why not
+        self.token: str | None = None  # names the log of this loader's hashings in ``folder`` (``shared``)
+        # a shard's file -> None (as written) or why not; the newest ANSWERS_KEPT
+        self._answers: collections.OrderedDict[tuple, str | None] = collections.OrderedDict()
         self._holder = None  # the process that made ``folder`` keeps it alive through this
 
     def __getstate__(self) -> dict:
-        return {"expected": self.expected, "manifest": self.manifest, "folder": self.folder, "_answers": {},
-                "_holder": None}
+        return {"expected": self.expected, "manifest": self.manifest, "folder": self.folder, "token": self.token,
+                "_answers": collections.OrderedDict(), "_holder": None}
 
-    def shared(self, folder: str | None = None) -> "ShardChecksums":
+    def shared(self, folder: str | None = None, like: "ShardChecksums | None" = None) -> "ShardChecksums":
         """These checksums, with answers shared by every process through ``folder`` (a folder only this user
-        can write: a spool's); None: a fresh one of this user's, deleted with the returned object."""
+        can write: a spool's); None: the private folder of ``like`` (the copy another loader over the same
+        source holds) while it lives, else a fresh one of this user's, deleted with the last copy holding it.
+        Each copy counts its own hashings (``hashed``)."""
         copy = ShardChecksums(self.expected, self.manifest, folder)
         if folder is None:
-            from .retry import ONCE
-            from .spool import Spool
-
-            copy._holder = Spool(None, None, ONCE)  # a private folder, swept like a spool if this process is killed
+            copy._holder = _live_holder(like) or _new_holder()
             copy.folder = copy._holder.root
+        copy.token = secrets.token_hex(8)
+        # the log dies with the copy that counts it: a kept spool_dir does not gather them
+        weakref.finalize(copy, _unlink_quietly, copy._log())
         return copy
 
     def check(self, shard: str, fd: int) -> None:
@@ -68,19 +82,26 @@ class ShardChecksums:
 
     def answer(self, shard: str, fd: int) -> str | None:
         """None when the file open at ``fd`` has the manifest's sha256 for ``shard``, else why not; reads the
-        file through (``os.pread``: ``fd``'s position is left alone) once per machine with a ``folder``, once
-        per process without."""
+        file through (``os.pread``: ``fd``'s position is left alone) once per loader on this machine with a
+        ``folder``, once per process without."""
         name, st = shard_name(shard), os.fstat(fd)
         # a copy fetched again is checked again; ctime too, which no one sets back as `touch -r` does mtime
         key = (name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if key not in self._answers:
+        if key in self._answers:
+            self._answers.move_to_end(key)
+        else:
             self._answers[key] = self._judge(name, shard, fd, key)
+            if len(self._answers) > ANSWERS_KEPT:  # copies fetched again each epoch would grow it without end
+                self._answers.popitem(last=False)
         return self._answers[key]
 
     def hashed(self) -> collections.Counter[str]:
-        """How many times each shard (by name) was hashed in ``folder``, by any process, as far back as its
-        log keeps (``private.append_log``); empty without a folder."""
-        return read_log(os.path.join(self.folder, HASHED_LOG)) if self.folder is not None else collections.Counter()
+        """How many times each shard (by name) was hashed for this copy (``shared``) and the workers it went
+        to, in this session only; empty without a folder."""
+        return read_log(self._log()) if self.folder is not None and self.token is not None else collections.Counter()
+
+    def _log(self) -> str:
+        return os.path.join(self.folder, f"{HASHED_LOG}-{self.token}")
 
     def _judge(self, name: str, shard: str, fd: int, key: tuple) -> str | None:
         want = self.expected.get(name)
@@ -96,25 +117,77 @@ class ShardChecksums:
 
     def _digest(self, shard: str, fd: int, key: tuple) -> str:
         """The sha256 of the file open at ``fd``: the one a process recorded in ``folder`` for this very file
-        (``key``), else hashed here under the shard's lock, and recorded."""
+        (``key``), else hashed here under the shard's lock (waited on for ``LOCK_WAIT`` seconds at most), and
+        recorded. A folder that fails (gone, full, out of descriptors) only stops the sharing."""
         if self.folder is None:
             return _sha256(fd)
         record = os.path.join(self.folder, "sha256-" + hashlib.sha256(unsigned(shard).encode()).hexdigest()[:24])
         known = _recorded(record + ".json", key)
         if known is not None:
             return known
-        lock = open_file(record + ".lock", os.O_CREAT | os.O_RDWR)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be hashing it: its answer is this one's
-            known = _recorded(record + ".json", key)
-            if known is not None:
-                return known
+            lock = open_file(record + ".lock", os.O_CREAT | os.O_RDWR)
+        except OSError:  # the shard's bytes are still here to hash: the folder's failure is no shard's
+            return _sha256(fd)
+        try:
+            # another process may be hashing it: its answer is this one's, unless it holds the lock too long
+            if _lock(lock, LOCK_WAIT):
+                known = _recorded(record + ".json", key)
+                if known is not None:
+                    return known
             digest = _sha256(fd)
-            write_json(record + ".json", {"key": list(key), "sha256": digest})
-            append_log(os.path.join(self.folder, HASHED_LOG), key[0])
+            self._record(record + ".json", key, digest)
             return digest
         finally:
             os.close(lock)  # closing the descriptor releases the lock
+
+    def _record(self, path: str, key: tuple, digest: str) -> None:
+        """``digest`` kept for the other processes (written whole, so a reader without the lock sees all or
+        nothing) and counted; a folder that refuses it loses the sharing, not the answer."""
+        try:
+            write_json(path, {"key": list(key), "sha256": digest})
+        except OSError:
+            pass
+        append_log(self._log(), key[0], SESSION_LOG_BYTES)
+
+
+def _lock(fd: int, wait: float) -> bool:
+    """Whether the lock on ``fd`` was taken within ``wait`` seconds. A holder can hold it for ever (a child
+    forked while it hashed keeps its lock), so nobody waits past the deadline."""
+    deadline = time.monotonic() + wait
+    pause = 0.005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        except OSError:  # no locks on this filesystem: hashed here, unshared
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+
+
+def _live_holder(like: "ShardChecksums | None"):
+    """The holder of ``like``'s private folder while that folder still exists, else None."""
+    holder = getattr(like, "_holder", None)
+    return holder if holder is not None and os.path.isdir(holder.root) else None
+
+
+def _new_holder():
+    from .retry import ONCE
+    from .spool import Spool
+
+    return Spool(None, None, ONCE)  # a private folder, swept like a spool if this process is killed
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _recorded(path: str, key: tuple) -> str | None:

@@ -177,22 +177,23 @@ def http_get(url: str, path: str, limits: FetchLimits = FetchLimits()) -> str | 
 
 _WATCH = 0.25  # seconds between looks at an fsspec transfer's progress
 _CANCEL_WAIT = 2.0  # seconds a cancelled async transfer is given to close its file, so it is deleted here
+_COPY_CHUNK = 1 << 16  # a sync copy's reads: small enough that a slow link shows progress in each low-speed window
 
 
 def fsspec_get(fs: Any, url: str, path: str, limits: FetchLimits = FetchLimits()) -> None:
     """``fs.get_file(url, path)`` under ``limits``, as ``http_get`` applies them: the transfer writes beside
-    ``path`` and is watched from here by the size of what it wrote, moved to ``path`` once complete. A transfer
-    past the deadline or under the low-speed rule raises ``TimeoutError``, one over the byte cap ``TooLarge``;
-    either way it is cancelled at once (``_Transfer``), so the client stops reading from the server, and what it
-    wrote is deleted. Each attempt writes a file of its own, so a cancelled transfer never touches a later
-    attempt's."""
+    ``path`` and is watched from here by what it read (``_Transfer.progress``), moved to ``path`` once complete.
+    A transfer past the deadline or under the low-speed rule raises ``TimeoutError``, one over the byte cap
+    ``TooLarge``; either way it is cancelled at once (``_Transfer``), so the client stops reading from the
+    server, and what it wrote is deleted. Each attempt writes a file of its own, so a cancelled transfer never
+    touches a later attempt's."""
     partial = f"{path}.{secrets.token_hex(6)}.fsspec"
     transfer = _Transfer(fs, url, partial)
     shown, start = redact(url), time.monotonic()
     window, window_got = start, 0  # the low-speed rule's current window
     try:
         while not transfer.wait(_WATCH):
-            now, got = time.monotonic(), _size(partial)
+            now, got = time.monotonic(), transfer.progress()
             if got > limits.max_bytes:
                 raise TooLarge(f"{shown}: more than the cap of {limits.max_bytes} bytes per request")
             if now - start >= limits.deadline:
@@ -225,6 +226,7 @@ class _Transfer:
 
     def __init__(self, fs: Any, url: str, partial: str) -> None:
         self.partial, self.failure = partial, None
+        self.read = 0  # bytes a sync copy has read so far (an async client's are judged by its file)
         self._done, self._given_up = threading.Event(), threading.Event()
         self._started, self._ended = threading.Event(), threading.Event()  # an async transfer's task ran, and ended
         self._future: Any = None
@@ -240,11 +242,13 @@ class _Transfer:
         try:
             await fs._get_file(url, self.partial)
         except asyncio.CancelledError:
-            _unlink(self.partial)  # the file is closed by now: the client's own `finally` ran first
+            self._given_up.set()  # cancelled from anywhere: nobody waits for it
             raise
-        except BaseException as e:  # handed to the caller, which raises it
+        except BaseException as e:  # handed to the caller, which raises it (unless it gave up)
             self.failure = e
         finally:
+            if self._given_up.is_set():  # however the client ended, what it wrote goes; its file is closed by now
+                _unlink(self.partial)
             self._ended.set()
 
     def _get_sync(self, fs: Any, url: str) -> None:
@@ -266,8 +270,13 @@ class _Transfer:
             if self._given_up.is_set():  # cancelled while it opened
                 return
             with os.fdopen(open_file(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as out:
-                while not self._given_up.is_set() and (chunk := source.read(_CHUNK)):
+                while not self._given_up.is_set() and (chunk := source.read(_COPY_CHUNK)):
                     out.write(chunk)
+                    self.read += len(chunk)
+
+    def progress(self) -> int:
+        """Bytes transferred so far: those a sync copy read, or those written where the client writes the file."""
+        return max(self.read, _size(self.partial))
 
     def wait(self, timeout: float) -> bool:
         """Whether the transfer ended (either way) within ``timeout`` seconds."""

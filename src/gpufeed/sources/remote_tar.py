@@ -231,7 +231,7 @@ class RemoteTarSource:
 
     def _ready(self, url: str, fd: int, local: str) -> None:
         """Main process, a fetch thread: the copy of ``url`` is complete, open at ``fd``: checked against the
-        manifest now (once per machine: ``checksums``), before a worker waits on it, and its members counted."""
+        manifest now (once per loader on this machine: ``checksums``), before a worker waits on it, and its members counted."""
         if self.checksums is not None and self.checksums.answer(url, fd) is not None:
             return  # changed: the workers refuse it, naming it; its members are not looked at
         self._count_left_out(url, _members(fd, local))

@@ -52,6 +52,7 @@ MADE_LOG = "made.log"  # in the folder: one line per item made, by any process
 MADE_LOG_BYTES = LOG_BYTES  # then it becomes made.log.1 (the one before is dropped): a kept spool_dir stays small
 SPOOL_PREFIX = "spool-"  # default spools: <temporary folder>/gpufeed-<uid>/spool-<pid>-<random>
 RETRIED = ".retried-"  # <folder>/.retried-<session>/<item key>: an item whose retry a process of the session said
+RETRY_SAID_TTL = 600.0  # seconds after a URL's retry warning before a retry of it warns again (a later outage)
 
 Make = Callable[[str], None]  # writes an item's whole content to the path it is given
 
@@ -138,8 +139,9 @@ class Spool:
                             functools.partial(self._first_retry, url))
 
     def _first_retry(self, url: str) -> bool:
-        """Whether no process of this session (the loader's, its workers') has said a retry of ``url`` yet;
-        from now on one has. A marker file made exclusively decides it."""
+        """Whether no process of this session (the loader's, its workers') has said a retry of ``url`` in the
+        last ``RETRY_SAID_TTL`` seconds; from now on one has. A marker file, made exclusively, decides it; an
+        outage later than its life is said again."""
         folder = os.path.join(self.root, RETRIED + self.session)
         try:
             os.mkdir(folder, 0o700)
@@ -147,10 +149,11 @@ class Spool:
             pass
         except OSError:  # the marker cannot be made: said, as without one
             return True
+        marker = os.path.join(folder, _key(url))
         try:
-            os.close(create_file(os.path.join(folder, _key(url))))
+            os.close(create_file(marker))
         except FileExistsError:
-            return False
+            return _claim_stale(marker)
         except OSError:
             return True
         return True
@@ -336,6 +339,24 @@ def _sweep_retried(root: str) -> None:
     for name in os.listdir(root):
         if name.startswith(RETRIED) and not Session.alive(root, name[len(RETRIED):]):
             shutil.rmtree(os.path.join(root, name), True)
+
+
+def _claim_stale(marker: str) -> bool:
+    """Whether this process took the retry marker at ``marker`` (``Spool._first_retry``) because its warning
+    is older than ``RETRY_SAID_TTL``: renamed away by one process only, then made anew for the next ones."""
+    try:
+        if time.time() - os.lstat(marker).st_mtime < RETRY_SAID_TTL:
+            return False
+        taken = f"{marker}.{secrets.token_hex(6)}"
+        os.rename(marker, taken)  # of the processes that found it stale, only one renames it
+    except OSError:  # gone: another process took it, and warned
+        return False
+    with_missing_ok(os.unlink, taken)
+    try:
+        os.close(create_file(marker))
+    except OSError:  # made meanwhile by a process that warned too: said twice at most
+        pass
+    return True
 
 
 def _recent_failure(marker: str) -> str | None:
