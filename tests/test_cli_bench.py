@@ -319,3 +319,14 @@ def test_every_built_in_recipe_is_one_gpufeed_reads():
     assert len(read) == 4 and all(r.train and r.image_size == 64 for r in read.values())
     assert read["resize-randomcrop"].crop is not None and read["resize-randomcrop"].resize_size == 73
     assert read["standard"].crop is None and len(read["trivialaugment"].pixel) == 1
+
+
+def test_past_three_timed_epochs_two_plain_ones_come_for_each_monitored_one():
+    """The rate is the plain epochs' median: from four timed epochs on, three or more plain ones, so that the first
+    epoch after the warm-up (often the slowest) does not weigh half."""
+    from gpufeed.bench.pipeline import epoch_kinds
+
+    assert epoch_kinds(4) == ["warm-up", "plain", "monitored", "plain", "memory"]
+    assert epoch_kinds(5) == ["warm-up", "plain", "monitored", "plain", "plain", "memory"]
+    kinds = epoch_kinds(9)
+    assert kinds.count("plain") == 5 and kinds.count("monitored") == 3 and kinds[0] == "warm-up"
