@@ -80,3 +80,24 @@ def test_the_core_dependencies_bound_opencv_below_its_next_major_and_bring_tqdm(
     assert core["opencv-python-headless"].specifier.contains(cv2.__version__)  # the version the suite runs on
     assert not core["opencv-python-headless"].specifier.contains("6.0.0")
     assert core["tqdm"].specifier.contains(tqdm.__version__)
+
+
+def test_a_torchvision_of_another_build_is_said_with_the_way_out(tmp_path):
+    """A torchvision built for another torch fails its import with "operator torchvision::nms does not exist"
+    (PyTorch's CPU index and PyPI mixed): gpufeed's import says what it means and how to install both. The
+    broken install is stood in for by a package that fails as that one does."""
+    fake = tmp_path / "torchvision"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('raise RuntimeError("operator torchvision::nms does not exist")\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), SRC])}
+    done = subprocess.run([sys.executable, "-c", "from gpufeed import ImageLoader"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode != 0
+    last = done.stderr.rstrip().splitlines()[-1]
+    assert last.startswith("ImportError: torchvision does not load with this torch ") and \
+        "(operator torchvision::nms does not exist): the two come from different builds" in last, last
+    assert "pip install --force-reinstall torch torchvision" in last
+    info = subprocess.run([sys.executable, "-m", "gpufeed", "info"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert info.returncode == 2 and info.stderr.startswith("gpufeed info: error: torchvision does not load with this "
+                                                           "torch "), info.stderr

@@ -49,9 +49,24 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'gpufeed' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except RuntimeError as e:
+        if "torchvision::" not in str(e):
+            raise
+        raise ImportError(_mismatch(e)) from e
     globals()[name] = value
     return value
+
+
+def _mismatch(error: RuntimeError) -> str:
+    """What a torchvision built for another torch raises at import, said with the way out."""
+    import torch
+
+    return (f"torchvision does not load with this torch {torch.__version__} ({error}): the two come from different "
+            "builds, e.g. one from PyTorch's CPU index and the other from PyPI. Install both from one index: pip "
+            "install --force-reinstall torch torchvision (add --index-url https://download.pytorch.org/whl/cpu for "
+            "the CPU-only build)")
 
 
 def __dir__() -> list[str]:

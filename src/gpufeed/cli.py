@@ -399,7 +399,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # said by the command's own parser, with its usage and the option meant where one is close
         _unknown_options(parser, args.command, unknown)
     try:
-        return args.fn(args)
+        try:
+            return args.fn(args)
+        except RuntimeError as e:  # a torchvision of another build fails its import so
+            if "torchvision::" not in str(e):
+                raise
+            from . import _mismatch
+
+            raise ImportError(_mismatch(e)) from None
     except (ValueError, OSError, ImportError) as e:  # each names its file or URL and the way out: one line
         options = None
         try:  # the message names storage options by their keys, never their values
