@@ -476,3 +476,33 @@ def test_a_urls_retry_is_said_once_then_again_after_ten_minutes(http, caplog):
         os.utime(marker, (time.time() - 660, time.time() - 660))
     assert said() == 1
     assert said() == 0
+
+
+def test_an_item_whose_lock_is_held_for_ever_is_made_here_once_a_fetch_could_have_ended(tmp_path):
+    """A process holding an item's lock and never letting go (a hung fetch, a child forked during one): another
+    waits as long as one fetch may take (its retries' deadline, one attempt's and a spare), then makes the item
+    itself, whole."""
+    import fcntl
+
+    from gpufeed.sources.fetch import FetchLimits
+    from gpufeed.sources.spool import FETCH_WAIT_SPARE, Spool
+
+    spool = Spool(str(tmp_path / "spool"), None, RetryPolicy(attempts=1, deadline=0.5), limits=FetchLimits(deadline=0.5))
+    url = "https://example.invalid/shard-000.tar"
+    path = spool.path_of(url)
+    held = os.open(path + ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # another open file: this process conflicts with it as another would
+    got: list = []
+    try:
+        start = time.monotonic()
+        maker = threading.Thread(target=lambda: got.append(spool.local(url, make=lambda part: open(part, "wb").write(
+            b"whole item"))), daemon=True)
+        maker.start()
+        maker.join(30)
+        waited = time.monotonic() - start
+        assert not maker.is_alive(), f"still waiting on the lock after {waited:.1f} s"
+    finally:
+        os.close(held)
+    with open(got[0], "rb") as f:
+        assert f.read() == b"whole item"
+    assert 1.0 + FETCH_WAIT_SPARE - 0.5 <= waited < 1.0 + FETCH_WAIT_SPARE + 5

@@ -20,15 +20,13 @@ bad sample.
 from __future__ import annotations
 
 import collections
-import fcntl
 import hashlib
 import os
 import secrets
-import time
 import weakref
 from typing import Mapping
 
-from .private import append_log, open_file, read_json, read_log, write_json
+from .private import append_log, lock_within, open_file, read_json, read_log, write_json
 from .urls import redact, unsigned
 
 _CHUNK = 1 << 20
@@ -131,7 +129,7 @@ class ShardChecksums:
             return _sha256(fd)
         try:
             # another process may be hashing it: its answer is this one's, unless it holds the lock too long
-            if _lock(lock, LOCK_WAIT):
+            if lock_within(lock, LOCK_WAIT):
                 known = _recorded(record + ".json", key)
                 if known is not None:
                     return known
@@ -149,25 +147,6 @@ class ShardChecksums:
         except OSError:
             pass
         append_log(self._log(), key[0], SESSION_LOG_BYTES)
-
-
-def _lock(fd: int, wait: float) -> bool:
-    """Whether the lock on ``fd`` was taken within ``wait`` seconds. A holder can hold it for ever (a child
-    forked while it hashed keeps its lock), so nobody waits past the deadline."""
-    deadline = time.monotonic() + wait
-    pause = 0.005
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            pass
-        except OSError:  # no locks on this filesystem: hashed here, unshared
-            return False
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(pause)
-        pause = min(pause * 2, 0.1)
 
 
 def _live_holder(like: "ShardChecksums | None"):

@@ -261,3 +261,23 @@ def sweep_spools(base: str, prefix: str) -> None:
         if any(Session.alive(entry.path, t) for t in tokens) or (not tokens and young):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def lock_within(fd: int, wait: float) -> bool:
+    """Whether an exclusive ``flock`` on ``fd`` was taken within ``wait`` seconds (False also where the filesystem
+    has no locks). A holder can hold it for ever (a child forked while it held it keeps it), so nobody waits
+    past a deadline."""
+    deadline = time.monotonic() + wait
+    pause = 0.005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        except OSError:  # no locks on this filesystem: hashed here, unshared
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)

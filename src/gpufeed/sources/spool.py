@@ -7,9 +7,10 @@ image bytes, ``parquet``), made ahead of need and deleted once the epoch's order
     workers:       Spool.local(name) ─► the local file (waits on the item's lock while it is being
                                         made; makes it itself if nobody has)
 
-One process makes an item at a time: a per-item ``flock`` guards the making, whose file lands under a
-random temporary name (created exclusively, never through a link) and is renamed when complete, so a
-reader never sees a partial one. An item whose making failed (after its retries) leaves a marker for
+One process makes an item at a time: a per-item ``flock`` guards the making (waited on for as long as one
+fetch may take, no longer: a lock kept by a hung or forked holder does not stop the others, which then make it
+themselves), whose file lands under a random temporary name (created exclusively, never through a link) and is
+renamed when complete, so a reader never sees a partial one. An item whose making failed (after its retries) leaves a marker for
 ``FAILED_TTL`` seconds, so the other samples of that item fail at once (each reported) rather than each
 waiting out the retries again. Each making is logged in the folder (``Spool.made``), URLs redacted.
 
@@ -24,7 +25,6 @@ otherwise it is made again. A default spool left by a killed process is removed 
 from __future__ import annotations
 
 import collections
-import fcntl
 import functools
 import hashlib
 import os
@@ -41,13 +41,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .fetch import Fetcher, FetchLimits, version_of
-from .private import (LOG_BYTES, Session, append_log, create_file, open_file, private_dir, read_json, read_log,
-                      sweep_spools, user_base, with_missing_ok, write_file, write_json)
+from .private import (LOG_BYTES, Session, append_log, create_file, lock_within, open_file, private_dir, read_json,
+                      read_log, sweep_spools, user_base, with_missing_ok, write_file, write_json)
 from .retry import RetryPolicy, single_attempt, single_attempt_fs, with_retries
 from .urls import filesystem, scrub, unsigned
 
 FETCH_THREADS = 4  # items (whole files, extracted row groups) made at once, per loader
 FAILED_TTL = 10.0  # seconds a failed fetch is remembered (retries already waited before it was declared)
+FETCH_WAIT_SPARE = 5.0  # seconds past a fetch's own deadlines that another process's making is waited for
 MADE_LOG = "made.log"  # in the folder: one line per item made, by any process
 MADE_LOG_BYTES = LOG_BYTES  # then it becomes made.log.1 (the one before is dropped): a kept spool_dir stays small
 SPOOL_PREFIX = "spool-"  # default spools: <temporary folder>/gpufeed-<uid>/spool-<pid>-<random>
@@ -167,7 +168,9 @@ class Spool:
             return path
         lock = open_file(path + ".lock", os.O_CREAT | os.O_RDWR)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be fetching it: wait for that
+            # another process may be fetching it: wait for that, as long as a fetch may take and no longer (a
+            # child forked while it held the lock keeps it); past that, made here (it lands whole by a rename)
+            lock_within(lock, self._fetch_wait())
             if self._usable(url, path, make):
                 return path
             for leftover in (path, path + ".meta", path + ".members"):  # untrusted, or gone: made anew
@@ -191,6 +194,12 @@ class Spool:
             return path
         finally:
             os.close(lock)  # closing the descriptor releases the lock
+
+    def _fetch_wait(self) -> float:
+        """Seconds one fetch may take: its retries' deadline (an hour where it has none) and one more attempt's,
+        with ``FETCH_WAIT_SPARE`` to spare."""
+        retries = self.retry.deadline if self.retry.deadline is not None else 3600.0
+        return retries + self.limits.deadline + FETCH_WAIT_SPARE
 
     def _usable(self, url: str, path: str, make: Make | None) -> bool:
         """Whether the item at ``path`` is complete and may be trusted: a regular file of the size its record
