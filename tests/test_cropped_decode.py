@@ -92,3 +92,69 @@ def test_region_into_a_buffer_too_small_writes_nothing():
     with pytest.raises(DecodeError, match="bad.jpg"):  # a damaged file still fails, naming the file
         CpuDecoder().decode_region_into(UNDECODABLE["truncated_scan"](), "bad.jpg", (0, 0, 96, 72), 1,
                                         np.empty(1 << 20, np.uint8))
+
+
+def _odd_sized_jpegs(root, count, orientations=(1,)):
+    """``count`` textured JPEGs in class folder ``root/c``, widths and heights not multiples of 8 (a reduced
+    decode's size is rounded up), each with the next of ``orientations`` in its EXIF."""
+    from PIL import Image
+
+    from tests.helpers import textured
+
+    (root / "c").mkdir(parents=True)
+    for i in range(count):
+        exif = Image.Exif()
+        exif[0x0112] = orientations[i % len(orientations)]
+        textured(301 + 34 * i, 203 + 21 * i, i).save(root / "c" / f"{i:02d}.jpg", quality=92, exif=exif.tobytes())
+    return folder_source(root)
+
+
+def _full_decode_reference(dec, spec, source, index, seed, epoch):
+    """Sample ``index`` as the whole-image path makes it: the full decode (at the DCT reduction the crop
+    allows), EXIF orientation applied where the spec asks, then ``crop_resize_into`` of the drawn box."""
+    from gpufeed.decode.crop import crop_resize_into, reduction_for
+    from gpufeed.decode.exif import apply_orientation, read_orientation
+
+    data = source.read(index)
+    orientation = read_orientation(data) if spec.exif_orientation else 1
+    w, h, _ = dec.header(data, "x")
+    if orientation in (5, 6, 7, 8):
+        w, h = h, w
+    box = spec.augment.draw(w, h, seed=seed, epoch=epoch, index=index)
+    s = spec.augment.image_size
+    image = apply_orientation(dec.decode(data, "x", fast=True, reduce=reduction_for(box, s)), orientation)
+    out = np.empty((s, s, 3), np.uint8)
+    crop_resize_into(image, box, (w, h), out)
+    return out, reduction_for(box, s)
+
+
+def test_reduced_region_decode_of_an_image_not_a_multiple_of_the_reduction_equals_the_full_decode(tmp_path):
+    """At a small output size most crops decode at 1/4 or 1/8, and the reduced image is ceil(W / k) wide:
+    the region read for a box lands on the same pixels as cropping the full reduced decode."""
+    source = _odd_sized_jpegs(tmp_path, 12)
+    spec = PipelineSpec(source, AugmentSpec(image_size=32), 10**8)
+    dec = CpuDecoder()
+    reductions = set()
+    for epoch in range(2):
+        for i in range(len(source)):
+            got = np.empty((32, 32, 3), np.uint8)
+            load_sample_into(spec, dec, 5, epoch, i, got)
+            want, k = _full_decode_reference(dec, spec, source, i, 5, epoch)
+            reductions.add(k)
+            np.testing.assert_array_equal(got, want, err_msg=f"sample {i}, epoch {epoch}, 1/{k} decode")
+    assert reductions & {4, 8}
+
+
+def test_an_exif_rotated_jpeg_is_cropped_as_displayed_when_orientation_is_applied(tmp_path):
+    """With exif_orientation a training crop box is in the displayed image's coordinates, so a rotated or
+    mirrored JPEG must not take the cropped decoder (it reads the stored pixels): every sample equals the
+    full decode, oriented, then cropped (224 output: no crop of these images is decoded reduced)."""
+    source = _odd_sized_jpegs(tmp_path, 14, orientations=range(1, 9))
+    spec = PipelineSpec(source, AugmentSpec(image_size=224), 10**8, exif_orientation=True)
+    dec = CpuDecoder()
+    for i in range(len(source)):
+        got = np.empty((224, 224, 3), np.uint8)
+        load_sample_into(spec, dec, 2, 0, i, got)
+        want, k = _full_decode_reference(dec, spec, source, i, 2, 0)
+        assert k == 1  # crops too small for a reduced decode: both paths decode at full size
+        np.testing.assert_array_equal(got, want, err_msg=f"sample {i}, orientation {i % 8 + 1}")

@@ -612,3 +612,31 @@ def test_validation_under_skip_leaves_a_bad_image_out_instead_of_repeating_a_goo
 def test_a_size_that_is_not_one_integer_is_named(coloured_root, kw, message):
     with pytest.raises(TypeError, match=message):
         make(coloured_root, **kw)
+
+
+def test_a_validation_state_saved_after_a_batch_that_left_a_bad_image_out_resumes_after_that_batch(tmp_path):
+    """The position counts the entries of the order a batch took, not the images it delivered: a state saved
+    after a validation batch that left a bad file out goes on with the next batch, repeating none of its
+    images."""
+    from tests.corpus import jpeg
+
+    for c in range(2):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(5):
+            (tmp_path / f"c{c}" / f"{i}.jpg").write_bytes(jpeg(40 + i, 30, seed=10 * c + i))
+    (tmp_path / "c0" / "1.jpg").write_bytes(b"not an image at all")  # index 1: in the first batch, [0, 1, 2, 3]
+    kw = dict(batch_size=4, image_size=16, num_workers=1, device="cpu", train=False, drop_last=False,
+              on_error="skip")
+    with ImageLoader(tmp_path, **kw) as val:
+        batches = iter(val)
+        _, labels = next(batches)
+        first = list(val.batch_indices)
+        assert len(labels) == 3 and 1 not in first
+        state = val.state_dict()
+        assert state["sampler"]["offset"] == 4
+    with ImageLoader(tmp_path, **kw) as resumed:
+        resumed.load_state_dict(state)
+        rest = []
+        for _ in resumed:
+            rest += resumed.batch_indices
+        assert rest == list(range(4, 10))

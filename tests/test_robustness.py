@@ -367,6 +367,21 @@ def test_broken_files_never_go_to_a_gpu_decoder(kind):
         assert not gpu_safe_jpeg(data)
 
 
+@pytest.mark.parametrize("start", [b"\xff\xd9", b"\xff\xe0", b"\xff\x00", b"\xd8\xff"])
+def test_a_jpeg_whose_start_of_image_marker_is_not_ff_d8_never_goes_to_a_gpu_decoder(start):
+    """The check reads the first two bytes as SOI (FF D8), not only a leading FF: a sound baseline JPEG
+    whose SOI is overwritten is not a JPEG, so it goes to the strict CPU path, which refuses it."""
+    from gpufeed.decode.jpeg_check import gpu_safe_jpeg
+
+    data = DECODABLE["baseline_420"]()
+    assert gpu_safe_jpeg(data)
+    bad = start + data[2:]
+    assert not gpu_safe_jpeg(bad)
+    assert CpuDecoder().decode_region(bad, "bad.jpg", (0, 0, 8, 8), 1) is None  # not the cropped decoder
+    with pytest.raises(DecodeError, match="bad.jpg"):
+        CpuDecoder().decode(bad, "bad.jpg", fast=False)
+
+
 @pytest.mark.parametrize("kind", ["baseline_420", "cmyk", "grayscale", "restart_markers", "subsampling_444",
                                   "tiny_1x1", "odd_45x29"])
 def test_sound_baseline_jpegs_may_go_to_the_gpu(kind):

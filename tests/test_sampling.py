@@ -372,3 +372,29 @@ def test_an_epochs_order_asked_ahead_is_that_epochs_own_order(groups):
         for s in (running, resumed):
             assert s.epoch_indices(3) == fresh.epoch_indices() and len(fresh.epoch_indices()) == 15
             assert s.full_order(3) == fresh.full_order() != s.full_order(2)
+
+
+@pytest.mark.parametrize("after", [1, 2])
+def test_a_loader_resumed_without_drop_last_delivers_the_rest_once_not_filled_to_whole_batches(synth_root, after):
+    """Without drop_last a resumed epoch is padded to one sample per rank, not to whole batches: 40 samples,
+    batch 6, saved after one batch on one rank: the 34 entries left come once each, 34 / ``after`` per rank,
+    and the last batch is short (a rest padded to whole batches would repeat 2 of them)."""
+    from gpufeed import ImageLoader
+
+    kw = dict(batch_size=6, image_size=16, num_workers=1, device="cpu", train=True, drop_last=False, seed=4)
+    with ImageLoader(synth_root, **kw) as first:
+        order = first.sampler.full_order()
+        next(iter(first))
+        assert first.batch_indices == order[:6]
+        state = first.state_dict()
+    delivered = []
+    for rank in range(after):
+        with ImageLoader(synth_root, rank=rank, world_size=after, **kw) as resumed:
+            resumed.load_state_dict(state)
+            sizes = []
+            for _, labels in resumed:
+                sizes.append(len(labels))
+                delivered += resumed.batch_indices
+            per_rank = 34 // after
+            assert sum(sizes) == per_rank and sizes == [6] * (per_rank // 6) + ([per_rank % 6] if per_rank % 6 else [])
+    assert sorted(delivered) == sorted(order[6:])

@@ -231,6 +231,21 @@ def _state_after_one_batch(root, **kw):
         return loader.state_dict()
 
 
+def test_a_state_saved_over_the_same_files_labelled_otherwise_is_refused(tmp_path):
+    """The source's digest covers the labels, not only the paths: a file list that names the same 12 files
+    with two labels swapped is another dataset, and its state is refused."""
+    _folder(tmp_path, [f"{i:02d}.jpg" for i in range(12)])
+    labels = [i % 3 for i in range(12)]
+    (tmp_path / "list.csv").write_text("".join(f"c/{i:02d}.jpg,{y}\n" for i, y in enumerate(labels)))
+    state = _state_after_one_batch(tmp_path / "list.csv")
+    labels[0], labels[1] = labels[1], labels[0]
+    (tmp_path / "list.csv").write_text("".join(f"c/{i:02d}.jpg,{y}\n" for i, y in enumerate(labels)))
+    with ImageLoader(tmp_path / "list.csv", **dict(KW, train=True)) as relabelled:
+        with pytest.raises(ValueError, match="saved over another source: 12 samples"):
+            relabelled.load_state_dict(state)
+        assert relabelled.sampler.position == 0 and relabelled.sampler.start == 0  # nothing taken from it
+
+
 def test_a_state_saved_over_another_dataset_is_refused(two_datasets):
     a, b = two_datasets
     state = _state_after_one_batch(a)

@@ -93,3 +93,24 @@ def test_links_devices_and_fifos_named_like_images_are_left_out_and_said(tmp_pat
     assert stats["left_out_count"] == 4 and stats["skipped_count"] == 0 and stats["skipped"] == []
     assert [p.rsplit(":", 1)[1] for p, _ in stats["left_out"]] == ["sym.jpg", "hard.jpg", "dev.jpg", "fifo.jpg"]
     assert all("links, devices and FIFOs are never read" in why for _, why in stats["left_out"])
+
+
+def test_class_folders_are_numbered_in_sorted_order_whatever_order_the_tar_holds_them(tmp_path, synth_root):
+    """ImageFolder numbers classes by their sorted names: a shard written with its class folders in reverse
+    order (and a second shard in another) labels each member as the folder source labels the same file."""
+    src = folder_source(synth_root)
+    (tmp_path / "shards").mkdir()
+    order = sorted(range(len(src)), key=lambda i: (-src.label(i), i))  # the last class first
+    for s, part in enumerate((order[:25], order[25:][::-1])):
+        with tarfile.open(tmp_path / "shards" / f"shard-{s:03d}.tar", "w") as tf:
+            for i in part:
+                data = src.read(i)
+                info = tarfile.TarInfo(f"{src.classes[src.label(i)]}/{i:06d}.jpg")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    tar = tar_source(tmp_path / "shards")
+    assert tar.classes == src.classes == sorted(src.classes)
+    by_bytes = {src.read(i): src.label(i) for i in range(len(src))}
+    assert len(tar) == len(by_bytes) == 40
+    assert [tar.label(i) for i in range(len(tar))] == [by_bytes[tar.read(i)] for i in range(len(tar))]
+    assert len({tar.label(i) for i in range(len(tar))}) == 4
