@@ -640,3 +640,32 @@ def test_a_validation_state_saved_after_a_batch_that_left_a_bad_image_out_resume
         for _ in resumed:
             rest += resumed.batch_indices
         assert rest == list(range(4, 10))
+
+
+def test_set_epoch_starts_a_training_epoch_over_unless_a_state_placed_it(coloured_root):
+    """A peek or a break leaves a training epoch part-taken: the next ``for`` goes on (said once), and
+    ``set_epoch`` of that epoch starts it over; after ``load_state_dict`` the resumed position is kept."""
+    with make(coloured_root, drop_last=False, batch_size=5) as loader:
+        n = len(loader.source)
+        loader.set_epoch(0)
+        next(iter(loader))
+        with pytest.warns(UserWarning, match=r"goes on with epoch 0 where the last one stopped \(5 of its 37 samples"):
+            assert sum(len(y) for _, y in loader) == n - 5
+        for i, _ in enumerate(loader):  # epoch 1, broken off: said once only
+            if i == 1:
+                break
+        import warnings as w
+
+        with w.catch_warnings():
+            w.simplefilter("error")
+            for _ in loader:
+                state = loader.state_dict()
+                break
+        loader.set_epoch(1)
+        seen = []
+        for _ in loader:
+            seen += loader.batch_indices
+        assert sorted(seen) == list(range(n))  # over from its start
+        loader.load_state_dict(state)
+        loader.set_epoch(1)  # as a resumed loop calls it: the placed position is kept
+        assert sum(len(y) for _, y in loader) == n - 15

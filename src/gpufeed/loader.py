@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -203,6 +204,7 @@ class ImageLoader:
         self._checksums = pipeline.checksums
         self._iterations = OneAtATime("this ImageLoader")
         self._placed = False  # load_state_dict set the position the next iteration starts from
+        self._said_going_on = False  # a training iteration going on mid-epoch is said once
         self._gpu_stage = getattr(self._stage, "decode", None)  # the GPU path's decode, for stats and tests
         self.decode_backend = self._stage.name
         self.batch_indices: list[int] = []  # the source indices of the batch last yielded
@@ -236,7 +238,12 @@ class ImageLoader:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
+        """Start ``epoch`` from its beginning: its order and draws. The position ``load_state_dict`` placed in
+        that same epoch is kept (a resumed loop calls ``set_epoch`` with the epoch it resumes)."""
+        if epoch == self.sampler.epoch and not self._placed:
+            self.sampler.restart()  # a position a break or a peek left is not a resume
+        else:
+            self.sampler.set_epoch(epoch)
 
     def set_image_size(self, image_size: int, *, resize_size: int | None = None) -> None:
         """Make ``image_size`` squares from the next iteration on (progressive resizing): the training crop
@@ -296,6 +303,12 @@ class ImageLoader:
         # a validation pass cut short (a peek with next(iter(loader)), a break) would score part of the set
         if not self.augment.train and not self._placed:
             self.sampler.restart()
+        elif not self._placed and not self.sampler.at_epoch_start and not self._said_going_on:
+            self._said_going_on = True
+            warnings.warn(f"gpufeed: this iteration goes on with epoch {self.sampler.epoch} where the last one "
+                          f"stopped ({self.sampler.position} of its {len(self.sampler)} samples on this rank already "
+                          f"taken: a break, or a peek with next(iter(loader))); loader.set_epoch({self.sampler.epoch}) "
+                          "starts it over", stacklevel=3)
         self._placed = False
         self._skips.epoch = 0
         # the stream the batches are read on: a reused output batch waits for the work queued there
