@@ -6,7 +6,8 @@ checkpoint and resume (the loader's position included), as jobs run on clusters.
     torchrun --nproc_per_node=4 examples/train.py --data /data/imagenet --resume checkpoint.pt
 
 SIGTERM (how schedulers preempt a job) or Ctrl-C: every rank finishes its step, rank 0 saves a
-checkpoint, and the job exits cleanly; so does --max-steps. A checkpoint resumes on any number of
+checkpoint, and the job exits with status 128 + the signal's number (130 for Ctrl-C), as an unfinished run;
+--max-steps saves and exits with 0. A checkpoint resumes on any number of
 processes: the rest of the epoch is sharded over the new ranks, each sample once. Each epoch reports
 its steady images/s (the first steps, which include start-up, left out) and the time per step spent
 waiting for data.
@@ -116,12 +117,18 @@ class StopRequest:
     Under DDP the ranks agree on it every ``every`` steps with one all-reduce, so all stop at the same step."""
 
     def __init__(self, every: int) -> None:
-        self.requested, self.every = False, max(1, every)
+        self.requested, self.every, self.signum = False, max(1, every), None
         self._saved = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame) -> None:  # sets a flag only: printing here could re-enter a write
-        self.requested = True
+        self.requested, self.signum = True, self.signum or signum
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    @property
+    def exit_status(self) -> int:
+        """The shell's status for the signal that asked (128 + its number; 0 if none did), so a wrapper that runs
+        the script again until it succeeds sees a stopped run as unfinished."""
+        return 128 + self.signum if self.signum else 0
 
     def agreed(self, step: int, device: torch.device) -> bool:
         """Whether every rank stops now (checked every ``every`` steps; always without DDP)."""
@@ -235,6 +242,7 @@ def main(argv=None) -> int:
         print(f"model {args.model}, {world} process(es) on {device.type}, decode {train_loader.decode_backend}, "
               f"{len(train_loader)} steps/epoch, batch {args.batch_size}/process, lr {lr:.4f}", flush=True)
     stop = StopRequest(args.stop_check_every)
+    stopped = False
     log = open(f"{args.sample_log}.rank{rank}", "a", buffering=1) if args.sample_log else None  # line by line
     try:
         for epoch in range(start_epoch, args.epochs):
@@ -266,6 +274,7 @@ def main(argv=None) -> int:
                 if rank == 0:
                     save_checkpoint(args.checkpoint, model, opt, sched, epoch, step, train_loader)
                     print(f"stopping at step {step} ({reason}); checkpoint {args.checkpoint} saved", flush=True)
+                stopped = reason == "stop requested"
                 break
             top1, top5 = evaluate(model, val_loader, device, autocast)
             if rank == 0:
@@ -278,7 +287,7 @@ def main(argv=None) -> int:
         train_loader.close(), val_loader.close()
         if dist.is_initialized():
             dist.destroy_process_group()
-    return 0
+    return stop.exit_status or 128 + signal.SIGTERM if stopped else 0
 
 
 class Rate:

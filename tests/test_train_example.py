@@ -87,3 +87,32 @@ def test_sigterm_under_torchrun_saves_and_the_resumed_run_trains_on_the_rest(tmp
     both = _epoch_samples(log)
     assert sorted(both[0] + both[1]) == list(range(96))  # every sample once over the two runs and two ranks
     assert torch.load(ckpt, weights_only=False)["step"] == 24
+
+
+def test_ctrl_c_saves_and_exits_with_the_signals_status(tmp_path):
+    """Ctrl-C (SIGINT) asks the run to stop after its step: the checkpoint is saved, and the exit status is the
+    shell's 130, not 0, so a wrapper that runs the script until it succeeds does not take it as finished."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    create_synthetic_dataset(tmp_path / "data" / "train", n=96, num_classes=2, seed=0, workers=1)
+    create_synthetic_dataset(tmp_path / "data" / "val", n=4, num_classes=2, seed=1, workers=1)
+    log, ckpt = tmp_path / "samples", tmp_path / "c.pt"
+    cmd = [sys.executable, str(EXAMPLE), "--data", str(tmp_path / "data"), "--model", "resnet18", "--batch-size", "2",
+           "--image-size", "32", "--workers", "1", "--device", "cpu", "--epochs", "1", "--checkpoint", str(ckpt),
+           "--sample-log", str(log)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    rank0 = tmp_path / "samples.rank0"
+    deadline = time.monotonic() + 180
+    while not (rank0.exists() and len(rank0.read_text().splitlines()) >= 2):
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.05)
+    job.send_signal(signal.SIGINT)
+    out, err = job.communicate(timeout=120)
+    assert "stop requested); checkpoint" in out, out + err[-3000:]
+    assert job.returncode == 130, (job.returncode, err[-3000:])
+    assert torch.load(ckpt, weights_only=False)["step"] >= 2
