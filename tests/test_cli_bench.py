@@ -330,3 +330,39 @@ def test_past_three_timed_epochs_two_plain_ones_come_for_each_monitored_one():
     assert epoch_kinds(5) == ["warm-up", "plain", "monitored", "plain", "plain", "memory"]
     kinds = epoch_kinds(9)
     assert kinds.count("plain") == 5 and kinds.count("monitored") == 3 and kinds[0] == "warm-up"
+
+
+def test_other_processes_busy_while_the_bench_ran_are_said():
+    """The machine's busy cores (``/proc/stat``) beyond the pipeline's own, while its monitored epochs ran: past
+    a tenth of the cores (and a whole core) the table says the figures are a shared machine's."""
+    import os
+    import time
+
+    from gpufeed.bench.pipeline import summarise
+    from gpufeed.bench.sampler import machine_cpu_seconds
+
+    t0, c0 = time.monotonic(), machine_cpu_seconds()
+    while time.monotonic() - t0 < 0.3:  # this process busy: the machine's CPU seconds go up with it
+        pass
+    assert machine_cpu_seconds() - c0 >= 0.1
+
+    cores = os.cpu_count() or 1
+    others = max(1.0, 0.1 * cores) + 0.5
+
+    def epoch(kind, machine):
+        return {"kind": kind, "seconds": 1.0, "images": 100, "images_per_s": 100.0, "cpu_share": None,
+                "gpu_busy": None, "gpu_samples": 0, "gpu_mem_start": None, "gpu_mem_peak": None, "rss_start": 10,
+                "rss_peak": None, "pss_peak": None, "cores_busy": None if kind == "plain" else 2.0,
+                "machine_cores_busy": None if kind == "plain" else 2.0 + machine}
+
+    before = {"rss": 5, "pss": 4, "gpu_used": None}
+    shared = summarise("gpufeed", [epoch("warm-up", 0), epoch("plain", 0), epoch("monitored", others),
+                                   epoch("plain", 0), epoch("memory", others)], None, 100, before, workers=2,
+                       synthetic=True)
+    assert shared["warnings"] == [f"other processes kept about {others:.1f} of the machine's {cores} cores busy while "
+                                  "it ran: these figures are what a shared machine gave; run again on a quiet one to "
+                                  "compare"]
+    quiet = summarise("gpufeed", [epoch("warm-up", 0), epoch("plain", 0), epoch("monitored", 0.3),
+                                  epoch("plain", 0), epoch("memory", 0.3)], None, 100, before, workers=2,
+                      synthetic=True)
+    assert quiet["warnings"] == []

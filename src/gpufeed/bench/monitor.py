@@ -25,7 +25,8 @@ class Reading:
     largest seen; rss_start / rss_peak: RSS summed over the process tree (shared pages once per process, as
     ``ps`` shows them); pss_peak: PSS summed over the tree (shared pages split among their processes: the
     tree's real resident memory), read only where ``Monitor.read_pss`` was called; cores_busy: the tree's CPU
-    seconds over the phase's wall time (cores kept busy; exited workers count once reaped).
+    seconds over the phase's wall time (cores kept busy; exited workers count once reaped); machine_cores_busy:
+    the same for every process of the machine (``/proc/stat``), so that what others took shows.
     """
 
     gpu_busy: float | None = None
@@ -36,6 +37,7 @@ class Reading:
     rss_peak: int | None = None
     pss_peak: int | None = None
     cores_busy: float | None = None
+    machine_cores_busy: float | None = None
 
 
 class Pending:

@@ -52,6 +52,9 @@ UNSTEADY = 0.05
 # Monitored epochs slower than plain ones by more than this (and than the plain epochs' own spread): the table
 # says the monitors cost that much.
 OVERHEAD_WARNING = 0.01
+# Other processes keeping more than this share of the machine's cores (and one core at least) busy while the
+# monitored epochs ran: the table says the figures are what a shared machine gave.
+SHARED = 0.1
 
 
 def epoch_kinds(epochs: int) -> list[str]:
@@ -215,6 +218,12 @@ def summarise(name: str, epochs: list[dict[str, Any]], stats: dict[str, Any] | N
     if overhead is not None and overhead > max(OVERHEAD_WARNING, spread or 0.0):
         warnings.append(f"the bench's monitors cost {100 * overhead:.1f}% (monitored epochs against plain ones, "
                         f"beyond the plain epochs' own spread of {100 * (spread or 0.0):.1f}%)")
+    others = _median([e["machine_cores_busy"] - e["cores_busy"] for e in watched
+                      if e.get("machine_cores_busy") is not None and e.get("cores_busy") is not None])
+    cores = os.cpu_count() or 1
+    if others is not None and others > max(1.0, SHARED * cores):
+        warnings.append(f"other processes kept about {others:.1f} of the machine's {cores} cores busy while it ran: "
+                        "these figures are what a shared machine gave; run again on a quiet one to compare")
     rss_peaks = [e["rss_peak"] for e in epochs if e["rss_peak"] is not None]
     detail = describe(name, stats, workers)
     return {

@@ -134,7 +134,7 @@ class Sampler:
         """The readings of ``now``, and when the tree was listed for them."""
         rss, pss_sum, listed = self.tree.memory(pss)
         return {"rss": rss, "pss": pss_sum, "gpu_used": self.gpu.used(), "cpu_seconds": self.tree.cpu_seconds(),
-                "time": time.monotonic()}, listed
+                "machine_cpu_seconds": machine_cpu_seconds(), "time": time.monotonic()}, listed
 
     def begin(self) -> dict[str, Any]:
         self._reset()
@@ -173,7 +173,25 @@ class Sampler:
         return {"gpu_busy": sum(self.util) / len(self.util) if self.util else None, "gpu_samples": len(self.util),
                 "gpu_mem_start": self.start["gpu_used"], "gpu_mem_peak": self.gpu_peak,
                 "rss_start": self.start["rss"], "rss_peak": rss_peak, "pss_peak": pss_peak,
-                "cores_busy": (cpu1 - cpu0) / max(wall, 1e-9) if cpu0 is not None and cpu1 is not None else None}
+                "cores_busy": (cpu1 - cpu0) / max(wall, 1e-9) if cpu0 is not None and cpu1 is not None else None,
+                "machine_cores_busy": _per_second(self.start.get("machine_cpu_seconds"), end["machine_cpu_seconds"],
+                                                  wall)}
+
+
+def machine_cpu_seconds() -> float | None:
+    """CPU seconds every process of the machine has used (``/proc/stat``: all but idle and I/O wait); None where
+    it cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        values = [int(v) for v in fields[1:9]]
+    except (OSError, ValueError, IndexError):
+        return None
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _per_second(a: float | None, b: float | None, wall: float) -> float | None:
+    return (b - a) / max(wall, 1e-9) if a is not None and b is not None else None
 
 
 def _max(a: int | None, b: int | None) -> int | None:
