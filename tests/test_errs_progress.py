@@ -98,3 +98,25 @@ def test_info_says_what_it_probes_before_it_probes_it():
     said = [line for line in run.stderr.splitlines() if line.startswith("gpufeed info: ")]
     assert said[:2] == ["gpufeed info: importing torch ...", "gpufeed info: probing the CPU decoder ..."]
     assert re.search(r"^decode: cpu \(simplejpeg \+ Pillow\) +works$", run.stdout, re.M), run.stdout
+
+
+def test_ctrl_c_stops_synth_at_once_in_one_line(tmp_path):
+    """Ctrl-C reaches the whole process group: the pool's processes leave it to the parent, which stops them
+    and says so in one line, with the shell's status for it."""
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    job = subprocess.Popen([sys.executable, "-m", "gpufeed", "synth", str(tmp_path / "d"), "--n", "5000"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                           start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "d").glob("class_*/img_*.jpg")):
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.05)
+    sent = time.monotonic()
+    os.killpg(job.pid, signal.SIGINT)
+    out, err = job.communicate(timeout=60)
+    assert time.monotonic() - sent < 10 and job.returncode == 130, (job.returncode, err)
+    assert err.rstrip().splitlines()[-1] == "gpufeed synth: interrupted" and "Traceback" not in err, err
+    assert len(list((tmp_path / "d").glob("class_*/img_*.jpg"))) < 5000

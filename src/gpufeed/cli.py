@@ -407,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
             from . import _mismatch
 
             raise ImportError(_mismatch(e)) from None
+    except KeyboardInterrupt:  # Ctrl-C: one line, and the shell's status for it, not a traceback
+        print(f"gpufeed {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (ValueError, OSError, ImportError) as e:  # each names its file or URL and the way out: one line
         options = None
         try:  # the message names storage options by their keys, never their values

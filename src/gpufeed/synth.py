@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
 import os
 import re
+import signal
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +88,12 @@ def synthetic_jpeg(rng: np.random.Generator) -> tuple[bytes, tuple[int, int]]:
     return buf.getvalue(), (w, h)
 
 
+def _write_task(task: tuple[str, int, int, int, int]) -> tuple[int, int]:
+    """A pool's task: ``_write_range`` of (root, seed, start, stop, num_classes); its (start, stop)."""
+    _write_range(*task)
+    return task[2], task[3]
+
+
 def _write_range(root: str, seed: int, start: int, stop: int, num_classes: int) -> int:
     total = 0
     for i in range(start, stop):
@@ -151,11 +158,11 @@ def create_synthetic_dataset(
                 _write_range(str(root), seed, i, i + 1, num_classes)
                 bar.update(i + 1)
         else:
-            with ProcessPoolExecutor(workers) as pool:
-                futures = {pool.submit(_write_range, str(root), seed, a, b, num_classes): b - a for a, b in chunks}
-                for f in as_completed(futures):
-                    f.result()
-                    bar.update(bar.done + futures[f])
+            # a Pool, not an executor: leaving the block on Ctrl-C or a failed chunk stops the processes at once
+            with multiprocessing.Pool(workers, initializer=_leave_ctrl_c_to_the_parent) as pool:
+                tasks = [(str(root), seed, a, b, num_classes) for a, b in chunks]
+                for a, b in pool.imap_unordered(_write_task, tasks):
+                    bar.update(bar.done + b - a)
     marker.write_text(json.dumps(spec))
     return root
 
@@ -176,6 +183,12 @@ def _foreign(root: Path, n: int, num_classes: int) -> str | None:
             if not (image and int(image[1]) < n and int(image[1]) % num_classes == int(folder[1])):
                 return f"{entry.name}/{f.name}"
     return None
+
+
+def _leave_ctrl_c_to_the_parent() -> None:
+    """A pool process ignores SIGINT: Ctrl-C reaches the whole process group, and the parent alone stops the
+    run, with one message instead of one traceback per process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _classes(n: int, num_classes: int) -> str:
