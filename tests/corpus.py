@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import struct
+import tarfile
 import zlib
 
 import numpy as np
@@ -143,3 +144,18 @@ def reference_rgb(data: bytes, exif_orientation: bool = False) -> np.ndarray:
         if exif_orientation:
             im = ImageOps.exif_transpose(im)
         return np.asarray(im.convert("RGB"))
+
+
+def tar_with_links(path) -> None:
+    """A tar shard at ``path``: one JPEG (``a.jpg``, label 3) and four members named like images that are no
+    regular file: a symbolic link, a hard link, a character device and a FIFO."""
+    with tarfile.open(path, "w") as tf:
+        for name, data in (("a.jpg", jpeg(32, 24, seed=1)), ("a.cls", b"3")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        for name, kind in (("sym.jpg", tarfile.SYMTYPE), ("hard.jpg", tarfile.LNKTYPE), ("dev.jpg", tarfile.CHRTYPE),
+                           ("fifo.jpg", tarfile.FIFOTYPE)):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, "a.jpg"
+            tf.addfile(info)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime
 import gc
 import http.server as http_server
-import io
 import ipaddress
 import json
 import os
@@ -18,7 +17,6 @@ import signal
 import ssl
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -253,20 +251,11 @@ def test_links_devices_and_fifos_in_a_remote_shard_are_left_out_and_counted_as_a
     """A remote shard's symlink, hard link, device and FIFO members named like images are never read, and the
     loader's stats count and list each as left out (not as skipped samples), once however many epochs read
     the shard, with one warning naming the URL and the first."""
-    from tests.corpus import jpeg
+    from tests.corpus import tar_with_links
 
     root = tmp_path / "www"
     root.mkdir()
-    with tarfile.open(root / "s.tar", "w") as tf:
-        for name, data in (("a.jpg", jpeg(32, 24, seed=1)), ("a.cls", b"3")):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-        for name, kind in (("sym.jpg", tarfile.SYMTYPE), ("hard.jpg", tarfile.LNKTYPE), ("dev.jpg", tarfile.CHRTYPE),
-                           ("fifo.jpg", tarfile.FIFOTYPE)):
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = kind, "a.jpg"
-            tf.addfile(info)
+    tar_with_links(root / "s.tar")
     server = HttpServer(root)
     try:
         source = remote_tar_source([f"{server.url}/s.tar"], samples_per_shard=1, spool_dir=str(tmp_path / "spool"))

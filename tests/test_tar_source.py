@@ -66,19 +66,10 @@ def test_links_devices_and_fifos_named_like_images_are_left_out_and_said(tmp_pat
     """Only a tar's regular files are read: a symlink, hard link, device or FIFO member named like an image is
     left out, the warning says how many and names the first, and the loader's stats count and list each as
     left out, apart from the samples skipped under on_error="skip" (there are none)."""
-    from tests.corpus import jpeg
+    from tests.corpus import tar_with_links
 
     path = tmp_path / "shard.tar"
-    with tarfile.open(path, "w") as tf:
-        for name, data in (("a.jpg", jpeg(32, 24, seed=1)), ("a.cls", b"3")):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-        for name, kind in (("sym.jpg", tarfile.SYMTYPE), ("hard.jpg", tarfile.LNKTYPE), ("dev.jpg", tarfile.CHRTYPE),
-                           ("fifo.jpg", tarfile.FIFOTYPE)):
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = kind, "a.jpg"
-            tf.addfile(info)
+    tar_with_links(path)
     with pytest.warns(UserWarning, match=r"4 members of .*shard\.tar' with image names are left out: .* only its "
                                          r"regular files \(first: '.*shard\.tar:sym\.jpg'\); loader.stats\['left_out'\]"):
         src = tar_source(path)
