@@ -25,7 +25,6 @@ import argparse
 import importlib.util
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -34,6 +33,7 @@ import torch
 
 import gpufeed
 from gpufeed import ImageLoader
+from gpufeed.cores import IdleCores
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -58,30 +58,6 @@ def make_step(name: str, device: torch.device, compile: bool):
         opt.step()
 
     return step
-
-
-class CoreClock:
-    """Idle cores of this process's CPUs since the last call, from /proc/stat (what the share's rule reads,
-    read here on its own, so the curve shows what the machine had free); None where it cannot be read."""
-
-    def __init__(self) -> None:
-        self._cpus = {f"cpu{c}" for c in os.sched_getaffinity(0)}
-        self._last = self._read()
-
-    def _read(self) -> tuple[int, int] | None:
-        try:
-            with open("/proc/stat") as f:
-                rows = [l.split() for l in f if l.startswith("cpu") and l.split()[0] in self._cpus]
-        except OSError:
-            return None
-        values = [[int(v) for v in r[1:9]] for r in rows]
-        return sum(v[3] + v[4] for v in values), sum(sum(v) for v in values)
-
-    def idle(self) -> float | None:
-        last, self._last = self._last, self._read()
-        if last is None or self._last is None or self._last[1] <= last[1]:
-            return None
-        return round(len(self._cpus) * (self._last[0] - last[0]) / (self._last[1] - last[1]), 2)
 
 
 def ceiling(step, batch_size: int, device: torch.device, seconds: float = 5.0) -> float:
@@ -176,13 +152,14 @@ def main() -> int:
         _write(result, args.json)
         return 0
     result["idle_cores"], result["cpu_shares"] = [], []  # per epoch: the machine's idle cores, the share at its end
-    cores = CoreClock()
+    cores = IdleCores()  # what the share's rule reads, read here on its own
     with loader:
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
-            cores.idle()
+            cores.poll()  # the window starts here (the gap since the last epoch's end is a few ms)
             result["epochs"].append(plain_epoch(loader, step, device))
-            result["idle_cores"].append(cores.idle())
+            idle = cores.poll()
+            result["idle_cores"].append(None if idle is None else round(idle, 2))
             result["cpu_shares"].append(loader.stats.get("cpu_share"))
             if device.type == "cuda":
                 least_free = min(least_free, torch.cuda.mem_get_info(device)[0])

@@ -34,9 +34,10 @@ from pathlib import Path
 import torch
 
 from harness import fresh_run
-from plain_loop import CoreClock, ceiling, make_step, plain_epoch
+from plain_loop import ceiling, make_step, plain_epoch
 
 from gpufeed import ImageLoader
+from gpufeed.cores import IdleCores
 
 SCENARIOS = ("fresh", "after-loaders", "after-validation", "hog")
 WINDOW_S = 0.5  # the hog scenario's reading interval
@@ -79,7 +80,7 @@ class _Windows:
     def __init__(self, loader, device) -> None:
         self.loader, self.device, self.rows, self.t0 = loader, device, [], time.perf_counter()
         self._n, self._start, self.hog = 0, self.t0, False
-        self._cores = CoreClock()
+        self._cores = IdleCores()  # what the share's rule reads, read here on its own
 
     def restart(self) -> None:
         """At an epoch's start: the partial window of the last epoch is dropped (the time between epochs,
@@ -92,8 +93,12 @@ class _Windows:
         if now - self._start >= WINDOW_S:
             share = self.loader.stats["cpu_share"] if self.loader.stats["decode_backend"] != "cpu" else None
             self.rows.append({"t": round(now - self.t0, 2), "images_per_s": self._n / (now - self._start),
-                              "cpu_share": share, "hog": self.hog, "idle_cores": self._cores.idle()})
+                              "cpu_share": share, "hog": self.hog, "idle_cores": _rounded(self._cores.poll())})
             self._n, self._start = 0, now
+
+
+def _rounded(idle: float | None) -> float | None:
+    return None if idle is None else round(idle, 2)
 
 
 def run_scenario(name: str, args) -> dict:
